@@ -1,0 +1,305 @@
+//! A private `nats-server` with JetStream per test.
+//!
+//! Each [`NatsServer`] owns a temporary store directory and a free loopback port. It is killed
+//! and its store deleted on drop. [`NatsServer::restart`] keeps the store (crash tests),
+//! [`NatsServer::stop`] and [`NatsServer::start`] model an outage.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::HarnessError;
+
+/// How long a server may take to accept connections and answer JetStream requests.
+const READY_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Options for a test server.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// `jetstream { sync_interval: always }`: fsync before every ack (power-loss durability).
+    pub sync_always: bool,
+    /// Extra lines appended verbatim to the generated server config file.
+    pub extra_config: String,
+}
+
+/// A running (or stopped) private nats-server. See the module docs.
+#[derive(Debug)]
+pub struct NatsServer {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    options: ServerOptions,
+    child: Option<Child>,
+}
+
+/// Starts a JetStream server with default options; shorthand for [`NatsServer::run`].
+///
+/// # Errors
+/// See [`NatsServer::run`].
+pub async fn run_server() -> Result<NatsServer, HarnessError> {
+    NatsServer::run(ServerOptions::default()).await
+}
+
+impl NatsServer {
+    /// Finds the binary, picks a free port, writes a config with its own store dir, starts the
+    /// server and waits until it accepts connections and answers a JetStream request.
+    ///
+    /// # Errors
+    /// [`HarnessError::NatsServerNotFound`] when no binary is found (the message says how to
+    /// install one), [`HarnessError::NotReady`] when the server does not become ready in time.
+    pub async fn run(options: ServerOptions) -> Result<NatsServer, HarnessError> {
+        let bin = find_nats_server()?;
+        let mut last_err = None;
+        // A port picked by binding :0 can be taken by someone else before the server binds it;
+        // retry with a new port a few times.
+        for _ in 0..5 {
+            let mut server = NatsServer {
+                bin: bin.clone(),
+                dir: tempfile::Builder::new()
+                    .prefix("hub-nats-")
+                    .tempdir()
+                    .map_err(HarnessError::Io)?,
+                port: free_port()?,
+                options: options.clone(),
+                child: None,
+            };
+            match server.start().await {
+                Ok(()) => return Ok(server),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(HarnessError::NotReady {
+            url: String::new(),
+            log: String::new(),
+        }))
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The loopback port this server listens on (kept across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The JetStream store directory (kept across restarts, deleted on drop).
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// A new client connected to this server, with retry on reconnect enabled.
+    ///
+    /// # Errors
+    /// [`HarnessError::Connect`] when the connection fails.
+    pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .connect(self.url())
+            .await
+            .map_err(|e| HarnessError::Connect(e.to_string()))
+    }
+
+    /// Starts the server again after [`stop`](Self::stop), on the same port and store.
+    /// A no-op when it is running.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub async fn start(&mut self) -> Result<(), HarnessError> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        let config = self.write_config()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(HarnessError::Io)?;
+        let child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(HarnessError::Io)?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| HarnessError::Spawn {
+                bin: self.bin.display().to_string(),
+                source: e,
+            })?;
+        self.child = Some(child);
+        if let Err(e) = self.wait_ready().await {
+            self.stop().await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Kills the server with SIGKILL (no graceful shutdown) and waits for it to exit.
+    /// The store is kept. A no-op when it is stopped.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// `kill -9` then start again on the same port and store: what survives is what the
+    /// server had written to its store.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        self.stop().await;
+        self.start().await
+    }
+
+    /// The server's log so far (stdout and stderr), for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("nats-server.log")
+    }
+
+    fn write_config(&self) -> Result<PathBuf, HarnessError> {
+        let path = self.dir.path().join("nats-server.conf");
+        let sync = if self.options.sync_always {
+            "\n  sync_interval: always"
+        } else {
+            ""
+        };
+        let text = format!(
+            "listen: 127.0.0.1:{port}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{extra}\n",
+            port = self.port,
+            store = self.store_dir().display().to_string(),
+            extra = self.options.extra_config,
+        );
+        std::fs::write(&path, text).map_err(HarnessError::Io)?;
+        Ok(path)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), HarnessError> {
+        let deadline = Instant::now() + READY_DEADLINE;
+        let not_ready = |s: &Self| HarnessError::NotReady {
+            url: s.url(),
+            log: tail(&s.log(), 2000),
+        };
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(not_ready(self));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(not_ready(self));
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+                && self.jetstream_answers().await
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn jetstream_answers(&self) -> bool {
+        let Ok(Ok(client)) =
+            tokio::time::timeout(Duration::from_secs(2), async_nats::connect(self.url())).await
+        else {
+            return false;
+        };
+        let js = async_nats::jetstream::new(client);
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), js.query_account()).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+            if let Some(pid) = child.id() {
+                // Reap synchronously so the store dir is not deleted under a live process.
+                let mut status = 0;
+                // SAFETY: waitpid on our own child's pid; no memory is shared.
+                unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+            }
+        }
+    }
+}
+
+/// Finds `nats-server`: `NATS_SERVER_BIN`, then the project-local install made by
+/// `scripts/setup.sh`, then `PATH`.
+///
+/// # Errors
+/// [`HarnessError::NatsServerNotFound`] with install instructions.
+pub fn find_nats_server() -> Result<PathBuf, HarnessError> {
+    if let Some(bin) = std::env::var_os("NATS_SERVER_BIN") {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(HarnessError::NatsServerNotFound {
+            looked: format!("NATS_SERVER_BIN={} (not a file)", bin.display()),
+        });
+    }
+    let local = workspace_root().join(".tools/bin/nats-server");
+    if local.is_file() {
+        return Ok(local);
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join("nats-server");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(HarnessError::NatsServerNotFound {
+        looked: format!("NATS_SERVER_BIN, {}, PATH", local.display()),
+    })
+}
+
+/// The workspace root (two levels above this crate's manifest).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A free TCP port on 127.0.0.1 (bound to :0, then released).
+///
+/// # Errors
+/// [`HarnessError::Io`] when binding fails.
+pub fn free_port() -> Result<u16, HarnessError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(HarnessError::Io)?;
+    Ok(listener.local_addr().map_err(HarnessError::Io)?.port())
+}
+
+fn tail(s: &str, max: usize) -> String {
+    let start = s.len().saturating_sub(max);
+    let start = (start..s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
+    s[start..].to_string()
+}

@@ -1,0 +1,10 @@
+//! Supervised ractor actors of the hub runtime.
+//!
+//! - [`supervision`]: supervision trees (strategies, restart policies, backoff, restart
+//!   intensity, snapshots).
+//! - [`fault`]: fault-injection hook to crash named actors on purpose in tests.
+//! - [`streams`]: creating or updating the JetStream streams to the configured limits.
+//! - [`router`]: the router actor (stream provisioning and status answers).
+
+pub mod fault;
+pub mod supervision;

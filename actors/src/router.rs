@@ -1,0 +1,176 @@
+//! The router actor.
+//!
+//! On every (re)start it provisions the JetStream streams (durable mode only) and subscribes to
+//! [`subjects::STATUS_SUBJECT`], answering each request with a [`RouterSnapshot`]. In core mode
+//! it sends no JetStream request at all.
+//!
+//! The actor struct is configuration; everything mutable lives in [`RouterState`], so a restart
+//! by the supervisor re-runs [`pre_start`](ractor::Actor::pre_start) from scratch: the streams
+//! are provisioned again and the status subscription is re-created.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_nats::Client;
+use futures::StreamExt;
+use protocol::config::DeliveryConfig;
+use protocol::subjects;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::fault::{self, FaultPoint};
+use crate::streams::{ensure_streams, StreamReport};
+
+/// Router configuration (cloned into every incarnation).
+#[derive(Clone)]
+pub struct Router {
+    /// Actor name, also the fault-injection key.
+    pub name: String,
+    /// The shared NATS connection.
+    pub client: Client,
+    /// Durable (JetStream) or core mode.
+    pub durable: bool,
+    /// Stream and consumer limits.
+    pub delivery: Arc<DeliveryConfig>,
+}
+
+/// Router messages.
+pub enum RouterMsg {
+    /// Answer a status request on `reply`.
+    StatusRequest {
+        /// Where to publish the snapshot.
+        reply: async_nats::Subject,
+    },
+    /// Return the snapshot to a local caller.
+    Snapshot(RpcReplyPort<RouterSnapshot>),
+}
+
+/// Mutable state of one incarnation.
+pub struct RouterState {
+    streams: Vec<StreamReport>,
+    status_task: JoinHandle<()>,
+    status_requests: u64,
+    started: Instant,
+}
+
+/// A cheap serializable snapshot of a router, returned by status requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterSnapshot {
+    /// The actor's name.
+    pub name: String,
+    /// Durable (JetStream) or core mode.
+    pub durable: bool,
+    /// Streams provisioned by this incarnation (empty in core mode).
+    pub streams: Vec<StreamReport>,
+    /// Status requests answered by this incarnation.
+    pub status_requests: u64,
+    /// Milliseconds since this incarnation started.
+    pub uptime_ms: u64,
+}
+
+/// Router failures.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// Stream provisioning failed.
+    #[error(transparent)]
+    Streams(#[from] crate::streams::StreamError),
+    /// The status subscription could not be made.
+    #[error("cannot subscribe to {subject}: {reason}")]
+    Subscribe {
+        /// The subject.
+        subject: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+#[ractor::async_trait]
+impl Actor for Router {
+    type Msg = RouterMsg;
+    type State = RouterState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<RouterMsg>,
+        _: (),
+    ) -> Result<RouterState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let streams = if self.durable {
+            let js = async_nats::jetstream::new(self.client.clone());
+            ensure_streams(&js, &self.delivery)
+                .await
+                .map_err(RouterError::from)?
+        } else {
+            Vec::new()
+        };
+        let mut sub = self
+            .client
+            .subscribe(subjects::STATUS_SUBJECT)
+            .await
+            .map_err(|e| RouterError::Subscribe {
+                subject: subjects::STATUS_SUBJECT,
+                reason: e.to_string(),
+            })?;
+        let status_task = tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                if let Some(reply) = msg.reply {
+                    if myself.cast(RouterMsg::StatusRequest { reply }).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        tracing::info!(name = %self.name, durable = self.durable, "router started");
+        Ok(RouterState {
+            streams,
+            status_task,
+            status_requests: 0,
+            started: Instant::now(),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<RouterMsg>,
+        state: &mut RouterState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.status_task.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<RouterMsg>,
+        msg: RouterMsg,
+        state: &mut RouterState,
+    ) -> Result<(), ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::Handle)?;
+        match msg {
+            RouterMsg::StatusRequest { reply } => {
+                state.status_requests += 1;
+                let body = serde_json::to_vec(&self.snapshot(state))?;
+                if let Err(e) = self.client.publish(reply, body.into()).await {
+                    tracing::warn!(error = %e, "cannot answer a status request");
+                }
+            }
+            RouterMsg::Snapshot(port) => {
+                let _ = port.send(self.snapshot(state));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Router {
+    fn snapshot(&self, state: &RouterState) -> RouterSnapshot {
+        RouterSnapshot {
+            name: self.name.clone(),
+            durable: self.durable,
+            streams: state.streams.clone(),
+            status_requests: state.status_requests,
+            uptime_ms: state.started.elapsed().as_millis() as u64,
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Creating or updating the hub's JetStream streams to the configured limits.
+//!
+//! The router calls [`ensure_streams`] on every start. A stream that does not exist is created;
+//! one that exists is updated to the configured limits. A stream whose retention policy differs
+//! from the one the runtime needs cannot be updated (JetStream refuses it), so provisioning fails
+//! with [`StreamError::RetentionMismatch`], which tells the operator to delete the stream.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::errors::ErrorCode;
+use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
+use async_nats::jetstream::Context;
+use protocol::config::{DeliveryConfig, StorageKind};
+use protocol::subjects;
+use serde::{Deserialize, Serialize};
+
+/// How long one JetStream API request of the provisioning may take.
+pub const STREAM_API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Provisioning failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The existing stream's retention policy differs from the required one.
+    #[error(
+        "stream {stream} has retention {existing:?} but the runtime needs {wanted:?}; a retention \
+         policy cannot be changed on an existing stream: delete the stream (its stored messages \
+         go with it) and start again"
+    )]
+    RetentionMismatch {
+        /// The stream name.
+        stream: String,
+        /// What the server has.
+        existing: RetentionPolicy,
+        /// What the runtime needs.
+        wanted: RetentionPolicy,
+    },
+    /// A JetStream API request failed (server down, JetStream disabled, subjects overlap...).
+    #[error("cannot {action} stream {stream}: {reason}")]
+    Api {
+        /// create, update or look up.
+        action: &'static str,
+        /// The stream name.
+        stream: String,
+        /// The server's or client's message.
+        reason: String,
+    },
+    /// A JetStream API request did not answer in time.
+    #[error("timed out after {timeout:?} trying to {action} stream {stream}")]
+    Timeout {
+        /// create, update or look up.
+        action: &'static str,
+        /// The stream name.
+        stream: String,
+        /// The limit.
+        timeout: Duration,
+    },
+}
+
+/// What [`ensure_streams`] did to one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provisioned {
+    /// The stream did not exist and was created.
+    Created,
+    /// The stream existed and was updated to the configured limits.
+    Updated,
+}
+
+/// One provisioned stream, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamReport {
+    /// Stream name.
+    pub name: String,
+    /// What happened.
+    pub action: Provisioned,
+}
+
+/// The three stream configurations the runtime needs, derived from the delivery config.
+///
+/// - ingress (`hub.pub.>`): work-queue retention, so a routed (acked) envelope is removed; its
+///   only consumer is the shared router consumer.
+/// - inbox (`channel.inbox.>`): limits retention with the configured limits.
+/// - tasks (`channel.task.>`): limits retention with the configured limits.
+///
+/// Every stream gets the configured duplicate window and per-message TTL support.
+pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
+    let dup = Duration::from_secs(cfg.duplicate_window_secs);
+    let ingress = Config {
+        name: cfg.ingress.name.clone(),
+        subjects: vec![subjects::INGRESS_FILTER.to_string()],
+        retention: RetentionPolicy::WorkQueue,
+        max_age: Duration::from_secs(cfg.ingress.max_age_secs),
+        storage: StorageType::File,
+        duplicate_window: dup,
+        discard: DiscardPolicy::Old,
+        ..Default::default()
+    };
+    let inbox = Config {
+        name: cfg.inbox.name.clone(),
+        subjects: vec![subjects::INBOX_FILTER.to_string()],
+        retention: RetentionPolicy::Limits,
+        max_age: Duration::from_secs(cfg.inbox.max_age_secs),
+        max_messages_per_subject: cfg.inbox.max_msgs_per_subject,
+        max_bytes: cfg.inbox.max_bytes,
+        max_messages: cfg.inbox.max_msgs,
+        max_message_size: i32::try_from(cfg.inbox.max_msg_size).unwrap_or(i32::MAX),
+        num_replicas: cfg.inbox.replicas as usize,
+        storage: match cfg.inbox.storage {
+            StorageKind::File => StorageType::File,
+            StorageKind::Memory => StorageType::Memory,
+        },
+        duplicate_window: dup,
+        allow_message_ttl: true,
+        allow_direct: true,
+        ..Default::default()
+    };
+    let tasks = Config {
+        name: cfg.tasks.name.clone(),
+        subjects: vec![subjects::TASKS_FILTER.to_string()],
+        retention: RetentionPolicy::Limits,
+        max_age: Duration::from_secs(cfg.tasks.max_age_secs),
+        max_messages_per_subject: cfg.tasks.max_msgs_per_subject,
+        storage: StorageType::File,
+        duplicate_window: dup,
+        allow_message_ttl: true,
+        allow_direct: true,
+        ..Default::default()
+    };
+    [ingress, inbox, tasks]
+}
+
+/// Creates each stream of [`stream_configs`] or updates it to the configured limits.
+///
+/// # Errors
+/// [`StreamError::RetentionMismatch`] when an existing stream has another retention policy;
+/// [`StreamError::Api`] / [`StreamError::Timeout`] when a request fails or does not answer.
+///
+/// # Cancel safety
+/// Cancelling it leaves the streams provisioned so far as they are; calling it again finishes
+/// the job (every step is idempotent).
+pub async fn ensure_streams(
+    js: &Context,
+    cfg: &DeliveryConfig,
+) -> Result<Vec<StreamReport>, StreamError> {
+    let mut out = Vec::with_capacity(3);
+    for config in stream_configs(cfg) {
+        out.push(ensure_stream(js, config).await?);
+    }
+    Ok(out)
+}
+
+async fn ensure_stream(js: &Context, wanted: Config) -> Result<StreamReport, StreamError> {
+    let name = wanted.name.clone();
+    let existing = timed("look up", &name, js.get_stream(&name)).await?;
+    match existing {
+        Ok(mut stream) => {
+            let info = timed("look up", &name, stream.info())
+                .await?
+                .map_err(|e| api("look up", &name, e))?;
+            if info.config.retention != wanted.retention {
+                return Err(StreamError::RetentionMismatch {
+                    stream: name,
+                    existing: info.config.retention,
+                    wanted: wanted.retention,
+                });
+            }
+            timed("update", &name, js.update_stream(wanted))
+                .await?
+                .map_err(|e| api("update", &name, e))?;
+            tracing::info!(stream = %name, "stream updated to the configured limits");
+            Ok(StreamReport {
+                name,
+                action: Provisioned::Updated,
+            })
+        }
+        Err(e) if is_not_found(&e) => {
+            timed("create", &name, js.create_stream(wanted))
+                .await?
+                .map_err(|e| api("create", &name, e))?;
+            tracing::info!(stream = %name, "stream created");
+            Ok(StreamReport {
+                name,
+                action: Provisioned::Created,
+            })
+        }
+        Err(e) => Err(api("look up", &name, e)),
+    }
+}
+
+fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), GetStreamErrorKind::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
+
+fn api(action: &'static str, stream: &str, e: impl std::fmt::Display) -> StreamError {
+    StreamError::Api {
+        action,
+        stream: stream.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+async fn timed<T>(
+    action: &'static str,
+    stream: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, StreamError> {
+    tokio::time::timeout(STREAM_API_TIMEOUT, fut)
+        .await
+        .map_err(|_| StreamError::Timeout {
+            action,
+            stream: stream.to_string(),
+            timeout: STREAM_API_TIMEOUT,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream;
+
+    #[tokio::test]
+    async fn creates_then_updates_streams_to_configured_limits() {
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        let mut cfg = DeliveryConfig::default();
+        let first = ensure_streams(&js, &cfg).await.unwrap();
+        assert!(first.iter().all(|r| r.action == Provisioned::Created));
+        assert_eq!(
+            first.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+            ["HUB_INGRESS", "HUB_INBOX", "HUB_TASKS"]
+        );
+
+        cfg.inbox.max_msgs_per_subject = 7;
+        cfg.duplicate_window_secs = 60;
+        let second = ensure_streams(&js, &cfg).await.unwrap();
+        assert!(second.iter().all(|r| r.action == Provisioned::Updated));
+        let info = js.get_stream("HUB_INBOX").await.unwrap().info().await.unwrap().clone();
+        assert_eq!(info.config.max_messages_per_subject, 7);
+        assert_eq!(info.config.duplicate_window, Duration::from_secs(60));
+        assert_eq!(info.config.subjects, vec!["channel.inbox.>".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn retention_change_is_refused_with_instructions() {
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        // Someone created HUB_INGRESS by hand with limits retention.
+        js.create_stream(Config {
+            name: "HUB_INGRESS".into(),
+            subjects: vec!["hub.pub.>".into()],
+            retention: RetentionPolicy::Limits,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let err = ensure_streams(&js, &DeliveryConfig::default())
+            .await
+            .unwrap_err();
+        match &err {
+            StreamError::RetentionMismatch {
+                stream,
+                existing,
+                wanted,
+            } => {
+                assert_eq!(stream, "HUB_INGRESS");
+                assert_eq!(*existing, RetentionPolicy::Limits);
+                assert_eq!(*wanted, RetentionPolicy::WorkQueue);
+            }
+            other => panic!("expected RetentionMismatch, got {other:?}"),
+        }
+        assert!(err.to_string().contains("delete the stream"));
+    }
+}

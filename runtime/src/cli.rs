@@ -1,0 +1,280 @@
+//! The `runtime` command line (clap derive).
+//!
+//! Usage errors exit with [`EXIT_USAGE`] (64) and one line saying what is wrong; see
+//! [`parse_args`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::connect::NatsSettings;
+
+/// Exit code of a usage or configuration error (BSD `EX_USAGE`).
+pub const EXIT_USAGE: i32 = 64;
+/// Exit code when NATS cannot be reached or refuses a request (BSD `EX_UNAVAILABLE`).
+pub const EXIT_UNAVAILABLE: i32 = 69;
+/// Exit code of an internal failure (BSD `EX_SOFTWARE`).
+pub const EXIT_SOFTWARE: i32 = 70;
+
+/// Actor-based runtime for durable agent messaging and task execution over NATS JetStream.
+#[derive(Debug, Parser)]
+#[command(name = "runtime", version, about, long_about = None)]
+pub struct Cli {
+    /// Log output format on stderr. The level filter comes from `RUST_LOG` (default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "RUNTIME_LOG_FORMAT", global = true)]
+    pub log_format: LogFormat,
+
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a router, a worker, or both, and run until SIGINT or SIGTERM.
+    Start(StartArgs),
+    /// Print the JSON snapshot of a running router (counters, streams, restarts).
+    Status(StatusArgs),
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Roles a process can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Role {
+    /// Routes envelopes from the ingress to inboxes, task channels and broadcasts.
+    Router,
+    /// Executes tasks from a work queue (needs `--worker-id`).
+    Worker,
+    /// Router and worker in one process (needs `--worker-id`).
+    All,
+}
+
+/// `runtime start`.
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// Which role to run.
+    #[arg(long, value_enum, env = "RUNTIME_ROLE")]
+    pub role: Role,
+
+    /// This worker's identity (required with `--role worker` and `--role all`).
+    #[arg(long, env = "RUNTIME_WORKER_ID", required_if_eq_any([("role", "worker"), ("role", "all")]))]
+    pub worker_id: Option<String>,
+
+    /// Durable delivery over JetStream. Without it the router uses plain core NATS and sends
+    /// no JetStream request at all.
+    #[arg(long, env = "NATS_HUB_DURABLE")]
+    pub durable: bool,
+
+    /// JSON delivery config (any subset of the keys in docs/PROTOCOL.md; unknown keys are
+    /// rejected).
+    #[arg(long, env = "NATS_HUB_DELIVERY_CONFIG", value_name = "FILE")]
+    pub delivery_config: Option<PathBuf>,
+
+    /// Seconds a graceful shutdown (SIGINT/SIGTERM) may take before the process exits anyway.
+    #[arg(long, default_value_t = 10, env = "RUNTIME_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: u64,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// `runtime status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Seconds to wait for a router to answer.
+    #[arg(long, default_value_t = 5, env = "RUNTIME_STATUS_TIMEOUT_SECS")]
+    pub timeout_secs: u64,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// Connection options shared by every subcommand. Only one authentication method may be set.
+#[derive(Debug, Clone, Args)]
+pub struct NatsArgs {
+    /// NATS server URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222", env = "NATS_URL")]
+    pub nats_url: String,
+
+    /// Authenticate with this token.
+    #[arg(long, env = "NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+
+    /// Authenticate as this user (with `--nats-password`).
+    #[arg(long, env = "NATS_USERNAME")]
+    pub nats_username: Option<String>,
+
+    /// Password for `--nats-username` (may be empty).
+    #[arg(long, env = "NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
+
+    /// Authenticate with this user NKey seed (the secret seed itself, not a path).
+    #[arg(long, env = "NATS_NKEY_SEED", hide_env_values = true)]
+    pub nats_nkey_seed: Option<String>,
+
+    /// Authenticate with this credentials (JWT + seed) file.
+    #[arg(long, env = "NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+
+    /// Seconds to wait for the first connection before giving up.
+    #[arg(long, default_value_t = 10, env = "NATS_CONNECT_TIMEOUT_SECS")]
+    pub connect_timeout_secs: u64,
+}
+
+impl NatsArgs {
+    /// The flags as connection settings (auth not validated yet; see
+    /// [`NatsSettings::validate`]).
+    pub fn settings(&self) -> NatsSettings {
+        NatsSettings {
+            url: self.nats_url.clone(),
+            token: self.nats_token.clone(),
+            username: self.nats_username.clone(),
+            password: self.nats_password.clone(),
+            nkey_seed: self.nats_nkey_seed.clone(),
+            creds_file: self.nats_creds.clone(),
+            connect_timeout: std::time::Duration::from_secs(self.connect_timeout_secs),
+        }
+    }
+}
+
+/// What parsing the command line gave.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Run this.
+    Run(Cli),
+    /// Print this (help or version) to stdout and exit 0.
+    Print(String),
+    /// Print this one line to stderr and exit [`EXIT_USAGE`].
+    Usage(String),
+}
+
+/// Parses `args` (including the program name). Help and version go to [`Parsed::Print`]; every
+/// other clap error becomes one line in [`Parsed::Usage`].
+pub fn parse_args<I, T>(args: I) -> Parsed
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => Parsed::Run(cli),
+        Err(e) => match e.kind() {
+            clap::error::ErrorKind::DisplayHelp
+            | clap::error::ErrorKind::DisplayVersion
+            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                Parsed::Print(e.render().to_string())
+            }
+            _ => Parsed::Usage(one_line(&e.render().to_string())),
+        },
+    }
+}
+
+/// Folds clap's multi-line error into one line: the message and its details, without the
+/// usage block and tips.
+fn one_line(rendered: &str) -> String {
+    let mut parts = Vec::new();
+    for line in rendered.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.trim_start_matches("error: ").to_string());
+    }
+    format!("runtime: usage error: {} (see --help)", parts.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(args: &[&str]) -> String {
+        match parse_args(std::iter::once("runtime").chain(args.iter().copied())) {
+            Parsed::Usage(line) => line,
+            other => panic!("expected a usage error for {args:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn worker_role_without_worker_id_is_a_usage_error() {
+        let line = usage(&["start", "--role", "worker"]);
+        assert!(line.contains("--worker-id"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn unknown_flag_is_one_line() {
+        let line = usage(&["start", "--role", "router", "--durabel"]);
+        assert!(line.contains("--durabel"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn router_flags_parse() {
+        let Parsed::Run(cli) = parse_args([
+            "runtime",
+            "start",
+            "--role",
+            "router",
+            "--durable",
+            "--delivery-config",
+            "d.json",
+            "--nats-url",
+            "nats://127.0.0.1:1",
+            "--log-format",
+            "json",
+        ]) else {
+            panic!("expected to parse");
+        };
+        let Command::Start(start) = cli.command else {
+            panic!("expected start")
+        };
+        assert_eq!(start.role, Role::Router);
+        assert!(start.durable);
+        assert_eq!(start.delivery_config, Some(PathBuf::from("d.json")));
+        assert_eq!(start.nats.nats_url, "nats://127.0.0.1:1");
+        assert_eq!(cli.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn help_is_printed_not_an_error() {
+        assert!(matches!(
+            parse_args(["runtime", "--help"]),
+            Parsed::Print(_)
+        ));
+    }
+
+    #[test]
+    fn every_option_has_a_doc_comment() {
+        use clap::CommandFactory;
+        fn check(cmd: &clap::Command) {
+            for arg in cmd.get_arguments() {
+                if arg.get_id() == "help" || arg.get_id() == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_help().is_some(),
+                    "option {} of `{}` has no doc comment",
+                    arg.get_id(),
+                    cmd.get_name()
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub);
+            }
+        }
+        check(&Cli::command());
+    }
+}

@@ -1,0 +1,301 @@
+//! NATS connection settings: URL, one authentication method, connect timeout.
+//!
+//! Secrets (token, password, seed) are never printed: the `Debug` impl redacts them and no error
+//! message contains them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Connection failures and invalid settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// More than one authentication method was given.
+    #[error("only one nats authentication method may be set, got {0}")]
+    ConflictingAuth(String),
+    /// A password without a username.
+    #[error("a nats password needs a username (NATS_USERNAME / --nats-username)")]
+    PasswordWithoutUsername,
+    /// The URL is not a usable NATS server address.
+    #[error("invalid nats url {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The credentials file could not be read.
+    #[error("cannot read nats credentials file {path}: {reason}")]
+    Creds {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The server could not be reached in time, or refused the connection.
+    #[error("cannot connect to nats at {url}: {reason}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ConnectError {
+    /// Whether this is the operator's configuration mistake (exit 64) rather than an unreachable
+    /// server (exit 69).
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, ConnectError::Unreachable { .. })
+    }
+}
+
+/// How to reach NATS. Build it by hand or from the CLI flags.
+#[derive(Clone, Default)]
+pub struct NatsSettings {
+    /// Server URL (`nats://`, `tls://`, `ws://` or `wss://`).
+    pub url: String,
+    /// Token auth.
+    pub token: Option<String>,
+    /// User for user/password auth.
+    pub username: Option<String>,
+    /// Password for user/password auth.
+    pub password: Option<String>,
+    /// User NKey seed.
+    pub nkey_seed: Option<String>,
+    /// Credentials file (JWT + seed).
+    pub creds_file: Option<PathBuf>,
+    /// How long the first connection may take.
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for NatsSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redact = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        f.debug_struct("NatsSettings")
+            .field("url", &self.url)
+            .field("token", &redact(&self.token))
+            .field("username", &self.username)
+            .field("password", &redact(&self.password))
+            .field("nkey_seed", &redact(&self.nkey_seed))
+            .field("creds_file", &self.creds_file)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+/// The one authentication method in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// No authentication.
+    None,
+    /// Token.
+    Token,
+    /// User and password.
+    UserPassword,
+    /// NKey seed.
+    NKey,
+    /// Credentials file.
+    Creds,
+}
+
+impl NatsSettings {
+    /// Settings for `url` with no auth and a 10 s connect timeout.
+    pub fn new(url: impl Into<String>) -> Self {
+        NatsSettings {
+            url: url.into(),
+            connect_timeout: Duration::from_secs(10),
+            ..Default::default()
+        }
+    }
+
+    /// Checks the URL and that at most one authentication method is set.
+    ///
+    /// # Errors
+    /// [`ConnectError::ConflictingAuth`], [`ConnectError::PasswordWithoutUsername`] or
+    /// [`ConnectError::InvalidUrl`].
+    pub fn validate(&self) -> Result<AuthMethod, ConnectError> {
+        validate_url(&self.url)?;
+        let mut set = Vec::new();
+        if self.token.is_some() {
+            set.push("token");
+        }
+        if self.username.is_some() || self.password.is_some() {
+            set.push("username/password");
+        }
+        if self.nkey_seed.is_some() {
+            set.push("nkey seed");
+        }
+        if self.creds_file.is_some() {
+            set.push("credentials file");
+        }
+        if set.len() > 1 {
+            return Err(ConnectError::ConflictingAuth(set.join(" and ")));
+        }
+        if self.password.is_some() && self.username.is_none() {
+            return Err(ConnectError::PasswordWithoutUsername);
+        }
+        Ok(match set.first().copied() {
+            None => AuthMethod::None,
+            Some("token") => AuthMethod::Token,
+            Some("username/password") => AuthMethod::UserPassword,
+            Some("nkey seed") => AuthMethod::NKey,
+            _ => AuthMethod::Creds,
+        })
+    }
+
+    /// Connects, waiting at most `connect_timeout` for the first connection. Afterwards the
+    /// client reconnects on its own, forever.
+    ///
+    /// # Errors
+    /// The validation errors of [`validate`](Self::validate), [`ConnectError::Creds`], or
+    /// [`ConnectError::Unreachable`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is left behind but a dropped connection attempt.
+    pub async fn connect(&self, name: &str) -> Result<async_nats::Client, ConnectError> {
+        let method = self.validate()?;
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .connection_timeout(self.connect_timeout)
+            .max_reconnects(None)
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Disconnected => tracing::warn!("nats disconnected"),
+                    async_nats::Event::Connected => tracing::info!("nats connected"),
+                    async_nats::Event::SlowConsumer(sid) => {
+                        tracing::error!(sid, "nats slow consumer: messages were dropped")
+                    }
+                    other => tracing::info!(event = %other, "nats event"),
+                }
+            });
+        options = match method {
+            AuthMethod::None => options,
+            AuthMethod::Token => options.token(self.token.clone().unwrap_or_default()),
+            AuthMethod::UserPassword => options.user_and_password(
+                self.username.clone().unwrap_or_default(),
+                self.password.clone().unwrap_or_default(),
+            ),
+            AuthMethod::NKey => options.nkey(self.nkey_seed.clone().unwrap_or_default()),
+            AuthMethod::Creds => {
+                let path = self.creds_file.clone().unwrap_or_default();
+                options
+                    .credentials_file(&path)
+                    .await
+                    .map_err(|e| ConnectError::Creds {
+                        path,
+                        reason: e.to_string(),
+                    })?
+            }
+        };
+        let attempt = tokio::time::timeout(self.connect_timeout, options.connect(&self.url));
+        match attempt.await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(ConnectError::Unreachable {
+                url: self.url.clone(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(ConnectError::Unreachable {
+                url: self.url.clone(),
+                reason: format!("no connection within {:?}", self.connect_timeout),
+            }),
+        }
+    }
+}
+
+fn validate_url(url: &str) -> Result<(), ConnectError> {
+    let invalid = |reason: &str| ConnectError::InvalidUrl {
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(invalid("expected scheme://host[:port]"));
+    };
+    if !matches!(scheme, "nats" | "tls" | "ws" | "wss") {
+        return Err(invalid("the scheme must be nats, tls, ws or wss"));
+    }
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() {
+        return Err(invalid("no host"));
+    }
+    if authority.contains(['/', '?', '#']) {
+        return Err(invalid("no path, query or fragment allowed"));
+    }
+    if authority.contains('@') {
+        return Err(invalid(
+            "credentials in the url are not allowed; use one of the auth options",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_auth_methods_are_rejected() {
+        let mut s = NatsSettings::new("nats://127.0.0.1:4222");
+        s.token = Some("t".into());
+        s.nkey_seed = Some("SU...".into());
+        assert!(matches!(
+            s.validate(),
+            Err(ConnectError::ConflictingAuth(ref m)) if m == "token and nkey seed"
+        ));
+    }
+
+    #[test]
+    fn password_needs_username() {
+        let mut s = NatsSettings::new("nats://127.0.0.1:4222");
+        s.password = Some("p".into());
+        assert!(matches!(
+            s.validate(),
+            Err(ConnectError::PasswordWithoutUsername)
+        ));
+    }
+
+    #[test]
+    fn single_methods_are_accepted() {
+        let mut s = NatsSettings::new("nats://127.0.0.1:4222");
+        assert_eq!(s.validate().unwrap(), AuthMethod::None);
+        s.username = Some("u".into());
+        s.password = Some(String::new());
+        assert_eq!(s.validate().unwrap(), AuthMethod::UserPassword);
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug() {
+        let mut s = NatsSettings::new("nats://127.0.0.1:4222");
+        s.token = Some("supersecret".into());
+        assert!(!format!("{s:?}").contains("supersecret"));
+    }
+
+    #[test]
+    fn bad_urls_are_rejected() {
+        for url in ["127.0.0.1:4222", "http://x", "nats://", "nats://h/path", "nats://u:p@h"] {
+            assert!(
+                matches!(NatsSettings::new(url).validate(), Err(ConnectError::InvalidUrl { .. })),
+                "{url}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn connects_to_a_real_server_with_a_token() {
+        let server = harness::NatsServer::run(harness::ServerOptions {
+            token: Some("s3cret".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let mut s = NatsSettings::new(server.url());
+        s.connect_timeout = Duration::from_secs(5);
+        // Without the token the server refuses.
+        assert!(matches!(
+            s.connect("test").await,
+            Err(ConnectError::Unreachable { .. })
+        ));
+        s.token = Some("s3cret".into());
+        let client = s.connect("test").await.unwrap();
+        client.flush().await.unwrap();
+    }
+}

@@ -1,0 +1,35 @@
+//! The hub runtime: the [`ActorSystem`] embedding API, configuration loading, telemetry and
+//! the `runtime` binary's command line.
+//!
+//! A custom host embeds the same runtime the binary runs:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), runtime::SystemError> {
+//! use runtime::{ActorSystem, NatsSettings};
+//! let delivery = runtime::config::load_delivery_config(None)?; // defaults
+//! let system = ActorSystem::builder()
+//!     .nats(NatsSettings::new("nats://127.0.0.1:4222"))
+//!     .durable(true)
+//!     .delivery_config(delivery)
+//!     .build()
+//!     .await?;
+//! system.start_router().await?; // provisions HUB_INGRESS, HUB_INBOX, HUB_TASKS
+//! let snapshot = system.snapshot().await?;
+//! assert!(snapshot.router.is_some());
+//! system.shutdown(std::time::Duration::from_secs(10)).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Errors
+//! Every fallible API returns [`SystemError`]; [`SystemError::is_usage`] and
+//! [`SystemError::is_unavailable`] classify it for exit codes.
+
+pub mod cli;
+pub mod config;
+pub mod connect;
+pub mod shutdown;
+pub mod system;
+pub mod telemetry;
+
+pub use connect::{ConnectError, NatsSettings};
+pub use system::{request_status, ActorSystem, ActorSystemBuilder, SystemError, SystemSnapshot};

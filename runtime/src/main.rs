@@ -1,0 +1,123 @@
+//! The `runtime` binary: `runtime start --role router|worker|all ...` and `runtime status`.
+//!
+//! Exit codes: 0 after a clean shutdown, 64 for a usage or config error (one line on stderr),
+//! 69 when NATS cannot be reached or JetStream refuses, 70 for an internal failure.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use runtime::cli::{self, Cli, Command, Parsed, Role, StartArgs, StatusArgs};
+use runtime::{ActorSystem, SystemError};
+
+fn main() -> ExitCode {
+    let cli = match cli::parse_args(std::env::args_os()) {
+        Parsed::Run(cli) => cli,
+        Parsed::Print(text) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Parsed::Usage(line) => {
+            eprintln!("{line}");
+            return ExitCode::from(cli::EXIT_USAGE as u8);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runtime: cannot start the async runtime: {e}");
+            return ExitCode::from(cli::EXIT_SOFTWARE as u8);
+        }
+    };
+    let code = rt.block_on(run(cli));
+    // Do not wait for stray blocking tasks (e.g. a stuck stdin read).
+    rt.shutdown_timeout(Duration::from_secs(1));
+    ExitCode::from(code as u8)
+}
+
+async fn run(cli: Cli) -> i32 {
+    let telemetry = match runtime::telemetry::init(cli.log_format == cli::LogFormat::Json) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("runtime: {e}");
+            return cli::EXIT_USAGE;
+        }
+    };
+    let result = match cli.command {
+        Command::Start(args) => start(args).await,
+        Command::Status(args) => status(args).await,
+    };
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let code = exit_code(&e);
+            // One line: the error chain joined.
+            let line = format!("{e:#}").replace('\n', " ");
+            tracing::error!(error = %line, "runtime failed");
+            eprintln!("runtime: {line}");
+            code
+        }
+    };
+    tokio::task::spawn_blocking(move || telemetry.shutdown())
+        .await
+        .ok();
+    code
+}
+
+fn exit_code(e: &anyhow::Error) -> i32 {
+    match e.downcast_ref::<SystemError>() {
+        Some(se) if se.is_usage() => cli::EXIT_USAGE,
+        Some(se) if se.is_unavailable() => cli::EXIT_UNAVAILABLE,
+        Some(_) => cli::EXIT_SOFTWARE,
+        None => cli::EXIT_SOFTWARE,
+    }
+}
+
+async fn start(args: StartArgs) -> anyhow::Result<()> {
+    if args.role != Role::Router {
+        // The worker role arrives with the durable-tasks work; refuse clearly instead of
+        // pretending to run one.
+        return Err(SystemError::RoleUnavailable {
+            role: format!("{:?}", args.role).to_lowercase(),
+        }
+        .into());
+    }
+    let delivery = runtime::config::load_delivery_config(args.delivery_config.as_deref())
+        .map_err(SystemError::from)?;
+    let system = ActorSystem::builder()
+        .nats(args.nats.settings())
+        .durable(args.durable)
+        .delivery_config(delivery)
+        .build()
+        .await?;
+    system.start_router().await?;
+    tracing::info!(
+        durable = args.durable,
+        nats_url = %args.nats.nats_url,
+        "router running; SIGINT or SIGTERM stops it"
+    );
+    runtime::shutdown::wait_for_signal()
+        .await
+        .context("cannot install signal handlers")?;
+    tracing::info!("shutting down");
+    system
+        .shutdown(Duration::from_secs(args.shutdown_grace_secs))
+        .await?;
+    Ok(())
+}
+
+async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let client = args
+        .nats
+        .settings()
+        .connect("runtime-status")
+        .await
+        .map_err(SystemError::from)?;
+    let snapshot =
+        runtime::request_status(&client, Duration::from_secs(args.timeout_secs)).await?;
+    println!("{}", serde_json::to_string_pretty(&snapshot)?);
+    Ok(())
+}

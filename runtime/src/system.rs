@@ -1,0 +1,352 @@
+//! [`ActorSystem`]: the embedding API. A custom host builds one, starts the parts it needs and
+//! shuts it down; the `runtime` binary is such a host.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), runtime::SystemError> {
+//! use runtime::{ActorSystem, NatsSettings};
+//! let system = ActorSystem::builder()
+//!     .nats(NatsSettings::new("nats://127.0.0.1:4222"))
+//!     .durable(true)
+//!     .build()
+//!     .await?;
+//! system.start_router().await?;
+//! println!("{:?}", system.snapshot().await?);
+//! system.shutdown(std::time::Duration::from_secs(10)).await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actors::router::{Router, RouterMsg, RouterSnapshot};
+use actors::supervision::{self, ChildSpec, Strategy, SupervisorRef, SupervisorSnapshot, SupervisorSpec};
+use protocol::config::DeliveryConfig;
+use protocol::subjects;
+use ractor::concurrency::JoinHandle;
+use ractor::ActorRef;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::config::ConfigLoadError;
+use crate::connect::{ConnectError, NatsSettings};
+
+/// How long [`ActorSystem::start_router`] waits for the router to come up.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a local snapshot call may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
+
+static NEXT_SYSTEM: AtomicU64 = AtomicU64::new(1);
+
+/// Failures of the embedding API.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemError {
+    /// The delivery config file is unreadable or invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigLoadError),
+    /// The connection settings are invalid or the server is unreachable.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// Stream provisioning failed (including a retention policy that cannot be changed).
+    #[error(transparent)]
+    Streams(#[from] actors::streams::StreamError),
+    /// An actor could not be spawned.
+    #[error("cannot spawn {what}: {reason}")]
+    Spawn {
+        /// Which actor.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// An actor did not come up or answer in time.
+    #[error("timed out waiting for {what}")]
+    Timeout {
+        /// What.
+        what: String,
+    },
+    /// `runtime status` found no router on the server.
+    #[error("no router answered on {subject} (is `runtime start --role router` running?)")]
+    NoRouter {
+        /// The status subject.
+        subject: &'static str,
+    },
+    /// A NATS request failed.
+    #[error("nats request failed: {0}")]
+    Request(String),
+    /// A role this build does not run yet.
+    #[error("role {role} is not available in this build yet; only --role router runs")]
+    RoleUnavailable {
+        /// The role asked for.
+        role: String,
+    },
+}
+
+impl SystemError {
+    /// An operator mistake in flags or config files: exit 64.
+    pub fn is_usage(&self) -> bool {
+        match self {
+            SystemError::Config(_) | SystemError::RoleUnavailable { .. } => true,
+            SystemError::Connect(e) => e.is_usage(),
+            SystemError::Streams(actors::streams::StreamError::RetentionMismatch { .. }) => true,
+            _ => false,
+        }
+    }
+
+    /// The server is unreachable or refused: exit 69.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            SystemError::Connect(_)
+                | SystemError::Streams(_)
+                | SystemError::NoRouter { .. }
+                | SystemError::Request(_)
+                | SystemError::Timeout { .. }
+        ) && !self.is_usage()
+    }
+}
+
+/// Builder of an [`ActorSystem`].
+#[derive(Debug, Default)]
+pub struct ActorSystemBuilder {
+    nats: Option<NatsSettings>,
+    client: Option<async_nats::Client>,
+    durable: bool,
+    delivery: DeliveryConfig,
+}
+
+impl ActorSystemBuilder {
+    /// Connect with these settings (URL, one auth method, connect timeout).
+    #[must_use]
+    pub fn nats(mut self, settings: NatsSettings) -> Self {
+        self.nats = Some(settings);
+        self
+    }
+
+    /// Use an existing connection instead of connecting.
+    #[must_use]
+    pub fn client(mut self, client: async_nats::Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Durable delivery over JetStream (default off: plain core NATS, no JetStream traffic).
+    #[must_use]
+    pub fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Stream and consumer limits (default: [`DeliveryConfig::default`]).
+    #[must_use]
+    pub fn delivery_config(mut self, delivery: DeliveryConfig) -> Self {
+        self.delivery = delivery;
+        self
+    }
+
+    /// Connects (unless a client was given) and returns the system, with nothing started yet.
+    ///
+    /// # Errors
+    /// [`SystemError::Connect`] when the settings are invalid or the server is unreachable.
+    pub async fn build(self) -> Result<ActorSystem, SystemError> {
+        let id = format!("sys{}", NEXT_SYSTEM.fetch_add(1, Ordering::Relaxed));
+        let client = match (self.client, self.nats) {
+            (Some(client), _) => client,
+            (None, Some(settings)) => settings.connect(&format!("runtime-{id}")).await?,
+            (None, None) => {
+                NatsSettings::new("nats://127.0.0.1:4222")
+                    .connect(&format!("runtime-{id}"))
+                    .await?
+            }
+        };
+        Ok(ActorSystem {
+            id,
+            client,
+            durable: self.durable,
+            delivery: Arc::new(self.delivery),
+            trees: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// One supervision tree started by the system.
+struct Tree {
+    name: String,
+    supervisor: SupervisorRef,
+    join: JoinHandle<()>,
+}
+
+/// The runtime embedded in a host: one NATS connection and the supervision trees started on it.
+pub struct ActorSystem {
+    id: String,
+    client: async_nats::Client,
+    durable: bool,
+    delivery: Arc<DeliveryConfig>,
+    trees: Mutex<Vec<Tree>>,
+}
+
+/// Snapshot of everything an [`ActorSystem`] runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SystemSnapshot {
+    /// The system id (unique in the process; prefixes every actor name).
+    pub system: String,
+    /// Durable or core mode.
+    pub durable: bool,
+    /// The router, when one runs.
+    pub router: Option<RouterSnapshot>,
+    /// Every supervisor by name, with its children's restart counts.
+    pub supervisors: BTreeMap<String, SupervisorSnapshot>,
+}
+
+impl ActorSystem {
+    /// A builder with defaults: `nats://127.0.0.1:4222`, core mode, default delivery config.
+    pub fn builder() -> ActorSystemBuilder {
+        ActorSystemBuilder::default()
+    }
+
+    /// The system id, unique in this process; every actor name starts with it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The shared NATS connection.
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// The actor name of the router (for fault injection in tests).
+    pub fn router_name(&self) -> String {
+        format!("{}/router", self.id)
+    }
+
+    /// Starts the router under its own one-for-one supervisor and waits until it answers.
+    ///
+    /// In durable mode the streams are provisioned first, here, so that a fatal problem (a
+    /// retention policy that cannot be changed, JetStream disabled) is returned to the caller
+    /// instead of being retried by the supervisor.
+    ///
+    /// # Errors
+    /// [`SystemError::Streams`], [`SystemError::Spawn`] or [`SystemError::Timeout`].
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled call may leave a started router that only
+    /// [`shutdown`](Self::shutdown) stops.
+    pub async fn start_router(&self) -> Result<(), SystemError> {
+        if self.durable {
+            let js = async_nats::jetstream::new(self.client.clone());
+            actors::streams::ensure_streams(&js, &self.delivery).await?;
+        }
+        let router = Router {
+            name: self.router_name(),
+            client: self.client.clone(),
+            durable: self.durable,
+            delivery: self.delivery.clone(),
+        };
+        let spec = SupervisorSpec::new(Strategy::OneForOne)
+            .child(ChildSpec::actor(self.router_name(), router, || ()));
+        let name = format!("{}/router-sup", self.id);
+        let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
+            .await
+            .map_err(|e| SystemError::Spawn {
+                what: name.clone(),
+                reason: e.to_string(),
+            })?;
+        self.trees.lock().await.push(Tree {
+            name,
+            supervisor,
+            join,
+        });
+        let deadline = tokio::time::Instant::now() + START_DEADLINE;
+        loop {
+            if self.router_snapshot().await.is_some() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(SystemError::Timeout {
+                    what: "the router to start".into(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn router_snapshot(&self) -> Option<RouterSnapshot> {
+        let cell = ractor::registry::where_is(self.router_name())?;
+        let router: ActorRef<RouterMsg> = cell.into();
+        match ractor::call_t!(router, RouterMsg::Snapshot, SNAPSHOT_TIMEOUT.as_millis() as u64) {
+            Ok(snapshot) => Some(snapshot),
+            Err(_) => None,
+        }
+    }
+
+    /// A snapshot of every actor: the router's counters and each supervisor's restart counts.
+    ///
+    /// # Errors
+    /// [`SystemError::Timeout`] when a supervisor does not answer.
+    pub async fn snapshot(&self) -> Result<SystemSnapshot, SystemError> {
+        let mut supervisors = BTreeMap::new();
+        for tree in self.trees.lock().await.iter() {
+            let snap = supervision::snapshot(&tree.supervisor)
+                .await
+                .map_err(|e| SystemError::Timeout {
+                    what: format!("supervisor {}: {e}", tree.name),
+                })?;
+            supervisors.insert(tree.name.clone(), snap);
+        }
+        Ok(SystemSnapshot {
+            system: self.id.clone(),
+            durable: self.durable,
+            router: self.router_snapshot().await,
+            supervisors,
+        })
+    }
+
+    /// Stops every supervision tree (children first), then flushes the connection, within
+    /// `grace`.
+    ///
+    /// # Errors
+    /// [`SystemError::Timeout`] when the grace period ran out; everything is stopped anyway.
+    pub async fn shutdown(self, grace: Duration) -> Result<(), SystemError> {
+        let work = async {
+            let trees = std::mem::take(&mut *self.trees.lock().await);
+            for tree in trees.into_iter().rev() {
+                supervision::shutdown(&tree.supervisor, grace).await;
+                let _ = tree.join.await;
+            }
+            let _ = self.client.flush().await;
+        };
+        tokio::time::timeout(grace, work)
+            .await
+            .map_err(|_| SystemError::Timeout {
+                what: format!("a graceful shutdown within {grace:?}"),
+            })
+    }
+}
+
+/// Asks a running router for its snapshot over NATS (`runtime status`).
+///
+/// # Errors
+/// [`SystemError::NoRouter`] when no router listens, [`SystemError::Timeout`] when none answers
+/// in time, [`SystemError::Request`] for other failures.
+pub async fn request_status(
+    client: &async_nats::Client,
+    timeout: Duration,
+) -> Result<RouterSnapshot, SystemError> {
+    use async_nats::RequestErrorKind;
+    let request = client.request(subjects::STATUS_SUBJECT, Vec::new().into());
+    let reply = match tokio::time::timeout(timeout, request).await {
+        Err(_) => {
+            return Err(SystemError::Timeout {
+                what: "a router to answer the status request".into(),
+            })
+        }
+        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => {
+            return Err(SystemError::NoRouter {
+                subject: subjects::STATUS_SUBJECT,
+            })
+        }
+        Ok(Err(e)) => return Err(SystemError::Request(e.to_string())),
+        Ok(Ok(reply)) => reply,
+    };
+    serde_json::from_slice(&reply.payload).map_err(|e| SystemError::Request(e.to_string()))
+}

@@ -1,0 +1,266 @@
+//! The durable delivery config (`--delivery-config <file.json>`).
+//!
+//! Any subset of the keys may be given; the rest keep their defaults.
+//! Unknown keys are rejected. Numeric limits are `i64` where `-1` means
+//! unlimited; use the `*_limit()` helpers (or [`limit`]) to get an
+//! `Option<u64>`.
+//!
+//! ```
+//! use protocol::config::{DeliveryConfig, StorageKind};
+//!
+//! let config = DeliveryConfig::from_json_str(r#"{"inbox": {"storage": "memory"}}"#).unwrap();
+//! assert_eq!(config.inbox.storage, StorageKind::Memory);
+//! assert_eq!(config.inbox.name, "HUB_INBOX");
+//! assert_eq!(config.router_max_deliver_limit(), None);
+//! ```
+
+mod error;
+mod parse;
+mod validate;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use error::ConfigError;
+use serde::{Deserialize, Serialize};
+pub use validate::{MAX_DURATION_SECS, REPLICAS};
+
+use crate::subjects::{INBOX_STREAM, INGRESS_STREAM, ROUTER_CONSUMER, TASKS_STREAM};
+
+/// The value of a limit that means "unlimited".
+pub const UNLIMITED: i64 = -1;
+
+/// A limit as an `Option`: `None` when unlimited (negative), else the value.
+pub fn limit(value: i64) -> Option<u64> {
+    u64::try_from(value).ok()
+}
+
+/// A number of seconds as a duration: `None` when unlimited (negative).
+pub fn seconds(value: i64) -> Option<Duration> {
+    limit(value).map(Duration::from_secs)
+}
+
+/// Streams, consumers and limits of durable delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeliveryConfig {
+    /// The stream capturing `hub.pub.>`.
+    pub ingress: IngressStreamConfig,
+    /// The stream storing inboxes.
+    pub inbox: InboxStreamConfig,
+    /// The stream storing task channels.
+    pub tasks: TasksStreamConfig,
+    /// `Nats-Msg-Id` dedupe window of every stream.
+    pub duplicate_window_secs: u64,
+    /// Durable name of the shared router consumer.
+    pub router_consumer: String,
+    /// Ack wait of the router and inbox consumers.
+    pub ack_wait_secs: u64,
+    /// Max deliveries of an ingress message to routers; `-1` unlimited.
+    pub router_max_deliver: i64,
+    /// Max unacked ingress messages across routers; `-1` unlimited.
+    pub router_max_ack_pending: i64,
+    /// Max unacked messages per inbox consumer; `-1` unlimited.
+    pub inbox_max_ack_pending: i64,
+    /// Removes an inbox consumer nobody read for this long; `-1` never.
+    pub inbox_inactive_secs: i64,
+}
+
+/// The ingress stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressStreamConfig {
+    /// Stream name.
+    pub name: String,
+    /// Retention; `-1` unlimited.
+    pub max_age_secs: i64,
+}
+
+/// The inbox stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InboxStreamConfig {
+    /// Stream name.
+    pub name: String,
+    /// Retention; `-1` unlimited.
+    pub max_age_secs: i64,
+    /// Messages kept per inbox; `-1` unlimited.
+    pub max_msgs_per_subject: i64,
+    /// Bytes kept in the stream; `-1` unlimited.
+    pub max_bytes: i64,
+    /// Messages kept in the stream; `-1` unlimited.
+    pub max_msgs: i64,
+    /// Largest message accepted; `-1` unlimited (the server's max payload).
+    pub max_msg_size: i64,
+    /// Number of replicas, 1 to 5.
+    pub replicas: usize,
+    /// Storage backend.
+    pub storage: StorageKind,
+}
+
+/// The task channel stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TasksStreamConfig {
+    /// Stream name.
+    pub name: String,
+    /// Retention; `-1` unlimited.
+    pub max_age_secs: i64,
+    /// Messages kept per task channel; `-1` unlimited.
+    pub max_msgs_per_subject: i64,
+}
+
+/// Where a stream keeps its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageKind {
+    /// On disk.
+    #[default]
+    File,
+    /// In memory: lost when nats-server restarts.
+    Memory,
+}
+
+impl fmt::Display for StorageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StorageKind::File => "file",
+            StorageKind::Memory => "memory",
+        })
+    }
+}
+
+const DAY_SECS: i64 = 24 * 60 * 60;
+const WEEK_SECS: i64 = 7 * DAY_SECS;
+
+impl Default for DeliveryConfig {
+    fn default() -> DeliveryConfig {
+        DeliveryConfig {
+            ingress: IngressStreamConfig::default(),
+            inbox: InboxStreamConfig::default(),
+            tasks: TasksStreamConfig::default(),
+            duplicate_window_secs: 120,
+            router_consumer: ROUTER_CONSUMER.to_owned(),
+            ack_wait_secs: 30,
+            router_max_deliver: UNLIMITED,
+            router_max_ack_pending: 1000,
+            inbox_max_ack_pending: 256,
+            inbox_inactive_secs: WEEK_SECS,
+        }
+    }
+}
+
+impl Default for IngressStreamConfig {
+    fn default() -> IngressStreamConfig {
+        IngressStreamConfig {
+            name: INGRESS_STREAM.to_owned(),
+            max_age_secs: DAY_SECS,
+        }
+    }
+}
+
+impl Default for InboxStreamConfig {
+    fn default() -> InboxStreamConfig {
+        InboxStreamConfig {
+            name: INBOX_STREAM.to_owned(),
+            max_age_secs: WEEK_SECS,
+            max_msgs_per_subject: 10_000,
+            max_bytes: UNLIMITED,
+            max_msgs: UNLIMITED,
+            max_msg_size: UNLIMITED,
+            replicas: 1,
+            storage: StorageKind::File,
+        }
+    }
+}
+
+impl Default for TasksStreamConfig {
+    fn default() -> TasksStreamConfig {
+        TasksStreamConfig {
+            name: TASKS_STREAM.to_owned(),
+            max_age_secs: DAY_SECS,
+            max_msgs_per_subject: 10_000,
+        }
+    }
+}
+
+impl DeliveryConfig {
+    /// The `Nats-Msg-Id` dedupe window.
+    pub fn duplicate_window(&self) -> Duration {
+        Duration::from_secs(self.duplicate_window_secs)
+    }
+
+    /// The consumer ack wait.
+    pub fn ack_wait(&self) -> Duration {
+        Duration::from_secs(self.ack_wait_secs)
+    }
+
+    /// The inbox consumer inactivity threshold; `None` never removes it.
+    pub fn inbox_inactive(&self) -> Option<Duration> {
+        seconds(self.inbox_inactive_secs)
+    }
+
+    /// [`Self::router_max_deliver`]; `None` is unlimited.
+    pub fn router_max_deliver_limit(&self) -> Option<u64> {
+        limit(self.router_max_deliver)
+    }
+
+    /// [`Self::router_max_ack_pending`]; `None` is unlimited.
+    pub fn router_max_ack_pending_limit(&self) -> Option<u64> {
+        limit(self.router_max_ack_pending)
+    }
+
+    /// [`Self::inbox_max_ack_pending`]; `None` is unlimited.
+    pub fn inbox_max_ack_pending_limit(&self) -> Option<u64> {
+        limit(self.inbox_max_ack_pending)
+    }
+}
+
+impl IngressStreamConfig {
+    /// Retention; `None` is unlimited.
+    pub fn max_age(&self) -> Option<Duration> {
+        seconds(self.max_age_secs)
+    }
+}
+
+impl InboxStreamConfig {
+    /// Retention; `None` is unlimited.
+    pub fn max_age(&self) -> Option<Duration> {
+        seconds(self.max_age_secs)
+    }
+
+    /// [`Self::max_msgs_per_subject`]; `None` is unlimited.
+    pub fn max_msgs_per_subject_limit(&self) -> Option<u64> {
+        limit(self.max_msgs_per_subject)
+    }
+
+    /// [`Self::max_bytes`]; `None` is unlimited.
+    pub fn max_bytes_limit(&self) -> Option<u64> {
+        limit(self.max_bytes)
+    }
+
+    /// [`Self::max_msgs`]; `None` is unlimited.
+    pub fn max_msgs_limit(&self) -> Option<u64> {
+        limit(self.max_msgs)
+    }
+
+    /// [`Self::max_msg_size`]; `None` is unlimited.
+    pub fn max_msg_size_limit(&self) -> Option<u64> {
+        limit(self.max_msg_size)
+    }
+}
+
+impl TasksStreamConfig {
+    /// Retention; `None` is unlimited.
+    pub fn max_age(&self) -> Option<Duration> {
+        seconds(self.max_age_secs)
+    }
+
+    /// [`Self::max_msgs_per_subject`]; `None` is unlimited.
+    pub fn max_msgs_per_subject_limit(&self) -> Option<u64> {
+        limit(self.max_msgs_per_subject)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,149 @@
+//! The rules a delivery config must follow beyond its types.
+
+use std::ops::RangeInclusive;
+
+use super::{limit, ConfigError, DeliveryConfig};
+use crate::subjects::{validate_durable_name, validate_stream_name};
+
+/// Longest duration JetStream can take: its durations are `i64`
+/// nanoseconds.
+pub const MAX_DURATION_SECS: u64 = i64::MAX as u64 / 1_000_000_000;
+
+/// Allowed replica counts of a stream.
+pub const REPLICAS: RangeInclusive<usize> = 1..=5;
+
+impl DeliveryConfig {
+    /// Checks the rules the types cannot express.
+    ///
+    /// - stream names and `router_consumer` are valid JetStream names, and
+    ///   the three stream names differ;
+    /// - durations are at least 1 second (`-1` allowed where documented);
+    /// - `duplicate_window_secs` does not exceed any finite `max_age_secs`;
+    /// - `inbox.replicas` is 1 to 5;
+    /// - limits are `-1` (unlimited) or at least 1: `0` is ambiguous.
+    ///
+    /// # Errors
+    ///
+    /// Returns [`ConfigError::Invalid`] naming the first key that breaks a
+    /// rule.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let streams = [
+            ("ingress.name", &self.ingress.name),
+            ("inbox.name", &self.inbox.name),
+            ("tasks.name", &self.tasks.name),
+        ];
+        for (index, (key, name)) in streams.iter().enumerate() {
+            validate_stream_name(name).map_err(|e| invalid(key, e.to_string()))?;
+            if let Some((other, _)) = streams[..index].iter().find(|(_, other)| other == name) {
+                return Err(invalid(key, format!("must differ from `{other}`")));
+            }
+        }
+        validate_durable_name(&self.router_consumer)
+            .map_err(|e| invalid("router_consumer", e.to_string()))?;
+
+        let max_ages = [
+            ("ingress.max_age_secs", self.ingress.max_age_secs),
+            ("inbox.max_age_secs", self.inbox.max_age_secs),
+            ("tasks.max_age_secs", self.tasks.max_age_secs),
+        ];
+        for (key, value) in max_ages {
+            check_duration(key, value)?;
+        }
+        check_duration("inbox_inactive_secs", self.inbox_inactive_secs)?;
+        for (key, value) in [
+            ("duplicate_window_secs", self.duplicate_window_secs),
+            ("ack_wait_secs", self.ack_wait_secs),
+        ] {
+            check_finite_duration(key, value)?;
+        }
+        for (key, max_age) in max_ages {
+            if limit(max_age).is_some_and(|max_age| self.duplicate_window_secs > max_age) {
+                return Err(invalid(
+                    "duplicate_window_secs",
+                    format!("must not exceed `{key}` ({max_age})"),
+                ));
+            }
+        }
+
+        if !REPLICAS.contains(&self.inbox.replicas) {
+            return Err(invalid(
+                "inbox.replicas",
+                format!(
+                    "must be between {} and {}, got {}",
+                    REPLICAS.start(),
+                    REPLICAS.end(),
+                    self.inbox.replicas
+                ),
+            ));
+        }
+
+        for (key, value) in [
+            (
+                "inbox.max_msgs_per_subject",
+                self.inbox.max_msgs_per_subject,
+            ),
+            ("inbox.max_bytes", self.inbox.max_bytes),
+            ("inbox.max_msgs", self.inbox.max_msgs),
+            ("inbox.max_msg_size", self.inbox.max_msg_size),
+            (
+                "tasks.max_msgs_per_subject",
+                self.tasks.max_msgs_per_subject,
+            ),
+            ("router_max_deliver", self.router_max_deliver),
+            ("router_max_ack_pending", self.router_max_ack_pending),
+            ("inbox_max_ack_pending", self.inbox_max_ack_pending),
+        ] {
+            check_limit(key, value)?;
+        }
+        // JetStream stores the max message size as an `i32`.
+        if self.inbox.max_msg_size > i64::from(i32::MAX) {
+            return Err(invalid(
+                "inbox.max_msg_size",
+                format!(
+                    "must be at most {}, got {}",
+                    i32::MAX,
+                    self.inbox.max_msg_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `-1` (unlimited) or at least 1.
+fn check_limit(key: &str, value: i64) -> Result<(), ConfigError> {
+    if value == -1 || value >= 1 {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        format!("must be -1 (unlimited) or at least 1, got {value}"),
+    ))
+}
+
+/// `-1` (unlimited) or 1 to [`MAX_DURATION_SECS`] seconds.
+fn check_duration(key: &str, value: i64) -> Result<(), ConfigError> {
+    check_limit(key, value)?;
+    match limit(value) {
+        Some(secs) => check_finite_duration(key, secs),
+        None => Ok(()),
+    }
+}
+
+/// 1 to [`MAX_DURATION_SECS`] seconds.
+fn check_finite_duration(key: &str, secs: u64) -> Result<(), ConfigError> {
+    if (1..=MAX_DURATION_SECS).contains(&secs) {
+        return Ok(());
+    }
+    Err(invalid(
+        key,
+        format!("must be between 1 and {MAX_DURATION_SECS} seconds, got {secs}"),
+    ))
+}
+
+fn invalid(key: &str, reason: String) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_owned(),
+        reason,
+    }
+}

@@ -1,0 +1,69 @@
+//! Names of the NATS message headers the hub reads and writes.
+
+/// JetStream publish dedupe id.
+pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// W3C trace context: the parent span.
+pub const TRACEPARENT: &str = "traceparent";
+/// W3C trace context: vendor state.
+pub const TRACESTATE: &str = "tracestate";
+/// Codec of the payload; absent means JSON.
+pub const CONTENT_TYPE: &str = "Content-Type";
+/// [`CONTENT_TYPE`] value of a JSON envelope.
+pub const CONTENT_TYPE_JSON: &str = "application/json";
+/// [`CONTENT_TYPE`] value of a MessagePack envelope.
+pub const CONTENT_TYPE_MSGPACK: &str = "application/msgpack";
+
+/// Set by JetStream on a message read back by a direct or message get.
+pub const NATS_STREAM: &str = "Nats-Stream";
+/// Set by JetStream on a message read back by a direct or message get.
+pub const NATS_SEQUENCE: &str = "Nats-Sequence";
+/// Set by JetStream on a message read back by a direct or message get.
+pub const NATS_SUBJECT: &str = "Nats-Subject";
+/// Set by JetStream on a message read back by a direct or message get.
+pub const NATS_TIME_STAMP: &str = "Nats-Time-Stamp";
+/// Set by JetStream on a message read back by a direct get.
+pub const NATS_LAST_SEQUENCE: &str = "Nats-Last-Sequence";
+
+/// Headers that mark a replayed stored message. The router's replay guard
+/// drops any ingress message carrying one of them.
+pub const REPLAY_HEADERS: [&str; 5] = [
+    NATS_STREAM,
+    NATS_SEQUENCE,
+    NATS_SUBJECT,
+    NATS_TIME_STAMP,
+    NATS_LAST_SEQUENCE,
+];
+
+/// Makes a JetStream publish fail unless it lands in the named stream.
+pub const NATS_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
+
+/// Whether `name` is one of the [`REPLAY_HEADERS`], compared
+/// case-insensitively like HTTP-style header names.
+pub fn is_replay_header(name: &str) -> bool {
+    REPLAY_HEADERS
+        .iter()
+        .any(|replay| replay.eq_ignore_ascii_case(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_headers_are_the_five_get_headers() {
+        assert_eq!(
+            REPLAY_HEADERS,
+            [
+                "Nats-Stream",
+                "Nats-Sequence",
+                "Nats-Subject",
+                "Nats-Time-Stamp",
+                "Nats-Last-Sequence"
+            ]
+        );
+        assert!(is_replay_header("nats-sequence"));
+        assert!(is_replay_header(NATS_LAST_SEQUENCE));
+        assert!(!is_replay_header(NATS_MSG_ID));
+        assert!(!is_replay_header(NATS_EXPECTED_STREAM));
+    }
+}

@@ -1,0 +1,123 @@
+//! Every NATS subject, stream name and consumer name of the hub, built and
+//! parsed in one place.
+//!
+//! | What                 | Subject / name                     |
+//! |----------------------|------------------------------------|
+//! | agent publishes      | `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<key>`, `hub.pub.<id>.<name>` |
+//! | inbox of an agent    | `channel.inbox.<id>`               |
+//! | task channel         | `channel.task.<key>`               |
+//! | broadcast channel    | `channel.<name>`                   |
+//! | attach request       | `hub.delivery.<id>.inbox`          |
+//! | inbox consumer       | `inbox-<id>` on [`INBOX_STREAM`]   |
+//! | router consumer      | [`ROUTER_CONSUMER`] on [`INGRESS_STREAM`] |
+//!
+//! Builders take validated ids, whose characters are `[A-Za-z0-9_-]`, so a
+//! built subject never contains a wildcard or an empty token, and the
+//! identity token of one agent can never reach into another's subjects.
+//! Parsers are the inverse of the builders and reject anything else.
+//!
+//! ```
+//! use protocol::ids::AgentId;
+//! use protocol::subjects::{self, Channel};
+//!
+//! let alice = AgentId::new("alice").unwrap();
+//! let subject = subjects::ingress(&alice, &Channel::Inbox);
+//! assert_eq!(subject, "hub.pub.alice.inbox");
+//! assert_eq!(subjects::parse_ingress(&subject).unwrap(), (alice, Channel::Inbox));
+//! ```
+
+mod channel;
+mod error;
+mod names;
+mod parse;
+
+pub use channel::{Channel, TaskKey};
+pub use error::SubjectError;
+pub use names::{validate_durable_name, validate_stream_name, MAX_NAME_LEN};
+pub use parse::{
+    is_ingress_subject, parse_attach_request, parse_broadcast, parse_inbox, parse_inbox_consumer,
+    parse_ingress, parse_router_msg_id, parse_task,
+};
+
+use crate::ids::{AgentId, ChannelName, MessageId};
+
+/// The stream that captures everything agents publish.
+pub const INGRESS_STREAM: &str = "HUB_INGRESS";
+/// The stream that stores direct messages, one subject per recipient.
+pub const INBOX_STREAM: &str = "HUB_INBOX";
+/// The stream that stores task channels.
+pub const TASKS_STREAM: &str = "HUB_TASKS";
+
+/// The subjects captured by [`INGRESS_STREAM`].
+pub const INGRESS_FILTER: &str = "hub.pub.>";
+/// The subjects captured by [`INBOX_STREAM`].
+pub const INBOX_FILTER: &str = "channel.inbox.>";
+/// The subjects captured by [`TASKS_STREAM`].
+pub const TASKS_FILTER: &str = "channel.task.>";
+
+/// The durable name of the shared router consumer on [`INGRESS_STREAM`].
+pub const ROUTER_CONSUMER: &str = "router";
+/// The queue group hub-servers answer attach requests in.
+pub const ATTACH_QUEUE_GROUP: &str = "hub-delivery";
+/// The subject filter hub-servers subscribe to for attach requests.
+pub const ATTACH_FILTER: &str = "hub.delivery.*.inbox";
+/// Core request/reply subject; a router answers with a JSON status snapshot.
+pub const STATUS_SUBJECT: &str = "hub.admin.status";
+/// Prefix of the `Nats-Msg-Id` of every message the router stores.
+pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
+
+pub(crate) const INGRESS_PREFIX: &str = "hub.pub.";
+pub(crate) const INBOX_PREFIX: &str = "channel.inbox.";
+pub(crate) const TASK_PREFIX: &str = "channel.task.";
+pub(crate) const BROADCAST_PREFIX: &str = "channel.";
+pub(crate) const ATTACH_PREFIX: &str = "hub.delivery.";
+pub(crate) const INBOX_CONSUMER_PREFIX: &str = "inbox-";
+pub(crate) const INBOX_TOKEN: &str = "inbox";
+pub(crate) const TASK_TOKEN: &str = "task";
+
+/// The subject `from` publishes to on `channel`:
+/// `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<key>` or `hub.pub.<id>.<name>`.
+pub fn ingress(from: &AgentId, channel: &Channel) -> String {
+    format!("{INGRESS_PREFIX}{from}.{channel}")
+}
+
+/// The stored inbox subject of `id`: `channel.inbox.<id>`.
+pub fn inbox(id: &AgentId) -> String {
+    format!("{INBOX_PREFIX}{id}")
+}
+
+/// The stored task channel subject: `channel.task.<key>`.
+pub fn task(key: &TaskKey) -> String {
+    format!("{TASK_PREFIX}{key}")
+}
+
+/// The live broadcast subject: `channel.<name>`.
+pub fn broadcast(name: &ChannelName) -> String {
+    format!("{BROADCAST_PREFIX}{name}")
+}
+
+/// The subject an agent requests to attach to its inbox consumer:
+/// `hub.delivery.<id>.inbox`.
+pub fn attach_request(id: &AgentId) -> String {
+    format!("{ATTACH_PREFIX}{id}.{INBOX_TOKEN}")
+}
+
+/// The durable name of the inbox consumer of `id`: `inbox-<id>`.
+pub fn inbox_consumer(id: &AgentId) -> String {
+    format!("{INBOX_CONSUMER_PREFIX}{id}")
+}
+
+/// The `Nats-Msg-Id` the router stores a message under:
+/// `hub-router:<from>:<id>`.
+pub fn router_msg_id(from: &AgentId, id: &MessageId) -> String {
+    format!("{ROUTER_MSG_ID_PREFIX}{from}:{id}")
+}
+
+/// Whether a `Nats-Msg-Id` was set by the router (the replay guard drops
+/// such messages when they come back through ingress).
+pub fn is_router_msg_id(msg_id: &str) -> bool {
+    msg_id.starts_with(ROUTER_MSG_ID_PREFIX)
+}
+
+#[cfg(test)]
+mod tests;

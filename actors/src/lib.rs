@@ -5,6 +5,10 @@
 //! - [`fault`]: fault-injection hook to crash named actors on purpose in tests.
 //! - [`streams`]: creating or updating the JetStream streams to the configured limits.
 //! - [`router`]: the router actor (stream provisioning and status answers).
+//! - [`trace_context`]: W3C trace context between `tracing` spans and NATS headers.
 
 pub mod fault;
+pub mod router;
+pub mod streams;
 pub mod supervision;
+pub mod trace_context;

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::context::GetStreamErrorKind;
-use async_nats::jetstream::errors::ErrorCode;
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream::Context;
 use protocol::config::{DeliveryConfig, StorageKind};
@@ -83,14 +83,15 @@ pub struct StreamReport {
 /// - inbox (`channel.inbox.>`): limits retention with the configured limits.
 /// - tasks (`channel.task.>`): limits retention with the configured limits.
 ///
-/// Every stream gets the configured duplicate window and per-message TTL support.
+/// Every stream gets the configured duplicate window; inbox and tasks allow per-message TTL.
+/// An unlimited max age (`-1`) is JetStream's 0.
 pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
-    let dup = Duration::from_secs(cfg.duplicate_window_secs);
+    let dup = cfg.duplicate_window();
     let ingress = Config {
         name: cfg.ingress.name.clone(),
         subjects: vec![subjects::INGRESS_FILTER.to_string()],
         retention: RetentionPolicy::WorkQueue,
-        max_age: Duration::from_secs(cfg.ingress.max_age_secs),
+        max_age: cfg.ingress.max_age().unwrap_or_default(),
         storage: StorageType::File,
         duplicate_window: dup,
         discard: DiscardPolicy::Old,
@@ -100,7 +101,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
         name: cfg.inbox.name.clone(),
         subjects: vec![subjects::INBOX_FILTER.to_string()],
         retention: RetentionPolicy::Limits,
-        max_age: Duration::from_secs(cfg.inbox.max_age_secs),
+        max_age: cfg.inbox.max_age().unwrap_or_default(),
         max_messages_per_subject: cfg.inbox.max_msgs_per_subject,
         max_bytes: cfg.inbox.max_bytes,
         max_messages: cfg.inbox.max_msgs,
@@ -119,7 +120,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
         name: cfg.tasks.name.clone(),
         subjects: vec![subjects::TASKS_FILTER.to_string()],
         retention: RetentionPolicy::Limits,
-        max_age: Duration::from_secs(cfg.tasks.max_age_secs),
+        max_age: cfg.tasks.max_age().unwrap_or_default(),
         max_messages_per_subject: cfg.tasks.max_msgs_per_subject,
         storage: StorageType::File,
         duplicate_window: dup,

@@ -24,6 +24,8 @@ pub struct ServerOptions {
     pub sync_always: bool,
     /// Extra lines appended verbatim to the generated server config file.
     pub extra_config: String,
+    /// Require this token (`authorization { token }`); the harness's own clients use it.
+    pub token: Option<String>,
 }
 
 /// A running (or stopped) private nats-server. See the module docs.
@@ -103,12 +105,19 @@ impl NatsServer {
     /// # Errors
     /// [`HarnessError::Connect`] when the connection fails.
     pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
-        async_nats::ConnectOptions::new()
+        self.connect_options()
             .retry_on_initial_connect()
             .connection_timeout(Duration::from_secs(5))
             .connect(self.url())
             .await
             .map_err(|e| HarnessError::Connect(e.to_string()))
+    }
+
+    fn connect_options(&self) -> async_nats::ConnectOptions {
+        match &self.options.token {
+            Some(token) => async_nats::ConnectOptions::with_token(token.clone()),
+            None => async_nats::ConnectOptions::new(),
+        }
     }
 
     /// Starts the server again after [`stop`](Self::stop), on the same port and store.
@@ -181,8 +190,12 @@ impl NatsServer {
         } else {
             ""
         };
+        let auth = match &self.options.token {
+            Some(token) => format!("authorization {{ token: {token:?} }}\n"),
+            None => String::new(),
+        };
         let text = format!(
-            "listen: 127.0.0.1:{port}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{extra}\n",
+            "listen: 127.0.0.1:{port}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{auth}{extra}\n",
             port = self.port,
             store = self.store_dir().display().to_string(),
             extra = self.options.extra_config,
@@ -220,7 +233,8 @@ impl NatsServer {
 
     async fn jetstream_answers(&self) -> bool {
         let Ok(Ok(client)) =
-            tokio::time::timeout(Duration::from_secs(2), async_nats::connect(self.url())).await
+            tokio::time::timeout(Duration::from_secs(2), self.connect_options().connect(self.url()))
+                .await
         else {
             return false;
         };

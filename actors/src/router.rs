@@ -174,3 +174,83 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fault::Fault;
+    use crate::supervision::{self, ChildSpec, Strategy, SupervisorSpec};
+
+    const DEADLINE: Duration = Duration::from_secs(20);
+
+    async fn status(client: &Client) -> Option<RouterSnapshot> {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.request(subjects::STATUS_SUBJECT, Vec::new().into()),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        serde_json::from_slice(&reply.payload).ok()
+    }
+
+    async fn wait_status(client: &Client) -> RouterSnapshot {
+        let poll = async {
+            loop {
+                if let Some(snapshot) = status(client).await {
+                    return snapshot;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(DEADLINE, poll)
+            .await
+            .expect("router answers status within the deadline")
+    }
+
+    #[tokio::test]
+    async fn crashed_router_is_restarted_and_answers_status_again() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let name = "test-router-crash".to_string();
+        let router = Router {
+            name: name.clone(),
+            client: client.clone(),
+            durable: true,
+            delivery: Arc::new(DeliveryConfig::default()),
+        };
+        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
+            name.clone(),
+            router,
+            || (),
+        ));
+        let (sup, _join) = supervision::spawn_supervisor(None, spec).await.unwrap();
+
+        let first = wait_status(&client).await;
+        assert!(first.durable);
+        assert_eq!(first.streams.len(), 3);
+
+        // The next status request crashes the router inside `handle`.
+        fault::arm(&name, FaultPoint::Handle, Fault::Panic, 1);
+        assert!(
+            status(&client).await.is_none(),
+            "crashing router must not answer"
+        );
+
+        // The supervisor restarts it: it re-provisions and re-subscribes from scratch.
+        let second = wait_status(&client).await;
+        assert_eq!(
+            second.status_requests, 1,
+            "state is rebuilt, not carried over"
+        );
+        assert!(second
+            .streams
+            .iter()
+            .all(|s| s.action == crate::streams::Provisioned::Updated));
+        let snap = supervision::snapshot(&sup).await.unwrap();
+        assert_eq!(snap.child(&name).unwrap().restarts, 1);
+        supervision::shutdown(&sup, DEADLINE).await;
+    }
+}

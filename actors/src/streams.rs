@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::context::GetStreamErrorKind;
-use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy, StorageType};
 use async_nats::jetstream::Context;
+use async_nats::jetstream::ErrorCode;
 use protocol::config::{DeliveryConfig, StorageKind};
 use protocol::subjects;
 use serde::{Deserialize, Serialize};
@@ -236,7 +236,14 @@ mod tests {
         cfg.duplicate_window_secs = 60;
         let second = ensure_streams(&js, &cfg).await.unwrap();
         assert!(second.iter().all(|r| r.action == Provisioned::Updated));
-        let info = js.get_stream("HUB_INBOX").await.unwrap().info().await.unwrap().clone();
+        let info = js
+            .get_stream("HUB_INBOX")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .clone();
         assert_eq!(info.config.max_messages_per_subject, 7);
         assert_eq!(info.config.duplicate_window, Duration::from_secs(60));
         assert_eq!(info.config.subjects, vec!["channel.inbox.>".to_string()]);

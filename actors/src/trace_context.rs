@@ -8,9 +8,7 @@
 use std::str::FromStr;
 
 use async_nats::HeaderMap;
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
-};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use protocol::headers;
 use protocol::trace::{self, HeaderCarrier, TraceParent};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -142,11 +140,11 @@ mod tests {
         provider.force_flush().unwrap();
         let spans = exporter.get_finished_spans().unwrap();
         let send = spans.iter().find(|s| s.name == "send").expect("send span");
-        let handle = spans.iter().find(|s| s.name == "handle").expect("handle span");
-        assert_eq!(
-            handle.span_context.trace_id(),
-            send.span_context.trace_id()
-        );
+        let handle = spans
+            .iter()
+            .find(|s| s.name == "handle")
+            .expect("handle span");
+        assert_eq!(handle.span_context.trace_id(), send.span_context.trace_id());
         assert_eq!(handle.parent_span_id, send.span_context.span_id());
     }
 

@@ -58,7 +58,10 @@ mod tests {
 
     #[test]
     fn no_file_means_defaults() {
-        assert_eq!(load_delivery_config(None).unwrap(), DeliveryConfig::default());
+        assert_eq!(
+            load_delivery_config(None).unwrap(),
+            DeliveryConfig::default()
+        );
     }
 
     #[test]

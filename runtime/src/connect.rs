@@ -271,9 +271,18 @@ mod tests {
 
     #[test]
     fn bad_urls_are_rejected() {
-        for url in ["127.0.0.1:4222", "http://x", "nats://", "nats://h/path", "nats://u:p@h"] {
+        for url in [
+            "127.0.0.1:4222",
+            "http://x",
+            "nats://",
+            "nats://h/path",
+            "nats://u:p@h",
+        ] {
             assert!(
-                matches!(NatsSettings::new(url).validate(), Err(ConnectError::InvalidUrl { .. })),
+                matches!(
+                    NatsSettings::new(url).validate(),
+                    Err(ConnectError::InvalidUrl { .. })
+                ),
                 "{url}"
             );
         }

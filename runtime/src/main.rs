@@ -116,8 +116,7 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         .connect("runtime-status")
         .await
         .map_err(SystemError::from)?;
-    let snapshot =
-        runtime::request_status(&client, Duration::from_secs(args.timeout_secs)).await?;
+    let snapshot = runtime::request_status(&client, Duration::from_secs(args.timeout_secs)).await?;
     println!("{}", serde_json::to_string_pretty(&snapshot)?);
     Ok(())
 }

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actors::router::{Router, RouterMsg, RouterSnapshot};
-use actors::supervision::{self, ChildSpec, Strategy, SupervisorRef, SupervisorSnapshot, SupervisorSpec};
+use actors::supervision::{
+    self, ChildSpec, Strategy, SupervisorRef, SupervisorSnapshot, SupervisorSpec,
+};
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
 use ractor::concurrency::JoinHandle;
@@ -242,8 +244,11 @@ impl ActorSystem {
             durable: self.durable,
             delivery: self.delivery.clone(),
         };
-        let spec = SupervisorSpec::new(Strategy::OneForOne)
-            .child(ChildSpec::actor(self.router_name(), router, || ()));
+        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
+            self.router_name(),
+            router,
+            || (),
+        ));
         let name = format!("{}/router-sup", self.id);
         let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
             .await
@@ -273,7 +278,11 @@ impl ActorSystem {
     async fn router_snapshot(&self) -> Option<RouterSnapshot> {
         let cell = ractor::registry::where_is(self.router_name())?;
         let router: ActorRef<RouterMsg> = cell.into();
-        match ractor::call_t!(router, RouterMsg::Snapshot, SNAPSHOT_TIMEOUT.as_millis() as u64) {
+        match ractor::call_t!(
+            router,
+            RouterMsg::Snapshot,
+            SNAPSHOT_TIMEOUT.as_millis() as u64
+        ) {
             Ok(snapshot) => Some(snapshot),
             Err(_) => None,
         }
@@ -286,11 +295,11 @@ impl ActorSystem {
     pub async fn snapshot(&self) -> Result<SystemSnapshot, SystemError> {
         let mut supervisors = BTreeMap::new();
         for tree in self.trees.lock().await.iter() {
-            let snap = supervision::snapshot(&tree.supervisor)
-                .await
-                .map_err(|e| SystemError::Timeout {
+            let snap = supervision::snapshot(&tree.supervisor).await.map_err(|e| {
+                SystemError::Timeout {
                     what: format!("supervisor {}: {e}", tree.name),
-                })?;
+                }
+            })?;
             supervisors.insert(tree.name.clone(), snap);
         }
         Ok(SystemSnapshot {

@@ -53,9 +53,12 @@ impl Telemetry {
 
 /// Whether OTLP export is switched on by the standard environment variables.
 pub fn otlp_enabled() -> bool {
-    ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-        .iter()
-        .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
+    [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
 }
 
 /// Installs the global subscriber. Must run inside a tokio runtime when OTLP export is on.
@@ -86,8 +89,7 @@ pub fn init(json: bool) -> Result<Telemetry, TelemetryError> {
             .with_tonic()
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        let service =
-            std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "runtime".to_string());
+        let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "runtime".to_string());
         Some(
             SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)

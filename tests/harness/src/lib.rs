@@ -20,7 +20,9 @@ mod nats_server;
 mod runtime_process;
 mod wait;
 
-pub use nats_server::{find_nats_server, free_port, run_server, workspace_root, NatsServer, ServerOptions};
+pub use nats_server::{
+    find_nats_server, free_port, run_server, workspace_root, NatsServer, ServerOptions,
+};
 pub use runtime_process::{runtime_bin, RuntimeProcess};
 pub use wait::{wait_until, wait_until_async};
 

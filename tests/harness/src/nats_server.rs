@@ -232,9 +232,11 @@ impl NatsServer {
     }
 
     async fn jetstream_answers(&self) -> bool {
-        let Ok(Ok(client)) =
-            tokio::time::timeout(Duration::from_secs(2), self.connect_options().connect(self.url()))
-                .await
+        let Ok(Ok(client)) = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.connect_options().connect(self.url()),
+        )
+        .await
         else {
             return false;
         };

@@ -106,7 +106,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
         max_bytes: cfg.inbox.max_bytes,
         max_messages: cfg.inbox.max_msgs,
         max_message_size: i32::try_from(cfg.inbox.max_msg_size).unwrap_or(i32::MAX),
-        num_replicas: cfg.inbox.replicas as usize,
+        num_replicas: cfg.inbox.replicas,
         storage: match cfg.inbox.storage {
             StorageKind::File => StorageType::File,
             StorageKind::Memory => StorageType::Memory,

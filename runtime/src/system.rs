@@ -278,14 +278,12 @@ impl ActorSystem {
     async fn router_snapshot(&self) -> Option<RouterSnapshot> {
         let cell = ractor::registry::where_is(self.router_name())?;
         let router: ActorRef<RouterMsg> = cell.into();
-        match ractor::call_t!(
+        ractor::call_t!(
             router,
             RouterMsg::Snapshot,
             SNAPSHOT_TIMEOUT.as_millis() as u64
-        ) {
-            Ok(snapshot) => Some(snapshot),
-            Err(_) => None,
-        }
+        )
+        .ok()
     }
 
     /// A snapshot of every actor: the router's counters and each supervisor's restart counts.

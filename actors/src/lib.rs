@@ -3,11 +3,17 @@
 //! - [`supervision`]: supervision trees (strategies, restart policies, backoff, restart
 //!   intensity, snapshots).
 //! - [`fault`]: fault-injection hook to crash named actors on purpose in tests.
+//! - [`attach`]: the attach actor (creates `inbox-<id>` on request).
+//! - [`inbox`]: the inbox consumer actor (client side).
+//! - [`consumers`]: the consumer configurations the router creates.
 //! - [`streams`]: creating or updating the JetStream streams to the configured limits.
 //! - [`router`]: the router actor (stream provisioning and status answers).
 //! - [`trace_context`]: W3C trace context between `tracing` spans and NATS headers.
 
+pub mod attach;
+pub mod consumers;
 pub mod fault;
+pub mod inbox;
 pub mod router;
 pub mod streams;
 pub mod supervision;

@@ -12,10 +12,17 @@
 //! - [`envelope`]: the message envelope and its JSON / MessagePack codecs;
 //! - [`config`]: the durable delivery config file;
 //! - [`wire_error`]: the stable error kinds that travel in envelopes;
-//! - [`trace`]: W3C trace context propagation through headers.
+//! - [`trace`]: W3C trace context propagation through headers;
+//! - [`routing`]: the router's decision for one ingress message
+//!   ([`route`], [`RouteDecision`]), including the replay guard;
+//! - [`rejection`](mod@rejection): the system envelope telling a sender
+//!   why its envelope was refused;
+//! - [`dedupe`]: the bounded [`SeenSet`] inboxes drop redeliveries with;
+//! - [`attach`]: attaching to a durable inbox and the client fallback rules
+//!   ([`DurableInboxMode`], [`attach_fallback`]).
 //!
 //! Fallible functions return typed errors ([`IdError`], [`SubjectError`],
-//! [`EnvelopeError`], [`ConfigError`], [`TraceError`]).
+//! [`EnvelopeError`], [`ConfigError`], [`TraceError`], [`InvalidInboxMode`]).
 //!
 //! ```
 //! use protocol::subjects::{self, Channel};
@@ -36,17 +43,28 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod attach;
 pub mod config;
+pub mod dedupe;
 pub mod envelope;
 pub mod headers;
 pub mod ids;
+pub mod rejection;
+pub mod routing;
 pub mod subjects;
 pub mod trace;
 pub mod wire_error;
 
+pub use attach::{
+    attach_fallback, when_consumer_missing, AttachOutcome, AttachReply, AttachResponse,
+    DurableInboxMode, InboxPlan, InvalidInboxMode, ENV_DURABLE_INBOX,
+};
 pub use config::{ConfigError, DeliveryConfig, StorageKind};
+pub use dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
 pub use envelope::{decode, encode, Codec, Envelope, EnvelopeError, Meta, MAX_ENVELOPE_BYTES};
 pub use ids::{AgentId, ChannelName, IdError, MessageId, QueueName, TaskId, WorkerId};
+pub use rejection::{is_system, parse_rejection, rejection, Rejection, SYSTEM_MSG_ID_PREFIX};
+pub use routing::{route, DropReason, IngressView, RouteDecision};
 pub use subjects::{Channel, SubjectError, TaskKey};
 pub use trace::{HeaderCarrier, TraceError, TraceParent};
 pub use wire_error::{WireError, WireErrorKind};

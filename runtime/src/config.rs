@@ -11,7 +11,7 @@ use protocol::config::{ConfigError, DeliveryConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigLoadError {
     /// The file could not be read.
-    #[error("cannot read delivery config {path}: {source}")]
+    #[error("cannot read delivery config {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -19,7 +19,7 @@ pub enum ConfigLoadError {
         source: std::io::Error,
     },
     /// The file's content is invalid (unknown key, wrong type, bad value).
-    #[error("delivery config {path}: {source}")]
+    #[error("delivery config {path}")]
     Invalid {
         /// The file.
         path: PathBuf,

@@ -143,8 +143,8 @@ impl NatsSettings {
         })
     }
 
-    /// Connects, waiting at most `connect_timeout` for the first connection. Afterwards the
-    /// client reconnects on its own, forever.
+    /// Connects, retrying refused connections for at most `connect_timeout` (authentication
+    /// failures are final at once). Afterwards the client reconnects on its own, forever.
     ///
     /// # Errors
     /// The validation errors of [`validate`](Self::validate), [`ConnectError::Creds`], or
@@ -187,17 +187,35 @@ impl NatsSettings {
                     })?
             }
         };
-        let attempt = tokio::time::timeout(self.connect_timeout, options.connect(&self.url));
-        match attempt.await {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => Err(ConnectError::Unreachable {
-                url: self.url.clone(),
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(ConnectError::Unreachable {
-                url: self.url.clone(),
-                reason: format!("no connection within {:?}", self.connect_timeout),
-            }),
+        // Retry refused connections until the timeout: a router started just before its
+        // server (a supervisor starting both) waits instead of failing at once.
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let last = match tokio::time::timeout(left, options.clone().connect(&self.url)).await {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(e)) => {
+                    use async_nats::ConnectErrorKind as Kind;
+                    let transient = matches!(e.kind(), Kind::Io | Kind::TimedOut | Kind::Dns);
+                    if !transient {
+                        return Err(ConnectError::Unreachable {
+                            url: self.url.clone(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    e.to_string()
+                }
+                Err(_) => format!("no connection within {:?}", self.connect_timeout),
+            };
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(ConnectError::Unreachable {
+                    url: self.url.clone(),
+                    reason: last,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 }

@@ -32,39 +32,32 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::EXIT_SOFTWARE as u8);
         }
     };
-    let code = rt.block_on(run(cli));
+    let (code, line) = rt.block_on(run(cli));
     // Do not wait for stray blocking tasks (e.g. a stuck stdin read).
     rt.shutdown_timeout(Duration::from_secs(1));
+    if let Some(line) = line {
+        eprintln!("runtime: {line}");
+    }
     ExitCode::from(code as u8)
 }
 
-async fn run(cli: Cli) -> i32 {
+async fn run(cli: Cli) -> (i32, Option<String>) {
     let telemetry = match runtime::telemetry::init(cli.log_format == cli::LogFormat::Json) {
         Ok(t) => t,
-        Err(e) => {
-            eprintln!("runtime: {e}");
-            return cli::EXIT_USAGE;
-        }
+        Err(e) => return (cli::EXIT_USAGE, Some(e.to_string())),
     };
     let result = match cli.command {
         Command::Start(args) => start(args).await,
         Command::Status(args) => status(args).await,
     };
-    let code = match result {
-        Ok(()) => 0,
-        Err(e) => {
-            let code = exit_code(&e);
-            // One line: the error chain joined.
-            let line = format!("{e:#}").replace('\n', " ");
-            tracing::error!(error = %line, "runtime failed");
-            eprintln!("runtime: {line}");
-            code
-        }
+    let (code, line) = match result {
+        Ok(()) => (0, None),
+        Err(e) => (exit_code(&e), Some(format!("{e:#}").replace('\n', " "))),
     };
     tokio::task::spawn_blocking(move || telemetry.shutdown())
         .await
         .ok();
-    code
+    (code, line)
 }
 
 fn exit_code(e: &anyhow::Error) -> i32 {
@@ -85,6 +78,8 @@ async fn start(args: StartArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    let signals =
+        runtime::shutdown::Signals::install().context("cannot install signal handlers")?;
     let delivery = runtime::config::load_delivery_config(args.delivery_config.as_deref())
         .map_err(SystemError::from)?;
     let system = ActorSystem::builder()
@@ -99,9 +94,7 @@ async fn start(args: StartArgs) -> anyhow::Result<()> {
         nats_url = %args.nats.nats_url,
         "router running; SIGINT or SIGTERM stops it"
     );
-    runtime::shutdown::wait_for_signal()
-        .await
-        .context("cannot install signal handlers")?;
+    signals.recv().await;
     tracing::info!("shutting down");
     system
         .shutdown(Duration::from_secs(args.shutdown_grace_secs))

@@ -80,6 +80,7 @@ pub fn init(json: bool) -> Result<Telemetry, TelemetryError> {
             .boxed()
     } else {
         tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .boxed()
     };

@@ -1,12 +1,20 @@
 //! The router actor.
 //!
-//! On every (re)start it provisions the JetStream streams (durable mode only) and subscribes to
+//! On every (re)start it provisions the JetStream streams (durable mode only), starts its pump
+//! (the [`durable`] pull pipeline, or the [`core`] subscription) and subscribes to
 //! [`subjects::STATUS_SUBJECT`], answering each request with a [`RouterSnapshot`]. In core mode
 //! it sends no JetStream request at all.
 //!
 //! The actor struct is configuration; everything mutable lives in [`RouterState`], so a restart
 //! by the supervisor re-runs [`pre_start`](ractor::Actor::pre_start) from scratch: the streams
-//! are provisioned again and the status subscription is re-created.
+//! are provisioned again, the consumer is re-bound and the subscriptions are re-created. A pump
+//! that fails (consumer deleted, connection closed) makes the actor fail, and its supervisor
+//! restarts it.
+
+pub mod core;
+pub mod counters;
+pub mod durable;
+mod outbound;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,6 +29,7 @@ use tokio::task::JoinHandle;
 
 use crate::fault::{self, FaultPoint};
 use crate::streams::{ensure_streams, StreamReport};
+pub use counters::{RouterCounters, RouterCountersSnapshot};
 
 /// Router configuration (cloned into every incarnation).
 #[derive(Clone)]
@@ -44,12 +53,17 @@ pub enum RouterMsg {
     },
     /// Return the snapshot to a local caller.
     Snapshot(RpcReplyPort<RouterSnapshot>),
+    /// The pump stopped with an error: fail, so that the supervisor restarts the router.
+    PumpFailed(String),
 }
 
 /// Mutable state of one incarnation.
 pub struct RouterState {
     streams: Vec<StreamReport>,
     status_task: JoinHandle<()>,
+    pump: Option<JoinHandle<()>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    counters: Arc<RouterCounters>,
     status_requests: u64,
     started: Instant,
 }
@@ -67,6 +81,8 @@ pub struct RouterSnapshot {
     pub status_requests: u64,
     /// Milliseconds since this incarnation started.
     pub uptime_ms: u64,
+    /// Routing counters of this incarnation.
+    pub counters: RouterCountersSnapshot,
 }
 
 /// Router failures.
@@ -75,6 +91,15 @@ pub enum RouterError {
     /// Stream provisioning failed.
     #[error(transparent)]
     Streams(#[from] crate::streams::StreamError),
+    /// The router consumer could not be bound, or was deleted under the router.
+    #[error("router consumer: {0}")]
+    Consumer(String),
+    /// The message stream or subscription ended (connection closed).
+    #[error("the router's message stream ended")]
+    PullEnded,
+    /// The pump failed (reported through the actor).
+    #[error("router pump failed: {0}")]
+    Pump(String),
     /// The status subscription could not be made.
     #[error("cannot subscribe to {subject}: {reason}")]
     Subscribe {
@@ -113,19 +138,39 @@ impl Actor for Router {
                 subject: subjects::STATUS_SUBJECT,
                 reason: e.to_string(),
             })?;
+        let me = myself.clone();
         let status_task = tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
                 if let Some(reply) = msg.reply {
-                    if myself.cast(RouterMsg::StatusRequest { reply }).is_err() {
+                    if me.cast(RouterMsg::StatusRequest { reply }).is_err() {
                         break;
                     }
                 }
             }
         });
+        let counters = Arc::new(RouterCounters::default());
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let pump = if self.durable {
+            let pump = durable::DurablePump {
+                client: self.client.clone(),
+                delivery: self.delivery.clone(),
+                counters: counters.clone(),
+            };
+            tokio::spawn(report(myself, pump.run(stop_rx)))
+        } else {
+            let pump = core::CorePump {
+                client: self.client.clone(),
+                counters: counters.clone(),
+            };
+            tokio::spawn(report(myself, pump.run(stop_rx)))
+        };
         tracing::info!(name = %self.name, durable = self.durable, "router started");
         Ok(RouterState {
             streams,
             status_task,
+            pump: Some(pump),
+            stop,
+            counters,
             status_requests: 0,
             started: Instant::now(),
         })
@@ -137,6 +182,14 @@ impl Actor for Router {
         state: &mut RouterState,
     ) -> Result<(), ActorProcessingErr> {
         state.status_task.abort();
+        // Stop pulling, drain what is in flight (bounded), then return.
+        let _ = state.stop.send(true);
+        if let Some(pump) = state.pump.take() {
+            let grace = durable::DRAIN_TIMEOUT + std::time::Duration::from_secs(1);
+            if tokio::time::timeout(grace, pump).await.is_err() {
+                tracing::warn!(name = %self.name, "router pump did not stop in time");
+            }
+        }
         Ok(())
     }
 
@@ -158,6 +211,9 @@ impl Actor for Router {
             RouterMsg::Snapshot(port) => {
                 let _ = port.send(self.snapshot(state));
             }
+            RouterMsg::PumpFailed(reason) => {
+                return Err(RouterError::Pump(reason).into());
+            }
         }
         Ok(())
     }
@@ -171,7 +227,25 @@ impl Router {
             streams: state.streams.clone(),
             status_requests: state.status_requests,
             uptime_ms: state.started.elapsed().as_millis() as u64,
+            counters: state.counters.snapshot(),
         }
+    }
+}
+
+/// Runs a pump and tells the actor when it fails.
+async fn report(
+    router: ActorRef<RouterMsg>,
+    pump: impl std::future::Future<Output = Result<(), RouterError>>,
+) {
+    use futures::FutureExt;
+    // A panic in the pump must fail the actor, not vanish with the task.
+    let outcome = match std::panic::AssertUnwindSafe(pump).catch_unwind().await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("the router pump panicked".to_string()),
+    };
+    if let Err(e) = outcome {
+        tracing::error!(error = %e, "router pump failed");
+        let _ = router.cast(RouterMsg::PumpFailed(e));
     }
 }
 

@@ -1,6 +1,8 @@
 //! [`ActorSystem`]: the embedding API. A custom host builds one, starts the parts it needs and
 //! shuts it down; the `runtime` binary is such a host.
 //!
+//! Messaging (`send`, `broadcast`, `attach_inbox`) is in [`messaging`].
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), runtime::SystemError> {
 //! use runtime::{ActorSystem, NatsSettings};
@@ -20,22 +22,28 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use actors::attach::Attach;
+use actors::inbox::InboxSnapshot;
 use actors::router::{Router, RouterMsg, RouterSnapshot};
 use actors::supervision::{
     self, ChildSpec, Strategy, SupervisorRef, SupervisorSnapshot, SupervisorSpec,
 };
+use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
+use protocol::AgentId;
 use ractor::concurrency::JoinHandle;
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+pub mod messaging;
+
 use crate::config::ConfigLoadError;
 use crate::connect::{ConnectError, NatsSettings};
 
 /// How long [`ActorSystem::start_router`] waits for the router to come up.
-const START_DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const START_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a local snapshot call may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -76,6 +84,17 @@ pub enum SystemError {
     /// A NATS request failed.
     #[error("nats request failed: {0}")]
     Request(String),
+    /// A setting (environment variable or argument) has an invalid value.
+    #[error("{0}")]
+    InvalidSetting(String),
+    /// A publish was not accepted by the ingress stream.
+    #[error("publish to {subject} failed: {reason}")]
+    Publish {
+        /// The subject.
+        subject: String,
+        /// Why.
+        reason: String,
+    },
     /// A role this build does not run yet.
     #[error("role {role} is not available in this build yet; only --role router runs")]
     RoleUnavailable {
@@ -88,7 +107,9 @@ impl SystemError {
     /// An operator mistake in flags or config files: exit 64.
     pub fn is_usage(&self) -> bool {
         match self {
-            SystemError::Config(_) | SystemError::RoleUnavailable { .. } => true,
+            SystemError::Config(_)
+            | SystemError::RoleUnavailable { .. }
+            | SystemError::InvalidSetting(_) => true,
             SystemError::Connect(e) => e.is_usage(),
             SystemError::Streams(actors::streams::StreamError::RetentionMismatch { .. }) => true,
             _ => false,
@@ -103,6 +124,7 @@ impl SystemError {
                 | SystemError::Streams(_)
                 | SystemError::NoRouter { .. }
                 | SystemError::Request(_)
+                | SystemError::Publish { .. }
                 | SystemError::Timeout { .. }
         ) && !self.is_usage()
     }
@@ -115,9 +137,17 @@ pub struct ActorSystemBuilder {
     client: Option<async_nats::Client>,
     durable: bool,
     delivery: DeliveryConfig,
+    inbox_mode: Option<DurableInboxMode>,
 }
 
 impl ActorSystemBuilder {
+    /// How inbox consumers bind (default: `NATS_HUB_DURABLE_INBOX`, else `auto`).
+    #[must_use]
+    pub fn inbox_mode(mut self, mode: DurableInboxMode) -> Self {
+        self.inbox_mode = Some(mode);
+        self
+    }
+
     /// Connect with these settings (URL, one auth method, connect timeout).
     #[must_use]
     pub fn nats(mut self, settings: NatsSettings) -> Self {
@@ -161,12 +191,23 @@ impl ActorSystemBuilder {
                     .await?
             }
         };
+        let inbox_mode = match self.inbox_mode {
+            Some(mode) => mode,
+            None => match std::env::var(protocol::attach::ENV_DURABLE_INBOX) {
+                Ok(v) => v.parse().map_err(|e: protocol::attach::InvalidInboxMode| {
+                    SystemError::InvalidSetting(e.to_string())
+                })?,
+                Err(_) => DurableInboxMode::default(),
+            },
+        };
         Ok(ActorSystem {
             id,
             client,
             durable: self.durable,
             delivery: Arc::new(self.delivery),
+            inbox_mode,
             trees: Mutex::new(Vec::new()),
+            inbox_ids: Mutex::new(Vec::new()),
         })
     }
 }
@@ -184,7 +225,9 @@ pub struct ActorSystem {
     client: async_nats::Client,
     durable: bool,
     delivery: Arc<DeliveryConfig>,
+    inbox_mode: DurableInboxMode,
     trees: Mutex<Vec<Tree>>,
+    inbox_ids: Mutex<Vec<AgentId>>,
 }
 
 /// Snapshot of everything an [`ActorSystem`] runs.
@@ -196,6 +239,8 @@ pub struct SystemSnapshot {
     pub durable: bool,
     /// The router, when one runs.
     pub router: Option<RouterSnapshot>,
+    /// Every inbox consumer by identity.
+    pub inboxes: BTreeMap<String, InboxSnapshot>,
     /// Every supervisor by name, with its children's restart counts.
     pub supervisors: BTreeMap<String, SupervisorSnapshot>,
 }
@@ -221,6 +266,16 @@ impl ActorSystem {
         format!("{}/router", self.id)
     }
 
+    /// The actor name of the attach actor (durable mode).
+    pub fn attach_name(&self) -> String {
+        format!("{}/attach", self.id)
+    }
+
+    /// The actor name of `id`'s inbox consumer.
+    pub fn inbox_name(&self, id: &AgentId) -> String {
+        format!("{}/inbox-{id}", self.id)
+    }
+
     /// Starts the router under its own one-for-one supervisor and waits until it answers.
     ///
     /// In durable mode the streams are provisioned first, here, so that a fatal problem (a
@@ -244,23 +299,21 @@ impl ActorSystem {
             durable: self.durable,
             delivery: self.delivery.clone(),
         };
-        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
+        let mut spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             self.router_name(),
             router,
             || (),
         ));
-        let name = format!("{}/router-sup", self.id);
-        let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
-            .await
-            .map_err(|e| SystemError::Spawn {
-                what: name.clone(),
-                reason: e.to_string(),
-            })?;
-        self.trees.lock().await.push(Tree {
-            name,
-            supervisor,
-            join,
-        });
+        if self.durable {
+            let attach = Attach {
+                name: self.attach_name(),
+                client: self.client.clone(),
+                delivery: self.delivery.clone(),
+            };
+            spec = spec.child(ChildSpec::actor(self.attach_name(), attach, || ()));
+        }
+        self.spawn_tree(format!("{}/router-sup", self.id), spec)
+            .await?;
         let deadline = tokio::time::Instant::now() + START_DEADLINE;
         loop {
             if self.router_snapshot().await.is_some() {
@@ -273,6 +326,22 @@ impl ActorSystem {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Spawns a supervision tree and remembers it for snapshots and shutdown.
+    async fn spawn_tree(&self, name: String, spec: SupervisorSpec) -> Result<(), SystemError> {
+        let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
+            .await
+            .map_err(|e| SystemError::Spawn {
+                what: name.clone(),
+                reason: e.to_string(),
+            })?;
+        self.trees.lock().await.push(Tree {
+            name,
+            supervisor,
+            join,
+        });
+        Ok(())
     }
 
     async fn router_snapshot(&self) -> Option<RouterSnapshot> {
@@ -300,10 +369,18 @@ impl ActorSystem {
             })?;
             supervisors.insert(tree.name.clone(), snap);
         }
+        let mut inboxes = BTreeMap::new();
+        let ids = self.inbox_ids.lock().await.clone();
+        for id in ids {
+            if let Some(snap) = self.inbox_snapshot(&id).await {
+                inboxes.insert(id.to_string(), snap);
+            }
+        }
         Ok(SystemSnapshot {
             system: self.id.clone(),
             durable: self.durable,
             router: self.router_snapshot().await,
+            inboxes,
             supervisors,
         })
     }

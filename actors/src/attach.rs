@@ -1,0 +1,165 @@
+//! The attach actor: answers `hub.delivery.<id>.inbox` (queue group `hub-delivery`) by creating
+//! or updating the pull consumer `inbox-<id>` and replying with the stream and consumer names.
+//!
+//! Only the router side ever creates consumers; agents never do. Runs in durable mode only.
+
+use std::sync::Arc;
+
+use async_nats::jetstream;
+use async_nats::Client;
+use futures::StreamExt;
+use protocol::attach::{AttachReply, AttachResponse};
+use protocol::config::DeliveryConfig;
+use protocol::subjects;
+use protocol::{WireError, WireErrorKind};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::fault::{self, FaultPoint};
+
+/// Attach actor configuration.
+#[derive(Clone)]
+pub struct Attach {
+    /// Actor name, also the fault-injection key.
+    pub name: String,
+    /// The shared connection.
+    pub client: Client,
+    /// Stream names and inbox consumer limits.
+    pub delivery: Arc<DeliveryConfig>,
+}
+
+/// Attach messages.
+pub enum AttachMsg {
+    /// An attach request arrived.
+    Request(async_nats::Message),
+    /// Snapshot for a local caller.
+    Snapshot(RpcReplyPort<AttachSnapshot>),
+}
+
+/// State of one incarnation.
+pub struct AttachState {
+    listener: JoinHandle<()>,
+    attached: u64,
+    refused: u64,
+}
+
+/// Counters of the attach actor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachSnapshot {
+    /// Consumers created or updated and replied.
+    pub attached: u64,
+    /// Requests refused (invalid identity, JetStream error).
+    pub refused: u64,
+}
+
+#[ractor::async_trait]
+impl Actor for Attach {
+    type Msg = AttachMsg;
+    type State = AttachState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<AttachMsg>,
+        _: (),
+    ) -> Result<AttachState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let mut sub = self
+            .client
+            .queue_subscribe(
+                subjects::ATTACH_FILTER,
+                subjects::ATTACH_QUEUE_GROUP.to_string(),
+            )
+            .await?;
+        let listener = tokio::spawn(async move {
+            while let Some(msg) = sub.next().await {
+                if myself.cast(AttachMsg::Request(msg)).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(AttachState {
+            listener,
+            attached: 0,
+            refused: 0,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<AttachMsg>,
+        state: &mut AttachState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.listener.abort();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<AttachMsg>,
+        msg: AttachMsg,
+        state: &mut AttachState,
+    ) -> Result<(), ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::Handle)?;
+        match msg {
+            AttachMsg::Request(msg) => {
+                let Some(reply) = msg.reply.clone() else {
+                    return Ok(());
+                };
+                let response = self.attach(msg.subject.as_str()).await;
+                match &response {
+                    AttachResponse::Attached(_) => state.attached += 1,
+                    AttachResponse::Refused { .. } => state.refused += 1,
+                }
+                let body = serde_json::to_vec(&response)?;
+                if let Err(e) = self.client.publish(reply, body.into()).await {
+                    tracing::warn!(error = %e, "cannot answer an attach request");
+                }
+            }
+            AttachMsg::Snapshot(port) => {
+                let _ = port.send(AttachSnapshot {
+                    attached: state.attached,
+                    refused: state.refused,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Attach {
+    async fn attach(&self, subject: &str) -> AttachResponse {
+        let id = match subjects::parse_attach_request(subject) {
+            Ok(id) => id,
+            Err(e) => {
+                return AttachResponse::Refused {
+                    error: WireError::new(WireErrorKind::InvalidRecipient, e.to_string()),
+                }
+            }
+        };
+        let js = jetstream::new(self.client.clone());
+        let config = crate::consumers::inbox_consumer(&self.delivery, &id);
+        let consumer = config.durable_name.clone().unwrap_or_default();
+        let created = async {
+            let stream = js.get_stream(&self.delivery.inbox.name).await?;
+            stream.create_consumer(config).await?;
+            Ok::<_, async_nats::Error>(())
+        };
+        match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, created).await {
+            Ok(Ok(())) => {
+                tracing::info!(%id, %consumer, "inbox attached");
+                AttachResponse::Attached(AttachReply {
+                    stream: self.delivery.inbox.name.clone(),
+                    consumer,
+                })
+            }
+            Ok(Err(e)) => AttachResponse::Refused {
+                error: WireError::new(WireErrorKind::Internal, e.to_string()),
+            },
+            Err(_) => AttachResponse::Refused {
+                error: WireError::new(WireErrorKind::Internal, "jetstream did not answer in time"),
+            },
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! JetStream consumer configurations the router creates. Agents and workers never create
+//! consumers; only the router does, always as pull consumers with a fixed filter.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use protocol::config::DeliveryConfig;
+use protocol::subjects;
+use protocol::AgentId;
+
+/// The shared router consumer on the ingress stream: pull, explicit ack, deliver all, filter
+/// `hub.pub.>`, no inactivity threshold (it must never be deleted while work is pending).
+pub fn router_consumer(cfg: &DeliveryConfig) -> pull::Config {
+    pull::Config {
+        durable_name: Some(cfg.router_consumer.clone()),
+        description: Some("hub routers (shared)".into()),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: cfg.ack_wait(),
+        max_deliver: cfg.router_max_deliver,
+        filter_subject: subjects::INGRESS_FILTER.to_string(),
+        max_ack_pending: cfg.router_max_ack_pending,
+        inactive_threshold: Duration::ZERO,
+        ..Default::default()
+    }
+}
+
+/// The inbox consumer `inbox-<id>` created on attach: pull, explicit ack, deliver all, filter
+/// `channel.inbox.<id>`, `max_ack_pending` = `inbox_max_ack_pending`, inactive threshold =
+/// `inbox_inactive_secs` (none when -1).
+pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
+    pull::Config {
+        durable_name: Some(subjects::inbox_consumer(id)),
+        description: Some(format!("durable inbox of {id}")),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: cfg.ack_wait(),
+        max_deliver: -1,
+        filter_subject: subjects::inbox(id),
+        max_ack_pending: cfg.inbox_max_ack_pending,
+        inactive_threshold: cfg.inbox_inactive().unwrap_or(Duration::ZERO),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_names_have_no_dots_and_filters_are_exact() {
+        let cfg = DeliveryConfig::default();
+        let bob = AgentId::new("bob").unwrap();
+        let router = router_consumer(&cfg);
+        let inbox = inbox_consumer(&cfg, &bob);
+        for name in [&router.durable_name, &inbox.durable_name] {
+            subjects::validate_durable_name(name.as_deref().unwrap()).unwrap();
+        }
+        assert_eq!(router.filter_subject, "hub.pub.>");
+        assert_eq!(inbox.filter_subject, "channel.inbox.bob");
+        assert_eq!(inbox.durable_name.as_deref(), Some("inbox-bob"));
+        assert_eq!(router.inactive_threshold, Duration::ZERO);
+        assert_eq!(inbox.max_ack_pending, 256);
+        assert_eq!(inbox.inactive_threshold, Duration::from_secs(604_800));
+    }
+}

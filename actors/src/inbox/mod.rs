@@ -1,0 +1,280 @@
+//! The inbox consumer actor (client side): attaches to the hub, binds the durable consumer
+//! `inbox-<id>` (or falls back to a core subscription), and hands each DM to the handler once,
+//! in stream-sequence order, acking it after the handler returned.
+//!
+//! Mode (`NATS_HUB_DURABLE_INBOX`): `auto` requests attach; on "no responders" (a core hub) it
+//! subscribes to `channel.inbox.<id>` at once; when no router answers in time it binds
+//! `inbox-<id>` directly if it exists. `on` never falls back to core; `off` never attaches.
+//!
+//! A restart (supervisor) re-runs the attach and re-binds; the consumer resumes after the last
+//! acked DM, and the dedupe set drops what the previous incarnation handled but did not ack...
+//! within its own memory only: a fresh incarnation starts with an empty set (see
+//! docs/SEMANTICS.md).
+
+mod pump;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::Client;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use protocol::attach::{
+    attach_fallback, when_consumer_missing, AttachOutcome, AttachResponse, DurableInboxMode,
+    InboxPlan,
+};
+use protocol::{subjects, AgentId, Envelope};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+
+use crate::fault::{self, FaultPoint};
+pub use pump::InboxCounters;
+
+/// One DM handed to the handler.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The envelope (`meta.from` was set by the router).
+    pub envelope: Envelope,
+    /// Stream sequence in `HUB_INBOX` (durable mode).
+    pub stream_seq: Option<u64>,
+    /// How many times the server delivered it (1 = first time; durable mode).
+    pub delivered: u64,
+}
+
+/// The handler: called once per DM, sequentially; the DM is acked when the future completes.
+pub type InboxHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Inbox consumer configuration.
+#[derive(Clone)]
+pub struct InboxConsumer {
+    /// Actor name, also the fault-injection key.
+    pub name: String,
+    /// The connection.
+    pub client: Client,
+    /// Whose inbox.
+    pub id: AgentId,
+    /// auto, on or off.
+    pub mode: DurableInboxMode,
+    /// The inbox stream (`HUB_INBOX` unless configured otherwise).
+    pub inbox_stream: String,
+    /// How long to wait for an attach reply.
+    pub attach_timeout: Duration,
+    /// DMs pulled per request (also the bound on DMs held unacked by this client).
+    pub batch: usize,
+    /// Called once per DM.
+    pub handler: InboxHandler,
+}
+
+/// Messages of the inbox actor.
+pub enum InboxMsg {
+    /// Snapshot for a local caller.
+    Snapshot(RpcReplyPort<InboxSnapshot>),
+    /// The pump stopped with an error: fail so that the supervisor restarts the actor.
+    PumpFailed(String),
+}
+
+/// How the inbox is bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Binding {
+    /// Durable consumer (attached by a router, or bound directly).
+    Durable {
+        /// Stream.
+        stream: String,
+        /// Consumer.
+        consumer: String,
+    },
+    /// Core subscription on `channel.inbox.<id>`.
+    Core,
+}
+
+/// Snapshot of an inbox consumer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxSnapshot {
+    /// Whose inbox.
+    pub id: String,
+    /// How it is bound.
+    pub binding: Binding,
+    /// Counters of this incarnation.
+    pub counters: pump::InboxCountersSnapshot,
+}
+
+/// State of one incarnation.
+pub struct InboxState {
+    binding: Binding,
+    pump: Option<JoinHandle<()>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    counters: Arc<InboxCounters>,
+}
+
+/// Inbox failures.
+#[derive(Debug, thiserror::Error)]
+pub enum InboxError {
+    /// Attach was refused or no durable inbox could be bound.
+    #[error("cannot bind the inbox of {id}: {reason}")]
+    Bind {
+        /// Whose inbox.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The pump failed.
+    #[error("inbox pump failed: {0}")]
+    Pump(String),
+}
+
+#[ractor::async_trait]
+impl Actor for InboxConsumer {
+    type Msg = InboxMsg;
+    type State = InboxState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<InboxMsg>,
+        _: (),
+    ) -> Result<InboxState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let binding = self.bind().await?;
+        let counters = Arc::new(InboxCounters::default());
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let pump = pump::InboxPump {
+            client: self.client.clone(),
+            id: self.id.clone(),
+            handler: self.handler.clone(),
+            counters: counters.clone(),
+            batch: self.batch,
+            fault_name: self.name.clone(),
+        };
+        let run = pump.run(binding.clone(), stop_rx);
+        let pump = tokio::spawn(async move {
+            // A panic in the pump (or the handler) must fail the actor, not vanish with the task.
+            let outcome = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+                Ok(result) => result,
+                Err(_) => Err("the inbox pump panicked".to_string()),
+            };
+            if let Err(e) = outcome {
+                tracing::error!(error = %e, "inbox pump failed");
+                let _ = myself.cast(InboxMsg::PumpFailed(e));
+            }
+        });
+        tracing::info!(id = %self.id, ?binding, "inbox bound");
+        Ok(InboxState {
+            binding,
+            pump: Some(pump),
+            stop,
+            counters,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<InboxMsg>,
+        state: &mut InboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = state.stop.send(true);
+        if let Some(pump) = state.pump.take() {
+            // The pump finishes the DM in hand (acks it) and stops pulling.
+            if tokio::time::timeout(Duration::from_secs(5), pump)
+                .await
+                .is_err()
+            {
+                tracing::warn!(id = %self.id, "inbox pump did not stop in time");
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<InboxMsg>,
+        msg: InboxMsg,
+        state: &mut InboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            InboxMsg::Snapshot(port) => {
+                let _ = port.send(InboxSnapshot {
+                    id: self.id.to_string(),
+                    binding: state.binding.clone(),
+                    counters: state.counters.snapshot(),
+                });
+            }
+            InboxMsg::PumpFailed(reason) => return Err(InboxError::Pump(reason).into()),
+        }
+        Ok(())
+    }
+}
+
+impl InboxConsumer {
+    /// Attach (unless off), then decide how to bind.
+    async fn bind(&self) -> Result<Binding, InboxError> {
+        let fail = |reason: String| InboxError::Bind {
+            id: self.id.to_string(),
+            reason,
+        };
+        let plan = if self.mode == DurableInboxMode::Off {
+            InboxPlan::CoreSubscribe
+        } else {
+            attach_fallback(self.mode, &self.id, self.request_attach().await)
+        };
+        let plan = match plan {
+            InboxPlan::BindExisting { consumer } => {
+                if self.consumer_exists(&consumer).await {
+                    InboxPlan::BindDurable {
+                        stream: self.inbox_stream.clone(),
+                        consumer,
+                    }
+                } else {
+                    when_consumer_missing(self.mode)
+                }
+            }
+            other => other,
+        };
+        match plan {
+            InboxPlan::BindDurable { stream, consumer } => {
+                Ok(Binding::Durable { stream, consumer })
+            }
+            InboxPlan::CoreSubscribe => Ok(Binding::Core),
+            InboxPlan::BindExisting { consumer } => Err(fail(format!(
+                "consumer {consumer} does not exist and no router answered"
+            ))),
+            InboxPlan::Fail(reason) => Err(fail(reason)),
+        }
+    }
+
+    async fn request_attach(&self) -> AttachOutcome {
+        let subject = subjects::attach_request(&self.id);
+        let request = self.client.request(subject, Vec::new().into());
+        match tokio::time::timeout(self.attach_timeout, request).await {
+            Err(_) => AttachOutcome::Timeout,
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                AttachOutcome::NoResponders
+            }
+            Ok(Err(_)) => AttachOutcome::Timeout,
+            Ok(Ok(reply)) => match serde_json::from_slice::<AttachResponse>(&reply.payload) {
+                Ok(AttachResponse::Attached(reply)) => AttachOutcome::Attached(reply),
+                Ok(AttachResponse::Refused { error }) => AttachOutcome::Refused(error),
+                Err(e) => AttachOutcome::Refused(protocol::WireError::new(
+                    protocol::WireErrorKind::Malformed,
+                    format!("unreadable attach reply: {e}"),
+                )),
+            },
+        }
+    }
+
+    async fn consumer_exists(&self, consumer: &str) -> bool {
+        let js = async_nats::jetstream::new(self.client.clone());
+        let lookup = async {
+            let stream = js.get_stream(&self.inbox_stream).await.ok()?;
+            stream
+                .get_consumer::<async_nats::jetstream::consumer::pull::Config>(consumer)
+                .await
+                .ok()
+        };
+        matches!(
+            tokio::time::timeout(self.attach_timeout, lookup).await,
+            Ok(Some(_))
+        )
+    }
+}

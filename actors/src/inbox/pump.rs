@@ -1,0 +1,229 @@
+//! The inbox pump: pulls DMs (or reads a core subscription), drops repeats, hands each DM to
+//! the handler and acks it after the handler returned.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull::MessagesErrorKind;
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
+use protocol::{headers, subjects, AgentId, Codec};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::{Binding, Delivery, InboxHandler};
+use crate::fault::{self, FaultPoint};
+
+/// Idle heartbeat of the pull requests (a silent pull is re-issued after 2× this).
+const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Expiry of one pull request.
+const PULL_EXPIRES: Duration = Duration::from_secs(30);
+
+/// Counters of one inbox incarnation.
+#[derive(Debug, Default)]
+pub struct InboxCounters {
+    delivered: AtomicU64,
+    duplicates: AtomicU64,
+    malformed: AtomicU64,
+    repulls: AtomicU64,
+}
+
+/// A copy of [`InboxCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxCountersSnapshot {
+    /// DMs handed to the handler.
+    pub delivered: u64,
+    /// Redeliveries dropped by the dedupe set (acked, not handed over).
+    pub duplicates: u64,
+    /// Stored messages that do not decode (terminated).
+    pub malformed: u64,
+    /// Pulls re-issued after a missed heartbeat or a pull error.
+    pub repulls: u64,
+}
+
+impl InboxCounters {
+    /// Copies the counters.
+    pub fn snapshot(&self) -> InboxCountersSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        InboxCountersSnapshot {
+            delivered: get(&self.delivered),
+            duplicates: get(&self.duplicates),
+            malformed: get(&self.malformed),
+            repulls: get(&self.repulls),
+        }
+    }
+
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the pump needs.
+pub(super) struct InboxPump {
+    pub client: async_nats::Client,
+    pub id: AgentId,
+    pub handler: InboxHandler,
+    pub counters: Arc<InboxCounters>,
+    pub batch: usize,
+    pub fault_name: String,
+}
+
+/// What the pump decided about one message.
+enum Verdict {
+    Handle(Delivery),
+    Duplicate,
+    Malformed,
+}
+
+impl InboxPump {
+    pub async fn run(self, binding: Binding, stop: watch::Receiver<bool>) -> Result<(), String> {
+        match binding {
+            Binding::Durable { stream, consumer } => self.durable(stream, consumer, stop).await,
+            Binding::Core => self.core(stop).await,
+        }
+    }
+
+    async fn durable(
+        self,
+        stream: String,
+        consumer: String,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        let js = jetstream::new(self.client.clone());
+        let consumer: jetstream::consumer::PullConsumer = js
+            .get_stream(&stream)
+            .await
+            .map_err(|e| e.to_string())?
+            .get_consumer(&consumer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(self.batch.max(1))
+            .heartbeat(PULL_HEARTBEAT)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
+        loop {
+            let next = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                next = messages.next() => next,
+            };
+            let msg = match next {
+                Some(Ok(msg)) => msg,
+                Some(Err(e)) => match e.kind() {
+                    MessagesErrorKind::ConsumerDeleted | MessagesErrorKind::PushBasedConsumer => {
+                        return Err(e.to_string())
+                    }
+                    _ => {
+                        InboxCounters::bump(&self.counters.repulls);
+                        tracing::warn!(error = %e, id = %self.id, "inbox pull error; pulling again");
+                        continue;
+                    }
+                },
+                None => return Err("the inbox message stream ended".into()),
+            };
+            let (stream_seq, delivered) = msg
+                .info()
+                .map(|i| (Some(i.stream_sequence), i.delivered as u64))
+                .unwrap_or((None, 1));
+            let verdict = self.judge(&msg.message, stream_seq, delivered, &mut seen);
+            let ack = match verdict {
+                Verdict::Handle(delivery) => {
+                    self.deliver(delivery, msg.headers.as_ref()).await?;
+                    AckKind::Ack
+                }
+                Verdict::Duplicate => AckKind::Ack,
+                Verdict::Malformed => AckKind::Term,
+            };
+            if let Err(e) = msg.ack_with(ack).await {
+                tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
+            }
+        }
+    }
+
+    async fn core(self, mut stop: watch::Receiver<bool>) -> Result<(), String> {
+        let mut sub = self
+            .client
+            .subscribe(subjects::inbox(&self.id))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
+        loop {
+            let msg = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                next = sub.next() => next.ok_or("the inbox subscription ended")?,
+            };
+            if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, &mut seen) {
+                self.deliver(delivery, msg.headers.as_ref()).await?;
+            }
+        }
+    }
+
+    fn judge(
+        &self,
+        msg: &async_nats::Message,
+        stream_seq: Option<u64>,
+        delivered: u64,
+        seen: &mut SeenSet,
+    ) -> Verdict {
+        let content_type = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::CONTENT_TYPE))
+            .map(|v| v.as_str());
+        let envelope = Codec::from_content_type(content_type)
+            .ok()
+            .and_then(|codec| protocol::decode(&msg.payload, codec).ok());
+        let Some(envelope) = envelope else {
+            InboxCounters::bump(&self.counters.malformed);
+            return Verdict::Malformed;
+        };
+        if !seen.first_time(envelope.meta.from.as_ref(), &envelope.meta.id) {
+            InboxCounters::bump(&self.counters.duplicates);
+            return Verdict::Duplicate;
+        }
+        Verdict::Handle(Delivery {
+            envelope,
+            stream_seq,
+            delivered,
+        })
+    }
+
+    async fn deliver(
+        &self,
+        delivery: Delivery,
+        headers: Option<&async_nats::HeaderMap>,
+    ) -> Result<(), String> {
+        // Crash tests: a fault armed for this inbox fires before the DM is handed over, so the
+        // DM stays unacked and must come back.
+        fault::check(&self.fault_name, FaultPoint::Handle).map_err(|e| e.to_string())?;
+        let span = tracing::info_span!(
+            "inbox.handle",
+            inbox = %self.id,
+            id = %delivery.envelope.meta.id,
+            stream_seq = delivery.stream_seq
+        );
+        crate::trace_context::set_parent_from(&span, headers);
+        (self.handler)(delivery).instrument(span).await;
+        InboxCounters::bump(&self.counters.delivered);
+        Ok(())
+    }
+}

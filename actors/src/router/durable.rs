@@ -1,0 +1,291 @@
+//! The durable pump: pull from the shared `router` consumer, route, store with a stable
+//! `Nats-Msg-Id`, and ack the ingress only after the store ack.
+//!
+//! Pipelined: up to `router_max_ack_pending` envelopes are between pull and ingress ack at once.
+//! Store publishes are issued in pull order on one connection, so one router keeps the publish
+//! order of the envelopes to one recipient; ingress acks are sent in the same order.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::pull::MessagesErrorKind;
+use async_nats::jetstream::{self, AckKind, Message};
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use protocol::config::DeliveryConfig;
+use protocol::rejection::rejection;
+use protocol::routing::{route, RouteDecision};
+use protocol::Codec;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::counters::RouterCounters;
+use super::outbound::{header_pairs, routed_headers, view};
+use super::RouterError;
+
+/// How long a store publish may wait for its ack before the ingress message is nak'd.
+pub const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Delay of a nak after a failed store: the message comes back after this long.
+pub const NAK_DELAY: Duration = Duration::from_secs(1);
+/// Idle heartbeat of the pull requests: a pull that stays silent for 2× this is re-issued.
+pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Expiry of one pull request.
+pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
+/// How long a shutdown waits for the envelopes in flight before nak'ing the rest.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the pump needs.
+pub struct DurablePump {
+    /// The shared connection.
+    pub client: async_nats::Client,
+    /// Limits and names.
+    pub delivery: Arc<DeliveryConfig>,
+    /// Counters shared with the actor.
+    pub counters: Arc<RouterCounters>,
+}
+
+/// The outcome of one envelope, resolved in pull order.
+enum Done {
+    /// Store (or rejection notice) acked by the stream: ack (or terminate) the ingress message.
+    Stored { duplicate: bool, terminate: bool },
+    /// Nothing to wait for: ack or terminate now.
+    Immediate { terminate: bool },
+    /// The store failed or timed out: nak with a delay.
+    Failed(String),
+}
+
+type Pending = Pin<Box<dyn Future<Output = (Message, Done)> + Send>>;
+
+impl DurablePump {
+    /// Binds (creates or updates) the router consumer and routes until `stop` turns true or a
+    /// fatal error occurs. On stop it stops pulling and drains what is in flight for up to
+    /// [`DRAIN_TIMEOUT`]; what is left is nak'd.
+    ///
+    /// # Errors
+    /// [`RouterError::Consumer`] when the consumer cannot be bound or was deleted,
+    /// [`RouterError::PullEnded`] when the message stream ends.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), RouterError> {
+        let js = jetstream::new(self.client.clone());
+        let consumer_err = |e: &dyn std::fmt::Display| RouterError::Consumer(e.to_string());
+        let stream = js
+            .get_stream(&self.delivery.ingress.name)
+            .await
+            .map_err(|e| consumer_err(&e))?;
+        let consumer = stream
+            .create_consumer(crate::consumers::router_consumer(&self.delivery))
+            .await
+            .map_err(|e| consumer_err(&e))?;
+        let max_in_flight = usize::try_from(self.delivery.router_max_ack_pending)
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or(1000);
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(max_in_flight.min(500))
+            .heartbeat(PULL_HEARTBEAT)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await
+            .map_err(|e| consumer_err(&e))?;
+        let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
+        let mut seq_fallback = 0u64;
+        loop {
+            tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        break;
+                    }
+                }
+                Some((msg, done)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.finish(msg, done).await;
+                }
+                next = messages.next(), if in_flight.len() < max_in_flight => match next {
+                    Some(Ok(msg)) => {
+                        seq_fallback += 1;
+                        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
+                        self.counters.enter();
+                        in_flight.push_back(self.start(&js, msg, seq).await);
+                    }
+                    Some(Err(e)) => match e.kind() {
+                        MessagesErrorKind::MissingHeartbeat => {
+                            // The stream re-issues its pull by itself; count it so a silent
+                            // stall is visible in snapshots.
+                            self.counters.reconnects();
+                            tracing::warn!("router pull missed its heartbeat; pulling again");
+                        }
+                        MessagesErrorKind::ConsumerDeleted
+                        | MessagesErrorKind::PushBasedConsumer => {
+                            return Err(RouterError::Consumer(e.to_string()));
+                        }
+                        _ => {
+                            self.counters.reconnects();
+                            tracing::warn!(error = %e, "router pull error; pulling again");
+                        }
+                    },
+                    None => return Err(RouterError::PullEnded),
+                },
+            }
+        }
+        drop(messages);
+        self.drain(in_flight).await;
+        Ok(())
+    }
+
+    /// Decides and issues the publish for one message; returns the future that resolves when
+    /// the store is acked (or at once when nothing is stored).
+    // The async block yields the *store-ack* future on purpose: awaiting it here would
+    // serialize the pipeline.
+    #[allow(clippy::async_yields_async)]
+    async fn start(&self, js: &jetstream::Context, msg: Message, seq: u64) -> Pending {
+        let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
+        crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
+        let pairs = header_pairs(msg.headers.as_ref());
+        let decision = route(&view(msg.subject.as_str(), &pairs, &msg.payload, seq));
+        drop(pairs);
+        async move {
+            match decision {
+                RouteDecision::Store {
+                    subject,
+                    msg_id,
+                    payload,
+                    codec,
+                    ..
+                } => {
+                    let headers = routed_headers(Some(&msg_id), codec);
+                    store(js, subject, headers, payload, msg, false).await
+                }
+                RouteDecision::Broadcast {
+                    subject,
+                    payload,
+                    codec,
+                    ..
+                } => {
+                    let headers = routed_headers(None, codec);
+                    match self
+                        .client
+                        .publish_with_headers(subject, headers, payload.into())
+                        .await
+                    {
+                        Ok(()) => {
+                            self.counters.broadcast();
+                            ready(msg, Done::Immediate { terminate: false })
+                        }
+                        Err(e) => ready(msg, Done::Failed(e.to_string())),
+                    }
+                }
+                RouteDecision::Reject {
+                    sender,
+                    rejected_id,
+                    error,
+                } => {
+                    self.counters.malformed();
+                    tracing::warn!(%sender, kind = error.kind.as_str(), detail = %error.detail, "malformed envelope refused");
+                    let (subject, msg_id, notice) =
+                        rejection(&sender, rejected_id.as_ref(), &error, seq);
+                    match protocol::encode(&notice, Codec::Json) {
+                        Ok(payload) => {
+                            let headers = routed_headers(Some(&msg_id), Codec::Json);
+                            store(js, subject, headers, payload, msg, true).await
+                        }
+                        Err(_) => ready(msg, Done::Immediate { terminate: true }),
+                    }
+                }
+                RouteDecision::Drop { reason } => {
+                    self.counters.dropped_by_guard();
+                    tracing::warn!(?reason, "replay guard dropped an ingress message");
+                    ready(msg, Done::Immediate { terminate: true })
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn finish(&self, msg: Message, done: Done) {
+        self.counters.leave();
+        let result = match done {
+            Done::Stored {
+                duplicate,
+                terminate,
+            } => {
+                if terminate {
+                    self.counters.rejections_sent();
+                    msg.ack_with(AckKind::Term).await
+                } else {
+                    self.counters.add_stored(duplicate);
+                    msg.ack().await
+                }
+            }
+            Done::Immediate { terminate: true } => msg.ack_with(AckKind::Term).await,
+            Done::Immediate { terminate: false } => msg.ack().await,
+            Done::Failed(reason) => {
+                self.counters.naks();
+                tracing::warn!(%reason, "store failed; nak with delay");
+                msg.ack_with(AckKind::Nak(Some(NAK_DELAY))).await
+            }
+        };
+        if let Err(e) = result {
+            // The ack is lost with the connection; the message comes back after ack_wait and
+            // the stored copy's Nats-Msg-Id makes the second store a duplicate.
+            tracing::warn!(error = %e, "ingress ack failed; it will be redelivered");
+        }
+    }
+
+    async fn drain(&self, mut in_flight: FuturesOrdered<Pending>) {
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+        loop {
+            match tokio::time::timeout_at(deadline, in_flight.next()).await {
+                Ok(Some((msg, done))) => self.finish(msg, done).await,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        left = in_flight.len(),
+                        "drain timed out; the rest is redelivered after ack_wait"
+                    );
+                    break;
+                }
+            }
+        }
+        let _ = self.client.flush().await;
+    }
+}
+
+fn ready(msg: Message, done: Done) -> Pending {
+    Box::pin(std::future::ready((msg, done)))
+}
+
+/// Publishes to a stream and returns the future of its store ack (bounded by
+/// [`PUBLISH_ACK_TIMEOUT`]); the publish itself is sent before this returns, which keeps the
+/// store order equal to the pull order.
+async fn store(
+    js: &jetstream::Context,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: Vec<u8>,
+    msg: Message,
+    terminate: bool,
+) -> Pending {
+    match js
+        .publish_with_headers(subject, headers, payload.into())
+        .await
+    {
+        Ok(ack) => {
+            let ack = ack.into_future();
+            Box::pin(async move {
+                let done = match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
+                    Ok(Ok(ack)) => Done::Stored {
+                        duplicate: ack.duplicate,
+                        terminate,
+                    },
+                    Ok(Err(e)) => Done::Failed(e.to_string()),
+                    Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),
+                };
+                (msg, done)
+            })
+        }
+        Err(e) => ready(msg, Done::Failed(e.to_string())),
+    }
+}

@@ -1,0 +1,213 @@
+//! The system envelope that tells a sender why the router refused its
+//! envelope.
+//!
+//! A rejection is stored in the sender's own inbox, like a DM. It is marked
+//! `"system": true` in `meta` and has no `meta.from`: every envelope the
+//! router routes has a `meta.from` (the router sets it from the subject), so
+//! an agent cannot forge a system envelope by adding `"system": true`
+//! itself. [`is_system`] checks both.
+//!
+//! ```
+//! use protocol::rejection::{is_system, parse_rejection, rejection};
+//! use protocol::{AgentId, MessageId, WireError, WireErrorKind};
+//!
+//! let alice = AgentId::new("alice")?;
+//! let error = WireError::new(WireErrorKind::InvalidRecipient, "a direct message needs meta.to");
+//! let (subject, msg_id, env) = rejection(&alice, Some(&MessageId::new("m1")?), &error, 42);
+//! assert_eq!(subject, "channel.inbox.alice");
+//! assert_eq!(msg_id, "hub-system:reject:42");
+//! assert!(is_system(&env));
+//! assert_eq!(parse_rejection(&env).unwrap().error, error);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::envelope::Envelope;
+use crate::ids::{AgentId, MessageId};
+use crate::subjects;
+use crate::wire_error::WireError;
+
+/// Prefix of the `Nats-Msg-Id` of every system envelope the hub stores.
+/// Distinct from [`subjects::ROUTER_MSG_ID_PREFIX`], so the replay guard
+/// never mistakes one for the other.
+pub const SYSTEM_MSG_ID_PREFIX: &str = "hub-system:";
+/// Prefix of the `meta.id` of a rejection: `hub-reject-<ingress_seq>`.
+pub const REJECTION_ID_PREFIX: &str = "hub-reject-";
+/// The `meta` field marking a system envelope (value `true`).
+pub const SYSTEM_FIELD: &str = "system";
+/// The `body.kind` of a rejection.
+pub const REJECTED_KIND: &str = "rejected";
+
+/// The body of a rejection, as a client reads it back (see
+/// [`parse_rejection`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    /// Why the envelope was refused.
+    pub error: WireError,
+    /// `meta.id` of the refused envelope, when the router could read it.
+    pub rejected_id: Option<MessageId>,
+    /// The ingress sequence of the refused message.
+    pub ingress_seq: u64,
+}
+
+/// The `Nats-Msg-Id` of the rejection of ingress message `ingress_seq`:
+/// `hub-system:reject:<ingress_seq>`.
+pub fn rejection_msg_id(ingress_seq: u64) -> String {
+    format!("{SYSTEM_MSG_ID_PREFIX}reject:{ingress_seq}")
+}
+
+/// Builds the rejection notice for `sender`.
+///
+/// Returns `(subject, msg_id, envelope)`: the sender's inbox
+/// (`channel.inbox.<sender>`), the `Nats-Msg-Id` to store it under
+/// ([`rejection_msg_id`]) and the envelope, whose `meta.id` is
+/// `hub-reject-<ingress_seq>`, `meta.to` the sender, `meta.from` absent,
+/// `meta.system` `true` and body
+/// `{"kind":"rejected","error":{...},"rejected_id":...,"ingress_seq":n}`.
+pub fn rejection(
+    sender: &AgentId,
+    rejected_id: Option<&MessageId>,
+    error: &WireError,
+    ingress_seq: u64,
+) -> (String, String, Envelope) {
+    let id = MessageId::new(format!("{REJECTION_ID_PREFIX}{ingress_seq}"))
+        .expect("`hub-reject-<u64>` is printable ASCII and far below the id length limit");
+    let body = json!({
+        "kind": REJECTED_KIND,
+        "error": error,
+        "rejected_id": rejected_id,
+        "ingress_seq": ingress_seq,
+    });
+    let mut env = Envelope::new(id, body);
+    env.meta.to = Some(sender.clone());
+    env.meta
+        .extra
+        .insert(SYSTEM_FIELD.into(), Value::Bool(true));
+    (subjects::inbox(sender), rejection_msg_id(ingress_seq), env)
+}
+
+/// Whether `env` is a system envelope: `meta.system` is `true` and there is
+/// no `meta.from` (routed envelopes always have one).
+pub fn is_system(env: &Envelope) -> bool {
+    env.meta.from.is_none() && env.meta.extra.get(SYSTEM_FIELD) == Some(&Value::Bool(true))
+}
+
+/// Reads a rejection notice back; `None` when `env` is not a system
+/// envelope whose body is a well-formed rejection.
+pub fn parse_rejection(env: &Envelope) -> Option<Rejection> {
+    if !is_system(env) || env.body.get("kind") != Some(&json!(REJECTED_KIND)) {
+        return None;
+    }
+    serde_json::from_value(env.body.clone()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::envelope::{decode, encode, Codec};
+    use crate::routing::{route, IngressView, RouteDecision};
+    use crate::wire_error::WireErrorKind;
+
+    fn agent(s: &str) -> AgentId {
+        AgentId::new(s).unwrap()
+    }
+
+    fn error() -> WireError {
+        WireError::new(WireErrorKind::Malformed, "malformed json envelope: eof")
+    }
+
+    #[test]
+    fn rejection_has_the_documented_shape() {
+        let id = MessageId::new("m1").unwrap();
+        let (subject, msg_id, env) = rejection(&agent("alice"), Some(&id), &error(), 42);
+        assert_eq!(subject, "channel.inbox.alice");
+        assert_eq!(msg_id, "hub-system:reject:42");
+        let wire: Value = serde_json::from_slice(&encode(&env, Codec::Json).unwrap()).unwrap();
+        assert_eq!(
+            wire,
+            json!({
+                "meta": {"id": "hub-reject-42", "to": "alice", "system": true},
+                "body": {
+                    "kind": "rejected",
+                    "error": {"kind": "malformed", "detail": "malformed json envelope: eof"},
+                    "rejected_id": "m1",
+                    "ingress_seq": 42,
+                },
+            })
+        );
+        let (_, _, env) = rejection(&agent("alice"), None, &error(), u64::MAX);
+        assert_eq!(env.meta.id.as_str(), format!("hub-reject-{}", u64::MAX));
+        assert_eq!(env.body["rejected_id"], Value::Null);
+        assert_eq!(env.body["ingress_seq"], json!(u64::MAX));
+    }
+
+    #[test]
+    fn system_prefix_is_not_a_router_prefix() {
+        assert_eq!(SYSTEM_MSG_ID_PREFIX, "hub-system:");
+        assert!(!SYSTEM_MSG_ID_PREFIX.starts_with(subjects::ROUTER_MSG_ID_PREFIX));
+        assert!(!subjects::is_router_msg_id(&rejection_msg_id(1)));
+        assert!(rejection_msg_id(1).starts_with(SYSTEM_MSG_ID_PREFIX));
+    }
+
+    #[test]
+    fn is_system_needs_the_flag_and_no_sender() {
+        let (_, _, env) = rejection(&agent("bob"), None, &error(), 1);
+        assert!(is_system(&env));
+        let mut forged = env.clone();
+        forged.meta.from = Some(agent("mallory"));
+        assert!(!is_system(&forged));
+        assert_eq!(parse_rejection(&forged), None);
+        let mut unflagged = env.clone();
+        unflagged
+            .meta
+            .extra
+            .insert(SYSTEM_FIELD.into(), json!("true"));
+        assert!(!is_system(&unflagged));
+        let plain = decode(br#"{"meta":{"id":"m1"},"body":1}"#, Codec::Json).unwrap();
+        assert!(!is_system(&plain));
+        assert_eq!(parse_rejection(&plain), None);
+    }
+
+    #[test]
+    fn an_agent_cannot_forge_a_system_envelope_through_the_router() {
+        let payload = br#"{"meta":{"id":"hub-reject-1","to":"bob","system":true},"body":{"kind":"rejected"}}"#;
+        let decision = route(&IngressView {
+            subject: "hub.pub.mallory.inbox",
+            headers: &[],
+            payload,
+            ingress_seq: 1,
+        });
+        let RouteDecision::Store { payload, .. } = decision else {
+            panic!("{decision:?}")
+        };
+        assert!(!is_system(&decode(&payload, Codec::Json).unwrap()));
+    }
+
+    proptest! {
+        #[test]
+        fn rejection_round_trips_through_both_codecs(
+            sender in "[A-Za-z0-9_-]{1,32}",
+            id in proptest::option::of("[!-~]{1,32}"),
+            seq in any::<u64>(),
+            detail in ".{0,40}",
+        ) {
+            let sender = agent(&sender);
+            let id = id.map(|id| MessageId::new(id).unwrap());
+            let error = WireError::new(WireErrorKind::TooLarge, detail);
+            let (subject, msg_id, env) = rejection(&sender, id.as_ref(), &error, seq);
+            prop_assert_eq!(subjects::parse_inbox(&subject).unwrap(), sender.clone());
+            prop_assert!(!subjects::is_router_msg_id(&msg_id));
+            for codec in [Codec::Json, Codec::MsgPack] {
+                let back = decode(&encode(&env, codec).unwrap(), codec).unwrap();
+                prop_assert!(is_system(&back));
+                prop_assert_eq!(back.meta.to.as_ref(), Some(&sender));
+                let expected = Rejection { error: error.clone(), rejected_id: id.clone(), ingress_seq: seq };
+                prop_assert_eq!(parse_rejection(&back), Some(expected));
+            }
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! The router's decision for one ingress message, as a pure function.
+//!
+//! [`route`] applies, in order:
+//!
+//! 1. the replay guard: a non-ingress subject, a replay header
+//!    ([`headers::REPLAY_HEADERS`]) or a router `Nats-Msg-Id`
+//!    ([`subjects::is_router_msg_id`]) gives [`RouteDecision::Drop`];
+//! 2. the sender identity and channel from the subject;
+//! 3. the codec from the `Content-Type` header (JSON when absent);
+//! 4. decoding (size limit first);
+//! 5. `meta.from` := the identity in the subject (it is authoritative);
+//! 6. the destination: `meta.to`'s inbox, the task channel, or a broadcast;
+//! 7. re-encoding with the same codec.
+//!
+//! A failure in steps 3 to 7 is the sender's fault and gives
+//! [`RouteDecision::Reject`]; see [`rejection`](mod@crate::rejection) for the notice sent
+//! back.
+//!
+//! ```
+//! use protocol::routing::{route, IngressView, RouteDecision};
+//!
+//! let view = IngressView {
+//!     subject: "hub.pub.alice.inbox",
+//!     headers: &[],
+//!     payload: br#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#,
+//!     ingress_seq: 1,
+//! };
+//! let RouteDecision::Store { subject, msg_id, .. } = route(&view) else { panic!() };
+//! assert_eq!(subject, "channel.inbox.bob");
+//! assert_eq!(msg_id, "hub-router:alice:m1");
+//! ```
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{decode, encode, Codec, EnvelopeError, MAX_ENVELOPE_BYTES};
+use crate::headers::{self, CONTENT_TYPE, NATS_MSG_ID};
+use crate::ids::{AgentId, MessageId};
+use crate::subjects::{self, Channel};
+use crate::wire_error::{WireError, WireErrorKind};
+
+/// Detail of the rejection of a direct message without `meta.to`.
+pub const MISSING_RECIPIENT_DETAIL: &str = "a direct message needs meta.to";
+
+/// One ingress message as the router sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct IngressView<'a> {
+    /// The stored message's subject (a pull delivery keeps the original
+    /// subject, so this is what the replay guard checks).
+    pub subject: &'a str,
+    /// All headers of the message as (name, value) pairs; may be empty. A
+    /// header with several values appears once per value.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// The raw payload.
+    pub payload: &'a [u8],
+    /// Stream sequence in durable mode; a local counter in core mode. Not
+    /// used by [`route`]; the caller passes it to
+    /// [`rejection`](crate::rejection::rejection).
+    pub ingress_seq: u64,
+}
+
+/// What the router does with one ingress message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteDecision {
+    /// Store in a stream (inbox or task channel) with a JetStream publish
+    /// carrying `Nats-Msg-Id` = `msg_id`.
+    Store {
+        /// `channel.inbox.<to>` or `channel.task.<key>`.
+        subject: String,
+        /// `hub-router:<from>:<meta.id>`.
+        msg_id: String,
+        /// The re-encoded envelope, with `meta.from` set to the sender.
+        payload: Vec<u8>,
+        /// The codec of `payload` (set `Content-Type` when not JSON).
+        codec: Codec,
+        /// The sender, from the ingress subject.
+        from: AgentId,
+        /// `meta.id` of the envelope.
+        id: MessageId,
+    },
+    /// Publish live with core NATS (broadcast `channel.<name>`).
+    Broadcast {
+        /// `channel.<name>`.
+        subject: String,
+        /// The re-encoded envelope, with `meta.from` set to the sender.
+        payload: Vec<u8>,
+        /// The codec of `payload`.
+        codec: Codec,
+        /// The sender, from the ingress subject.
+        from: AgentId,
+        /// `meta.id` of the envelope.
+        id: MessageId,
+    },
+    /// Bad input from a known sender: terminate, count, and tell the sender
+    /// (see [`rejection`](crate::rejection::rejection)).
+    Reject {
+        /// The sender, from the ingress subject.
+        sender: AgentId,
+        /// `meta.id` of the refused envelope, when it could be salvaged.
+        rejected_id: Option<MessageId>,
+        /// Why it was refused.
+        error: WireError,
+    },
+    /// Replay guard or unparseable subject: terminate and count; nobody is
+    /// told.
+    Drop {
+        /// Which guard rule matched.
+        reason: DropReason,
+    },
+}
+
+impl RouteDecision {
+    /// The subject to publish to; `None` for [`Reject`](Self::Reject) and
+    /// [`Drop`](Self::Drop).
+    pub fn subject(&self) -> Option<&str> {
+        match self {
+            RouteDecision::Store { subject, .. } | RouteDecision::Broadcast { subject, .. } => {
+                Some(subject)
+            }
+            RouteDecision::Reject { .. } | RouteDecision::Drop { .. } => None,
+        }
+    }
+
+    /// The `Nats-Msg-Id` to publish with; only [`Store`](Self::Store) has
+    /// one.
+    pub fn msg_id(&self) -> Option<&str> {
+        match self {
+            RouteDecision::Store { msg_id, .. } => Some(msg_id),
+            _ => None,
+        }
+    }
+}
+
+/// Why the router dropped a message without telling anyone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    /// The subject is not `hub.pub.<id>.<channel>` (e.g. a replayed pull
+    /// delivery keeps its stored subject).
+    NotIngressSubject,
+    /// A direct/message get header ([`headers::REPLAY_HEADERS`]) is present.
+    ReplayHeader,
+    /// The `Nats-Msg-Id` is one the router stored (`hub-router:`).
+    RouterMessageId,
+}
+
+impl DropReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [DropReason; 3] = [
+        DropReason::NotIngressSubject,
+        DropReason::ReplayHeader,
+        DropReason::RouterMessageId,
+    ];
+
+    /// The snake_case name, as serialized (usable as a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::NotIngressSubject => "not_ingress_subject",
+            DropReason::ReplayHeader => "replay_header",
+            DropReason::RouterMessageId => "router_message_id",
+        }
+    }
+}
+
+impl fmt::Display for DropReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Decides what to do with one ingress message. Never panics.
+///
+/// See the [module docs](self) for the rules and their order. Header names
+/// are compared case-insensitively; when `Content-Type` appears several
+/// times the first one counts, while every `Nats-Msg-Id` is checked by the
+/// replay guard.
+pub fn route(view: &IngressView<'_>) -> RouteDecision {
+    let Ok((from, channel)) = subjects::parse_ingress(view.subject) else {
+        return dropped(DropReason::NotIngressSubject);
+    };
+    if let Some(reason) = header_guard(view.headers) {
+        return dropped(reason);
+    }
+    let codec = match Codec::from_content_type(header(view.headers, CONTENT_TYPE)) {
+        Ok(codec) => codec,
+        // The payload may still be JSON; worth a try for the id.
+        Err(err) => return reject(from, salvage_id(view.payload, Codec::Json), &err),
+    };
+    let mut env = match decode(view.payload, codec) {
+        Ok(env) => env,
+        Err(err) => return reject(from, salvage_id(view.payload, codec), &err),
+    };
+    env.meta.from = Some(from.clone());
+    let id = env.meta.id.clone();
+    let (subject, stored) = match &channel {
+        Channel::Inbox => match &env.meta.to {
+            Some(to) => (subjects::inbox(to), true),
+            None => {
+                return RouteDecision::Reject {
+                    sender: from,
+                    rejected_id: Some(id),
+                    error: WireError::new(
+                        WireErrorKind::InvalidRecipient,
+                        MISSING_RECIPIENT_DETAIL,
+                    ),
+                }
+            }
+        },
+        Channel::Task(key) => (subjects::task(key), true),
+        Channel::Broadcast(name) => (subjects::broadcast(name), false),
+    };
+    let payload = match encode(&env, codec) {
+        Ok(payload) => payload,
+        Err(err) => return reject(from, Some(id), &err),
+    };
+    if stored {
+        RouteDecision::Store {
+            subject,
+            msg_id: subjects::router_msg_id(&from, &id),
+            payload,
+            codec,
+            from,
+            id,
+        }
+    } else {
+        RouteDecision::Broadcast {
+            subject,
+            payload,
+            codec,
+            from,
+            id,
+        }
+    }
+}
+
+fn dropped(reason: DropReason) -> RouteDecision {
+    RouteDecision::Drop { reason }
+}
+
+fn reject(sender: AgentId, rejected_id: Option<MessageId>, err: &EnvelopeError) -> RouteDecision {
+    RouteDecision::Reject {
+        sender,
+        rejected_id,
+        error: WireError::from(err),
+    }
+}
+
+/// The replay guard's header rules.
+fn header_guard(pairs: &[(&str, &str)]) -> Option<DropReason> {
+    if pairs
+        .iter()
+        .any(|(name, _)| headers::is_replay_header(name))
+    {
+        return Some(DropReason::ReplayHeader);
+    }
+    let router_id = pairs.iter().any(|(name, value)| {
+        name.eq_ignore_ascii_case(NATS_MSG_ID) && subjects::is_router_msg_id(value.trim())
+    });
+    router_id.then_some(DropReason::RouterMessageId)
+}
+
+/// The first value of header `name`, compared case-insensitively.
+fn header<'a>(pairs: &[(&str, &'a str)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|&(_, value)| value)
+}
+
+#[derive(Deserialize)]
+struct SalvageEnvelope {
+    meta: SalvageMeta,
+}
+
+#[derive(Deserialize)]
+struct SalvageMeta {
+    id: MessageId,
+}
+
+/// Best effort: `meta.id` of an envelope that did not decode, if the
+/// payload is a map with a `meta` map whose `id` is a valid [`MessageId`].
+/// Payloads over [`MAX_ENVELOPE_BYTES`] are not parsed at all.
+fn salvage_id(payload: &[u8], codec: Codec) -> Option<MessageId> {
+    if payload.len() > MAX_ENVELOPE_BYTES {
+        return None;
+    }
+    let salvaged: SalvageEnvelope = match codec {
+        Codec::Json => serde_json::from_slice(payload).ok()?,
+        Codec::MsgPack => rmp_serde::from_slice(payload).ok()?,
+    };
+    Some(salvaged.meta.id)
+}
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,340 @@
+//! Example-based tests of [`route`](super::route), one per rule.
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::envelope::Envelope;
+use crate::headers::REPLAY_HEADERS;
+
+pub(super) const PLAIN_DM: &str = r#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#;
+
+pub(super) fn agent(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+pub(super) fn mid(s: &str) -> MessageId {
+    MessageId::new(s).unwrap()
+}
+
+pub(super) fn run(subject: &str, headers: &[(&str, &str)], payload: &[u8]) -> RouteDecision {
+    route(&IngressView {
+        subject,
+        headers,
+        payload,
+        ingress_seq: 7,
+    })
+}
+
+/// `(sender, rejected_id, kind)` of a rejection; panics otherwise.
+fn rejected(decision: RouteDecision) -> (AgentId, Option<MessageId>, WireErrorKind) {
+    match decision {
+        RouteDecision::Reject {
+            sender,
+            rejected_id,
+            error,
+        } => (sender, rejected_id, error.kind),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+pub(super) fn decoded(payload: &[u8], codec: Codec) -> Envelope {
+    decode(payload, codec).unwrap()
+}
+
+#[test]
+fn plain_json_dm_is_stored_in_the_recipient_inbox() {
+    let forged = r#"{"meta":{"id":"m1","to":"bob","from":"mallory"},"body":"hi"}"#;
+    for payload in [PLAIN_DM, forged] {
+        let RouteDecision::Store {
+            subject,
+            msg_id,
+            payload,
+            codec,
+            from,
+            id,
+        } = run("hub.pub.alice.inbox", &[], payload.as_bytes())
+        else {
+            panic!("not stored: {payload}");
+        };
+        assert_eq!(subject, "channel.inbox.bob");
+        assert_eq!(msg_id, "hub-router:alice:m1");
+        assert_eq!((codec, from, id), (Codec::Json, agent("alice"), mid("m1")));
+        let env = decoded(&payload, Codec::Json);
+        assert_eq!(env.meta.from, Some(agent("alice")));
+        assert_eq!(env.meta.to, Some(agent("bob")));
+        assert_eq!(env.body, json!("hi"));
+    }
+}
+
+#[test]
+fn unknown_fields_survive_routing() {
+    let input =
+        json!({"meta": {"id": "m1", "to": "bob", "thread": "t1"}, "body": {"x": 1}, "sig": "s"});
+    let decision = run(
+        "hub.pub.alice.inbox",
+        &[],
+        &serde_json::to_vec(&input).unwrap(),
+    );
+    let RouteDecision::Store { payload, .. } = decision else {
+        panic!("{decision:?}")
+    };
+    let out: Value = serde_json::from_slice(&payload).unwrap();
+    let mut expected = input;
+    expected["meta"]["from"] = json!("alice");
+    assert_eq!(out, expected);
+}
+
+#[test]
+fn task_channel_is_stored_under_its_key() {
+    let payload = br#"{"meta":{"id":"r1"},"body":{"status":"done"}}"#;
+    let decision = run("hub.pub.worker-1.task.01JABC", &[], payload);
+    assert_eq!(decision.subject(), Some("channel.task.01JABC"));
+    assert_eq!(decision.msg_id(), Some("hub-router:worker-1:r1"));
+    let RouteDecision::Store { payload, from, .. } = decision else {
+        panic!()
+    };
+    assert_eq!(from, agent("worker-1"));
+    assert_eq!(decoded(&payload, Codec::Json).meta.from, Some(from));
+}
+
+#[test]
+fn broadcast_is_published_live() {
+    let payload = br#"{"meta":{"id":"b1","from":"eve"},"body":"hello all"}"#;
+    let decision = run("hub.pub.alice.general", &[], payload);
+    assert_eq!(decision.msg_id(), None);
+    let RouteDecision::Broadcast {
+        subject,
+        payload,
+        codec,
+        from,
+        id,
+    } = decision
+    else {
+        panic!("{decision:?}")
+    };
+    assert_eq!(subject, "channel.general");
+    assert_eq!((codec, from, id), (Codec::Json, agent("alice"), mid("b1")));
+    assert_eq!(
+        decoded(&payload, Codec::Json).meta.from,
+        Some(agent("alice"))
+    );
+}
+
+#[test]
+fn msgpack_dm_round_trips_in_msgpack() {
+    let mut env = Envelope::new(mid("m9"), json!({"n": [1, 2]}));
+    env.meta.to = Some(agent("bob"));
+    env.meta.extra.insert("thread".into(), json!("t"));
+    let bytes = encode(&env, Codec::MsgPack).unwrap();
+    for name in ["Content-Type", "content-type"] {
+        let headers = [(name, "Application/MsgPack; x=y")];
+        let decision = run("hub.pub.alice.inbox", &headers, &bytes);
+        let RouteDecision::Store { payload, codec, .. } = decision else {
+            panic!("{decision:?}")
+        };
+        assert_eq!(codec, Codec::MsgPack);
+        let mut expected = env.clone();
+        expected.meta.from = Some(agent("alice"));
+        assert_eq!(decoded(&payload, Codec::MsgPack), expected);
+    }
+    // The same bytes without the header are not JSON.
+    let (_, id, kind) = rejected(run("hub.pub.alice.inbox", &[], &bytes));
+    assert_eq!((id, kind), (None, WireErrorKind::Malformed));
+}
+
+#[test]
+fn direct_get_replay_is_dropped() {
+    let all: Vec<(&str, &str)> = REPLAY_HEADERS.iter().map(|name| (*name, "1")).collect();
+    let drop = RouteDecision::Drop {
+        reason: DropReason::ReplayHeader,
+    };
+    assert_eq!(run("hub.pub.bob.inbox", &all, PLAIN_DM.as_bytes()), drop);
+    for name in REPLAY_HEADERS {
+        let lower = name.to_ascii_lowercase();
+        for name in [name, lower.as_str()] {
+            let headers = [("traceparent", "x"), (name, "HUB_INBOX")];
+            assert_eq!(
+                run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes()),
+                drop
+            );
+        }
+    }
+}
+
+#[test]
+fn router_message_id_is_dropped() {
+    let drop = RouteDecision::Drop {
+        reason: DropReason::RouterMessageId,
+    };
+    for name in ["Nats-Msg-Id", "nats-msg-id"] {
+        let headers = [(name, "hub-router:bob:m1")];
+        assert_eq!(
+            run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes()),
+            drop
+        );
+    }
+    // A second Nats-Msg-Id value is checked too.
+    let headers = [("Nats-Msg-Id", "mine"), ("Nats-Msg-Id", "hub-router:a:b")];
+    assert_eq!(
+        run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes()),
+        drop
+    );
+    // An agent's own msg id, or a system one, is not a router id.
+    for value in ["m1", "hub-system:reject:3", "x-hub-router:a:b"] {
+        let headers = [("Nats-Msg-Id", value)];
+        let decision = run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes());
+        assert!(matches!(decision, RouteDecision::Store { .. }), "{value}");
+    }
+}
+
+#[test]
+fn non_ingress_subjects_are_dropped() {
+    for subject in [
+        "channel.inbox.bob",
+        "channel.task.t1",
+        "channel.general",
+        "hub.pub.alice",
+        "hub.pub.bo b.inbox",
+        "hub.pub.alice.task",
+        "hub.pub.alice.a.b.c",
+        "hub.delivery.alice.inbox",
+        "",
+    ] {
+        assert_eq!(
+            run(subject, &[], PLAIN_DM.as_bytes()),
+            RouteDecision::Drop {
+                reason: DropReason::NotIngressSubject
+            },
+            "{subject}"
+        );
+    }
+}
+
+#[test]
+fn guard_runs_before_decoding() {
+    let drop = |reason| RouteDecision::Drop { reason };
+    assert_eq!(
+        run("channel.inbox.bob", &[("Nats-Stream", "X")], b"\xff"),
+        drop(DropReason::NotIngressSubject)
+    );
+    assert_eq!(
+        run("hub.pub.bob.inbox", &[("Nats-Sequence", "1")], b"\xff"),
+        drop(DropReason::ReplayHeader)
+    );
+    let headers = [("Nats-Msg-Id", "hub-router:a:b"), ("Content-Type", "x/y")];
+    assert_eq!(
+        run("hub.pub.bob.inbox", &headers, b"\xff"),
+        drop(DropReason::RouterMessageId)
+    );
+}
+
+#[test]
+fn bad_envelopes_are_rejected_with_the_right_kind() {
+    let cases: [(&[u8], Option<&str>, WireErrorKind); 6] = [
+        (b"\x00garbage", None, WireErrorKind::Malformed),
+        (b"[1,2]", None, WireErrorKind::Malformed),
+        (
+            br#"{"meta":{"to":"bob"},"body":1}"#,
+            None,
+            WireErrorKind::MissingField,
+        ),
+        (
+            br#"{"meta":{"id":"m1","to":"bob"}}"#,
+            Some("m1"),
+            WireErrorKind::MissingField,
+        ),
+        (
+            br#"{"meta":{"id":"m1","to":"bo.b"},"body":1}"#,
+            Some("m1"),
+            WireErrorKind::InvalidRecipient,
+        ),
+        (
+            br#"{"meta":{"id":"m1","from":5},"body":1}"#,
+            Some("m1"),
+            WireErrorKind::Malformed,
+        ),
+    ];
+    for (payload, id, kind) in cases {
+        let decision = run("hub.pub.alice.inbox", &[], payload);
+        assert_eq!(decision.subject(), None);
+        assert_eq!(
+            rejected(decision),
+            (agent("alice"), id.map(mid), kind),
+            "{}",
+            String::from_utf8_lossy(payload)
+        );
+    }
+}
+
+#[test]
+fn direct_message_without_recipient_is_rejected() {
+    let payload = br#"{"meta":{"id":"m1"},"body":"hi"}"#;
+    let decision = run("hub.pub.alice.inbox", &[], payload);
+    assert_eq!(
+        decision,
+        RouteDecision::Reject {
+            sender: agent("alice"),
+            rejected_id: Some(mid("m1")),
+            error: WireError::new(WireErrorKind::InvalidRecipient, MISSING_RECIPIENT_DETAIL),
+        }
+    );
+    assert_eq!(MISSING_RECIPIENT_DETAIL, "a direct message needs meta.to");
+}
+
+#[test]
+fn oversize_payload_is_rejected_before_parsing() {
+    let mut payload = PLAIN_DM.as_bytes().to_vec();
+    payload.resize(MAX_ENVELOPE_BYTES + 1, b' ');
+    let decision = run("hub.pub.alice.inbox", &[], &payload);
+    assert_eq!(
+        rejected(decision),
+        (agent("alice"), None, WireErrorKind::TooLarge)
+    );
+}
+
+#[test]
+fn reencoding_over_the_limit_is_rejected_with_the_id() {
+    let skeleton = r#"{"meta":{"id":"m1","to":"bob"},"body":""}"#;
+    let fill = MAX_ENVELOPE_BYTES - skeleton.len() - 3;
+    let payload = format!(
+        r#"{{"meta":{{"id":"m1","to":"bob"}},"body":"{}"}}"#,
+        "x".repeat(fill)
+    );
+    assert!(decode(payload.as_bytes(), Codec::Json).is_ok());
+    // `"from":"alice",` adds 15 bytes.
+    let decision = run("hub.pub.alice.inbox", &[], payload.as_bytes());
+    assert_eq!(
+        rejected(decision),
+        (agent("alice"), Some(mid("m1")), WireErrorKind::TooLarge)
+    );
+}
+
+#[test]
+fn unsupported_content_type_is_rejected() {
+    let headers = [("content-type", "text/plain")];
+    let decision = run("hub.pub.alice.inbox", &headers, PLAIN_DM.as_bytes());
+    assert_eq!(
+        rejected(decision),
+        (
+            agent("alice"),
+            Some(mid("m1")),
+            WireErrorKind::UnsupportedContentType
+        )
+    );
+    let headers = [("Content-Type", "text/plain")];
+    let (_, id, _) = rejected(run("hub.pub.alice.inbox", &headers, b"\x81"));
+    assert_eq!(id, None);
+}
+
+#[test]
+fn drop_reason_names_are_snake_case() {
+    for (reason, name) in DropReason::ALL.into_iter().zip([
+        "not_ingress_subject",
+        "replay_header",
+        "router_message_id",
+    ]) {
+        assert_eq!(reason.as_str(), name);
+        assert_eq!(reason.to_string(), name);
+        assert_eq!(serde_json::to_value(reason).unwrap(), json!(name));
+    }
+}

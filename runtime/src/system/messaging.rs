@@ -1,0 +1,191 @@
+//! Messaging through an [`ActorSystem`]: `send`, `broadcast` and `attach_inbox`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use actors::inbox::{Delivery, InboxConsumer, InboxHandler};
+use actors::supervision::{ChildSpec, Strategy, SupervisorSpec};
+use async_nats::HeaderMap;
+use futures::future::BoxFuture;
+use protocol::subjects::{self, Channel};
+use protocol::{headers, AgentId, ChannelName, Codec, Envelope, MessageId, Meta};
+use serde::{Deserialize, Serialize};
+
+use super::{ActorSystem, SystemError};
+
+/// How long a send waits for the ingress stream's ack.
+pub const SEND_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an inbox waits for an attach reply before trying the existing consumer.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(2);
+/// DMs pulled per request by an inbox consumer.
+pub const INBOX_BATCH: usize = 64;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Proof that the hub accepted an envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The envelope's `meta.id`.
+    pub id: MessageId,
+    /// Sequence in the ingress stream (durable mode): the envelope is stored and will be
+    /// routed even if no router runs now. `None` in core mode (fire and forget).
+    pub ingress_seq: Option<u64>,
+    /// The ingress stream already had this `meta.id` from this sender within the duplicate
+    /// window (a retried send).
+    pub duplicate: bool,
+}
+
+/// A fresh message id: milliseconds since the epoch and a process-local counter, hex.
+pub fn new_message_id() -> MessageId {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let salt = std::process::id();
+    MessageId::new(format!("{ms:x}-{salt:x}-{n:x}")).expect("hex ids are valid message ids")
+}
+
+impl ActorSystem {
+    /// Sends a DM from `from` to `to` with a fresh `meta.id`; see [`send_envelope`](Self::send_envelope).
+    ///
+    /// # Errors
+    /// As [`send_envelope`](Self::send_envelope).
+    pub async fn send(
+        &self,
+        from: &AgentId,
+        to: &AgentId,
+        body: serde_json::Value,
+    ) -> Result<Receipt, SystemError> {
+        let mut meta = Meta::new(new_message_id());
+        meta.to = Some(to.clone());
+        let envelope = Envelope {
+            meta,
+            body,
+            extra: Default::default(),
+        };
+        self.send_envelope(from, &Channel::Inbox, &envelope).await
+    }
+
+    /// Broadcasts `body` from `from` on `channel` (live only: nobody stores broadcasts).
+    ///
+    /// # Errors
+    /// As [`send_envelope`](Self::send_envelope).
+    pub async fn broadcast(
+        &self,
+        from: &AgentId,
+        channel: &ChannelName,
+        body: serde_json::Value,
+    ) -> Result<Receipt, SystemError> {
+        let envelope = Envelope::new(new_message_id(), body);
+        self.send_envelope(from, &Channel::Broadcast(channel.clone()), &envelope)
+            .await
+    }
+
+    /// Publishes `envelope` to `hub.pub.<from>.<channel>` with the current span's trace
+    /// context. In durable mode it is a JetStream publish to the ingress stream with
+    /// `Nats-Msg-Id: <from>:<meta.id>` (a retried send is stored once), and the receipt carries
+    /// the ingress sequence; in core mode it is a core publish.
+    ///
+    /// # Errors
+    /// [`SystemError::Publish`] when the envelope cannot be encoded or the ingress does not
+    /// ack in time.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a cancelled send may or may not have been stored; send it again with
+    /// the same `meta.id` (the ingress dedupes it within the duplicate window).
+    pub async fn send_envelope(
+        &self,
+        from: &AgentId,
+        channel: &Channel,
+        envelope: &Envelope,
+    ) -> Result<Receipt, SystemError> {
+        let subject = subjects::ingress(from, channel);
+        let fail = |reason: String| SystemError::Publish {
+            subject: subject.clone(),
+            reason,
+        };
+        let payload = protocol::encode(envelope, Codec::Json).map_err(|e| fail(e.to_string()))?;
+        let mut h = HeaderMap::new();
+        actors::trace_context::inject_current(&mut h);
+        if !self.durable {
+            self.client
+                .publish_with_headers(subject.clone(), h, payload.into())
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            return Ok(Receipt {
+                id: envelope.meta.id.clone(),
+                ingress_seq: None,
+                duplicate: false,
+            });
+        }
+        h.insert(
+            headers::NATS_MSG_ID,
+            format!("{from}:{}", envelope.meta.id).as_str(),
+        );
+        let js = async_nats::jetstream::new(self.client.clone());
+        let ack = js
+            .publish_with_headers(subject.clone(), h, payload.into())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let ack = tokio::time::timeout(SEND_ACK_TIMEOUT, ack)
+            .await
+            .map_err(|_| fail(format!("no ingress ack within {SEND_ACK_TIMEOUT:?}")))?
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Receipt {
+            id: envelope.meta.id.clone(),
+            ingress_seq: Some(ack.sequence),
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Starts `id`'s inbox consumer under its own supervisor. The handler is called once per
+    /// DM, in order; the DM is acked when the handler's future completes. The binding follows
+    /// the system's inbox mode (`auto` by default; see [`actors::inbox`]).
+    ///
+    /// # Errors
+    /// [`SystemError::Spawn`] when the supervisor cannot be spawned, [`SystemError::Timeout`]
+    /// when the inbox does not bind within 30 s (it keeps trying under its supervisor).
+    pub async fn attach_inbox<F>(&self, id: &AgentId, handler: F) -> Result<(), SystemError>
+    where
+        F: Fn(Delivery) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    {
+        let handler: InboxHandler = std::sync::Arc::new(handler);
+        let inbox = InboxConsumer {
+            name: self.inbox_name(id),
+            client: self.client.clone(),
+            id: id.clone(),
+            mode: self.inbox_mode,
+            inbox_stream: self.delivery.inbox.name.clone(),
+            attach_timeout: ATTACH_TIMEOUT,
+            batch: INBOX_BATCH,
+            handler,
+        };
+        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
+            self.inbox_name(id),
+            inbox,
+            || (),
+        ));
+        self.spawn_tree(format!("{}-sup", self.inbox_name(id)), spec)
+            .await?;
+        self.inbox_ids.lock().await.push(id.clone());
+        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
+        while self.inbox_snapshot(id).await.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(SystemError::Timeout {
+                    what: format!("the inbox of {id} to bind"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// The snapshot of `id`'s inbox consumer, when it runs.
+    pub async fn inbox_snapshot(&self, id: &AgentId) -> Option<actors::inbox::InboxSnapshot> {
+        use actors::inbox::InboxMsg;
+        let cell = ractor::registry::where_is(self.inbox_name(id))?;
+        let inbox: ractor::ActorRef<InboxMsg> = cell.into();
+        ractor::call_t!(inbox, InboxMsg::Snapshot, 5_000).ok()
+    }
+}

@@ -28,9 +28,9 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
         .values()
         .next()
         .expect("router supervisor");
-    assert_eq!(sup.children.len(), 1);
-    assert_eq!(sup.children[0].restarts, 0);
-    assert!(sup.children[0].running);
+    // The router and the attach actor, both running, neither restarted.
+    assert_eq!(sup.children.len(), 2);
+    assert!(sup.children.iter().all(|c| c.running && c.restarts == 0));
 
     // The same snapshot is served over NATS to `runtime status`.
     let remote = runtime::request_status(system.client(), Duration::from_secs(5))

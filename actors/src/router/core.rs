@@ -27,6 +27,8 @@ pub struct CorePump {
     pub client: async_nats::Client,
     /// Counters shared with the actor.
     pub counters: Arc<RouterCounters>,
+    /// The router's actor name (fault-injection key, checked per envelope).
+    pub fault_name: String,
 }
 
 impl CorePump {
@@ -55,6 +57,8 @@ impl CorePump {
                 }
                 next = sub.next() => match next {
                     Some(msg) => {
+                        crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)
+                            .map_err(|e| RouterError::Pump(e.to_string()))?;
                         seq += 1;
                         self.route_one(msg, seq).await;
                     }

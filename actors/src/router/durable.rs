@@ -44,6 +44,9 @@ pub struct DurablePump {
     pub delivery: Arc<DeliveryConfig>,
     /// Counters shared with the actor.
     pub counters: Arc<RouterCounters>,
+    /// The router's actor name (fault-injection key: a fault armed at `Handle` fires per
+    /// pulled envelope, before it is routed, leaving it unacked).
+    pub fault_name: String,
 }
 
 /// The outcome of one envelope, resolved in pull order.
@@ -104,6 +107,8 @@ impl DurablePump {
                 }
                 next = messages.next(), if in_flight.len() < max_in_flight => match next {
                     Some(Ok(msg)) => {
+                        crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)
+                            .map_err(|e| RouterError::Pump(e.to_string()))?;
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
                         self.counters.enter();

@@ -155,12 +155,14 @@ impl Actor for Router {
                 client: self.client.clone(),
                 delivery: self.delivery.clone(),
                 counters: counters.clone(),
+                fault_name: self.name.clone(),
             };
             tokio::spawn(report(myself, pump.run(stop_rx)))
         } else {
             let pump = core::CorePump {
                 client: self.client.clone(),
                 counters: counters.clone(),
+                fault_name: self.name.clone(),
             };
             tokio::spawn(report(myself, pump.run(stop_rx)))
         };

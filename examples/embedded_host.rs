@@ -14,7 +14,7 @@ use runtime::{ActorSystem, NatsSettings};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _telemetry = runtime::telemetry::init(false)?;
+    let _telemetry = runtime::telemetry::init(false, "info")?;
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let delivery = runtime::config::load_delivery_config(
         std::env::var_os("NATS_HUB_DELIVERY_CONFIG")

@@ -36,6 +36,62 @@ pub enum Command {
     Start(StartArgs),
     /// Print the JSON snapshot of a running router (counters, streams, restarts).
     Status(StatusArgs),
+    /// Send a direct message through the hub.
+    Send(SendArgs),
+    /// Read an agent's inbox (durable when the hub is durable, else live).
+    Inbox(InboxArgs),
+}
+
+/// `runtime send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The sender's identity (the router stamps it into meta.from).
+    #[arg(long = "as", value_name = "ID", env = "RUNTIME_AGENT_ID")]
+    pub as_id: String,
+
+    /// The recipient's identity.
+    #[arg(long, value_name = "ID")]
+    pub to: String,
+
+    /// The message text (sent as a JSON string body).
+    pub text: String,
+
+    /// The message id (meta.id); a fresh one when omitted. Re-sending with the same id is
+    /// deduplicated within the duplicate window.
+    #[arg(long)]
+    pub id: Option<String>,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// `runtime inbox`.
+#[derive(Debug, Args)]
+pub struct InboxArgs {
+    /// Whose inbox to read.
+    #[arg(long = "as", value_name = "ID", env = "RUNTIME_AGENT_ID")]
+    pub as_id: String,
+
+    /// Keep reading until SIGINT/SIGTERM instead of exiting once the inbox is idle.
+    #[arg(long)]
+    pub follow: bool,
+
+    /// Print each DM as one JSON line (the whole envelope) instead of `from: body`.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Without --follow: exit after this many seconds without a new DM.
+    #[arg(long, default_value_t = 2, env = "RUNTIME_INBOX_IDLE_SECS")]
+    pub idle_secs: u64,
+
+    /// How inbox consumers bind: auto, on or off.
+    #[arg(long, env = "NATS_HUB_DURABLE_INBOX", default_value = "auto")]
+    pub durable_inbox: String,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// Log formats.

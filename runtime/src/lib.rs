@@ -25,6 +25,7 @@
 //! [`SystemError::is_unavailable`] classify it for exit codes.
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod connect;
 pub mod shutdown;

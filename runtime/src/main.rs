@@ -42,13 +42,20 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> (i32, Option<String>) {
-    let telemetry = match runtime::telemetry::init(cli.log_format == cli::LogFormat::Json) {
+    // Servers log their lifecycle; one-shot client commands stay quiet unless asked.
+    let level = match cli.command {
+        Command::Start(_) => "info",
+        _ => "warn",
+    };
+    let telemetry = match runtime::telemetry::init(cli.log_format == cli::LogFormat::Json, level) {
         Ok(t) => t,
         Err(e) => return (cli::EXIT_USAGE, Some(e.to_string())),
     };
     let result = match cli.command {
         Command::Start(args) => start(args).await,
         Command::Status(args) => status(args).await,
+        Command::Send(args) => send(args).await,
+        Command::Inbox(args) => runtime::commands::inbox(args).await.map_err(Into::into),
     };
     let (code, line) = match result {
         Ok(()) => (0, None),
@@ -99,6 +106,12 @@ async fn start(args: StartArgs) -> anyhow::Result<()> {
     system
         .shutdown(Duration::from_secs(args.shutdown_grace_secs))
         .await?;
+    Ok(())
+}
+
+async fn send(args: cli::SendArgs) -> anyhow::Result<()> {
+    let receipt = runtime::commands::send(args).await?;
+    println!("{}", serde_json::to_string(&receipt)?);
     Ok(())
 }
 

@@ -61,17 +61,18 @@ pub fn otlp_enabled() -> bool {
     .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
 }
 
-/// Installs the global subscriber. Must run inside a tokio runtime when OTLP export is on.
+/// Installs the global subscriber with `RUST_LOG`, or `default_level` when it is unset. Must
+/// run inside a tokio runtime when OTLP export is on.
 ///
 /// # Errors
 /// [`TelemetryError`] when `RUST_LOG` is invalid, the exporter cannot be built, or a subscriber
 /// is already installed.
-pub fn init(json: bool) -> Result<Telemetry, TelemetryError> {
+pub fn init(json: bool, default_level: &str) -> Result<Telemetry, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(v) if !v.trim().is_empty() => {
             EnvFilter::try_new(v).map_err(|e| TelemetryError::Filter(e.to_string()))?
         }
-        _ => EnvFilter::new("info"),
+        _ => EnvFilter::new(default_level),
     };
     let fmt = if json {
         tracing_subscriber::fmt::layer()

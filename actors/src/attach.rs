@@ -91,7 +91,11 @@ impl Actor for Attach {
         _: ActorRef<AttachMsg>,
         state: &mut AttachState,
     ) -> Result<(), ActorProcessingErr> {
+        // Wait until the listener (and its subscription) is gone, so that "no responders"
+        // is true as soon as the actor has stopped.
         state.listener.abort();
+        let _ = (&mut state.listener).await;
+        let _ = self.client.flush().await;
         Ok(())
     }
 

@@ -208,7 +208,7 @@ impl NatsArgs {
 #[derive(Debug)]
 pub enum Parsed {
     /// Run this.
-    Run(Cli),
+    Run(Box<Cli>),
     /// Print this (help or version) to stdout and exit 0.
     Print(String),
     /// Print this one line to stderr and exit [`EXIT_USAGE`].
@@ -223,7 +223,7 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     match Cli::try_parse_from(args) {
-        Ok(cli) => Parsed::Run(cli),
+        Ok(cli) => Parsed::Run(Box::new(cli)),
         Err(e) => match e.kind() {
             clap::error::ErrorKind::DisplayHelp
             | clap::error::ErrorKind::DisplayVersion
@@ -294,7 +294,7 @@ mod tests {
         ]) else {
             panic!("expected to parse");
         };
-        let Command::Start(start) = cli.command else {
+        let Command::Start(start) = &cli.command else {
             panic!("expected start")
         };
         assert_eq!(start.role, Role::Router);

@@ -77,8 +77,10 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
     let signals = crate::shutdown::Signals::install()
         .map_err(|e| SystemError::InvalidSetting(format!("cannot install signal handlers: {e}")))?;
     let client = args.nats.settings().connect("runtime-inbox").await?;
+    let durable = mode != DurableInboxMode::Off && hub_is_durable(&client).await;
     let system = ActorSystem::builder()
         .client(client)
+        .durable(durable)
         .inbox_mode(mode)
         .build()
         .await?;

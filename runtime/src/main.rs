@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::from(cli::EXIT_SOFTWARE as u8);
         }
     };
-    let (code, line) = rt.block_on(run(cli));
+    let (code, line) = rt.block_on(run(*cli));
     // Do not wait for stray blocking tasks (e.g. a stuck stdin read).
     rt.shutdown_timeout(Duration::from_secs(1));
     if let Some(line) = line {

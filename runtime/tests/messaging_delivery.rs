@@ -13,8 +13,10 @@ const GRACE: Duration = Duration::from_secs(10);
 type Seen = Arc<Mutex<Vec<serde_json::Value>>>;
 
 async fn durable_system(url: String) -> ActorSystem {
-    let mut delivery = DeliveryConfig::default();
-    delivery.ack_wait_secs = 1;
+    let delivery = DeliveryConfig {
+        ack_wait_secs: 1,
+        ..Default::default()
+    };
     ActorSystem::builder()
         .nats(NatsSettings::new(url))
         .durable(true)

@@ -20,8 +20,8 @@ use async_nats::Client;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use protocol::attach::{
-    attach_fallback, when_consumer_missing, AttachOutcome, AttachResponse, DurableInboxMode,
-    InboxPlan,
+    attach_fallback, attach_fallback_on_durable_hub, when_consumer_missing, AttachOutcome,
+    AttachResponse, DurableInboxMode, InboxPlan,
 };
 use protocol::{subjects, AgentId, Envelope};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -58,6 +58,9 @@ pub struct InboxConsumer {
     pub mode: DurableInboxMode,
     /// The inbox stream (`HUB_INBOX` unless configured otherwise).
     pub inbox_stream: String,
+    /// The client knows the hub is durable: in `auto` mode, "no responders" then means the
+    /// router is down and the existing `inbox-<id>` is bound (not a core fallback).
+    pub hub_durable: bool,
     /// How long to wait for an attach reply.
     pub attach_timeout: Duration,
     /// DMs pulled per request (also the bound on DMs held unacked by this client).
@@ -216,7 +219,12 @@ impl InboxConsumer {
         let plan = if self.mode == DurableInboxMode::Off {
             InboxPlan::CoreSubscribe
         } else {
-            attach_fallback(self.mode, &self.id, self.request_attach().await)
+            let outcome = self.request_attach().await;
+            if self.hub_durable {
+                attach_fallback_on_durable_hub(self.mode, &self.id, outcome)
+            } else {
+                attach_fallback(self.mode, &self.id, outcome)
+            }
         };
         let plan = match plan {
             InboxPlan::BindExisting { consumer } => {

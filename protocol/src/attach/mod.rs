@@ -13,6 +13,10 @@
 //! | `on`   | bind durable  | bind existing   | bind existing  | fail    |
 //! | `auto` | bind durable  | core            | bind existing  | fail    |
 //!
+//! A client that knows the hub is durable (its ingress stream exists) uses
+//! [`attach_fallback_on_durable_hub`]: there, "no responders" means the router
+//! is down, not that the hub is core, so `auto` binds the existing consumer.
+//!
 //! With `off` the client should not even send the request. When
 //! [`InboxPlan::BindExisting`] finds no consumer, the client follows
 //! [`when_consumer_missing`].
@@ -211,6 +215,23 @@ pub fn attach_fallback(mode: DurableInboxMode, id: &AgentId, outcome: AttachOutc
         (_, AttachOutcome::Refused(error)) => {
             InboxPlan::Fail(format!("durable inbox attach for `{id}` refused: {error}"))
         }
+    }
+}
+
+/// [`attach_fallback`] for a client that knows the hub is durable: with
+/// `auto`, "no responders" means the router is down (a durable hub's inbox
+/// consumer may exist and hold DMs), so it binds the existing consumer
+/// instead of falling back to core at once.
+pub fn attach_fallback_on_durable_hub(
+    mode: DurableInboxMode,
+    id: &AgentId,
+    outcome: AttachOutcome,
+) -> InboxPlan {
+    match (mode, &outcome) {
+        (DurableInboxMode::Auto, AttachOutcome::NoResponders) => InboxPlan::BindExisting {
+            consumer: subjects::inbox_consumer(id),
+        },
+        _ => attach_fallback(mode, id, outcome),
     }
 }
 

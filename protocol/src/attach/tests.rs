@@ -230,3 +230,26 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn auto_on_a_known_durable_hub_binds_the_existing_consumer_when_nobody_answers() {
+    use super::attach_fallback_on_durable_hub as on_durable;
+    let bob = AgentId::new("bob").unwrap();
+    assert_eq!(
+        on_durable(DurableInboxMode::Auto, &bob, AttachOutcome::NoResponders),
+        InboxPlan::BindExisting {
+            consumer: "inbox-bob".into()
+        }
+    );
+    // Everything else is as without the hint.
+    assert_eq!(
+        on_durable(DurableInboxMode::Off, &bob, AttachOutcome::NoResponders),
+        InboxPlan::CoreSubscribe
+    );
+    assert_eq!(
+        on_durable(DurableInboxMode::On, &bob, AttachOutcome::Timeout),
+        InboxPlan::BindExisting {
+            consumer: "inbox-bob".into()
+        }
+    );
+}

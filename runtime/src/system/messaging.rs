@@ -157,6 +157,7 @@ impl ActorSystem {
             id: id.clone(),
             mode: self.inbox_mode,
             inbox_stream: self.delivery.inbox.name.clone(),
+            hub_durable: self.durable,
             attach_timeout: ATTACH_TIMEOUT,
             batch: INBOX_BATCH,
             handler,

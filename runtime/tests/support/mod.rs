@@ -1,0 +1,219 @@
+//! Helpers shared by the messaging integration tests (each test binary uses a subset).
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actors::inbox::Delivery;
+use actors::router::RouterCountersSnapshot;
+use async_nats::jetstream;
+use async_nats::jetstream::stream::RawMessageErrorKind;
+use futures::StreamExt;
+use protocol::attach::DurableInboxMode;
+use protocol::config::DeliveryConfig;
+use protocol::AgentId;
+use runtime::{ActorSystem, NatsSettings};
+
+/// How long any awaited event may take.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+/// Grace period of a system shutdown.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// Every delivery a handler saw, in order.
+pub type Seen = Arc<Mutex<Vec<Delivery>>>;
+
+/// The delivery config of the tests: a 1 s ack wait, so redeliveries come back fast.
+pub fn delivery() -> DeliveryConfig {
+    DeliveryConfig {
+        ack_wait_secs: 1,
+        ..DeliveryConfig::default()
+    }
+}
+
+/// A system connected to `url`, durable or core, with the given inbox mode.
+pub async fn system(url: String, durable: bool, mode: DurableInboxMode) -> ActorSystem {
+    ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(durable)
+        .delivery_config(delivery())
+        .inbox_mode(mode)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A durable system in `auto` inbox mode.
+pub async fn durable_system(url: String) -> ActorSystem {
+    system(url, true, DurableInboxMode::Auto).await
+}
+
+/// An agent id.
+pub fn agent(name: &str) -> AgentId {
+    AgentId::new(name).unwrap()
+}
+
+/// Attaches `id`'s inbox with a handler that records every delivery.
+pub async fn attach_collect(system: &ActorSystem, id: &AgentId) -> Seen {
+    let seen: Seen = Arc::default();
+    let sink = seen.clone();
+    system
+        .attach_inbox(id, move |d| {
+            let sink = sink.clone();
+            Box::pin(async move { sink.lock().unwrap().push(d) })
+        })
+        .await
+        .unwrap();
+    seen
+}
+
+/// The bodies of what a handler saw, in order.
+pub fn bodies(seen: &Seen) -> Vec<serde_json::Value> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|d| d.envelope.body.clone())
+        .collect()
+}
+
+/// Waits until the handler saw at least `n` deliveries.
+pub async fn wait_for(seen: &Seen, n: usize) {
+    harness::wait_until(&format!("{n} deliveries"), DEADLINE, || {
+        seen.lock().unwrap().len() >= n
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: got {:?}", bodies(seen)));
+}
+
+/// The router's counters (panics when no router runs).
+pub async fn router_counters(system: &ActorSystem) -> RouterCountersSnapshot {
+    system
+        .snapshot()
+        .await
+        .unwrap()
+        .router
+        .expect("a router runs")
+        .counters
+}
+
+/// Waits until `cond` holds for the router's counters; returns them.
+pub async fn wait_router(
+    system: &ActorSystem,
+    what: &str,
+    cond: impl Fn(&RouterCountersSnapshot) -> bool,
+) -> RouterCountersSnapshot {
+    let last = Mutex::new(None);
+    let waited = harness::wait_until_async(what, DEADLINE, || {
+        let (last, cond) = (&last, &cond);
+        async move {
+            let Ok(snap) = system.snapshot().await else {
+                return false;
+            };
+            let Some(router) = snap.router else {
+                return false;
+            };
+            *last.lock().unwrap() = Some(router.counters);
+            cond(&router.counters)
+        }
+    })
+    .await;
+    let last = last.into_inner().unwrap();
+    match waited {
+        Ok(()) => last.unwrap(),
+        Err(e) => panic!("{e}: last counters {last:?}"),
+    }
+}
+
+/// Restarts of `child` under the supervisor `sup`, as the system reports them.
+pub async fn restarts(system: &ActorSystem, sup: &str, child: &str) -> usize {
+    let snap = system.snapshot().await.unwrap();
+    snap.supervisors
+        .get(sup)
+        .and_then(|s| s.child(child))
+        .map_or(0, |c| c.restarts)
+}
+
+/// Name of the router's supervisor.
+pub fn router_sup(system: &ActorSystem) -> String {
+    format!("{}/router-sup", system.id())
+}
+
+/// Name of `id`'s inbox supervisor.
+pub fn inbox_sup(system: &ActorSystem, id: &AgentId) -> String {
+    format!("{}-sup", system.inbox_name(id))
+}
+
+/// A JetStream context on a fresh connection to `url`.
+pub async fn js(server: &harness::NatsServer) -> jetstream::Context {
+    jetstream::new(server.client().await.unwrap())
+}
+
+/// How many messages `stream` holds on exactly `subject`.
+pub async fn count_on(js: &jetstream::Context, stream: &str, subject: &str) -> usize {
+    let stream = js.get_stream(stream).await.unwrap();
+    let mut subjects = stream.info_with_subjects(subject).await.unwrap();
+    let mut total = 0;
+    while let Some(entry) = subjects.next().await {
+        let (name, n) = entry.unwrap();
+        if name == subject {
+            total += n;
+        }
+    }
+    total
+}
+
+/// Every message `stream` holds on `subject` (a filter; wildcards allowed), in order.
+pub async fn stored_on(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Vec<jetstream::message::StreamMessage> {
+    let stream = js.get_stream(stream).await.unwrap();
+    let mut out = Vec::new();
+    let mut seq = 1;
+    loop {
+        match stream
+            .raw_message_builder()
+            .sequence(seq)
+            .next_by_subject(subject)
+            .send()
+            .await
+        {
+            Ok(msg) => {
+                seq = msg.sequence + 1;
+                out.push(msg);
+            }
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return out,
+            Err(e) => panic!("reading {subject} from the stream: {e}"),
+        }
+    }
+}
+
+/// Publishes `payload` to `subject` through JetStream with `Nats-Msg-Id: msg_id` and waits for
+/// the ack; returns (stream sequence, duplicate).
+pub async fn js_publish(
+    js: &jetstream::Context,
+    subject: &str,
+    msg_id: &str,
+    payload: Vec<u8>,
+) -> (u64, bool) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(protocol::headers::NATS_MSG_ID, msg_id);
+    let ack = js
+        .publish_with_headers(subject.to_string(), headers, payload.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    (ack.sequence, ack.duplicate)
+}
+
+/// Pending and unacked counts of a consumer.
+pub async fn consumer_backlog(
+    js: &jetstream::Context,
+    stream: &str,
+    consumer: &str,
+) -> (u64, usize) {
+    let stream = js.get_stream(stream).await.unwrap();
+    let info = stream.consumer_info(consumer).await.unwrap();
+    (info.num_pending, info.num_ack_pending)
+}

@@ -128,19 +128,23 @@ async fn router_killed_with_sigkill_mid_flow_loses_nothing_and_duplicates_nothin
     let system = system(&server.url()).await;
     let counts = attach_counting(&system, &bob).await;
 
-    // Publish all N pipelined (the ingress keeps them), and kill the router while it routes.
+    // Publish all N pipelined, 256 acks in flight (the ingress keeps them), and kill the
+    // router while it routes.
     let js = jetstream::new(server.client().await.unwrap());
-    let mut acks = Vec::with_capacity(N as usize);
+    let mut acks = futures::stream::FuturesOrdered::new();
     for i in 0..N {
         let payload = protocol::encode(&dm(i, &bob), protocol::Codec::Json).unwrap();
-        acks.push(
-            js.publish("hub.pub.alice.inbox", payload.into())
-                .await
-                .unwrap(),
-        );
+        let ack = js
+            .publish("hub.pub.alice.inbox", payload.into())
+            .await
+            .unwrap();
+        acks.push_back(std::future::IntoFuture::into_future(ack));
+        if acks.len() >= 256 {
+            acks.next().await.unwrap().unwrap();
+        }
     }
-    for ack in acks {
-        ack.await.unwrap();
+    while let Some(ack) = acks.next().await {
+        ack.unwrap();
     }
     harness::wait_until("some DMs handled before the kill", DEADLINE, || {
         counts.lock().unwrap().len() >= 1_000

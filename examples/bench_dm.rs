@@ -1,0 +1,329 @@
+//! DM benchmark: the router and inbox actors against the raw two-hop JetStream limit, side by
+//! side in one run against one local nats-server (started here, file storage, default sync).
+//!
+//! ```sh
+//! cargo run --release -p examples --example bench_dm -- [N] [PACED_SECS]
+//! ```
+//!
+//! (a) raw: publish to stream A, pull, republish to stream B with a message id (pipelined,
+//!     ack A after B's store ack), pull B and ack: plain async-nats.
+//! (b) hub: publish envelopes to `hub.pub.alice.inbox`; the router actor stores them in
+//!     `HUB_INBOX`; bob's inbox actor hands each to a handler and acks it.
+//!
+//! Prints msgs/s for both with the producer live, the ratio b/a, and p50/p99 end-to-end latency
+//! at a paced 1,000 msgs/s.
+
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use protocol::{AgentId, Codec, Envelope, MessageId, Meta};
+use runtime::{ActorSystem, NatsSettings};
+
+const PAYLOAD: usize = 256;
+const WINDOW: usize = 256;
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A 256-byte raw payload starting with the send time in microseconds.
+fn raw_payload(sent_us: u64) -> Vec<u8> {
+    let mut p = format!("{sent_us:020}").into_bytes();
+    p.resize(PAYLOAD, b'x');
+    p
+}
+
+fn raw_sent_us(payload: &[u8]) -> u64 {
+    std::str::from_utf8(&payload[..20])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An envelope of about 256 bytes whose body is `"<send time us>:<padding>"`.
+fn envelope(i: u64, sent_us: u64, to: &AgentId) -> Vec<u8> {
+    // meta.id is unique per sender across runs: the router dedupes on (sender, meta.id).
+    let mut meta = Meta::new(MessageId::new(format!("{to}-{i}")).unwrap());
+    meta.to = Some(to.clone());
+    let mut env = Envelope {
+        meta,
+        body: serde_json::Value::Null,
+        extra: Default::default(),
+    };
+    let base = protocol::encode(&env, Codec::Json).unwrap().len();
+    let pad = PAYLOAD.saturating_sub(base + 24);
+    env.body = serde_json::Value::String(format!("{sent_us:020}:{}", "x".repeat(pad)));
+    protocol::encode(&env, Codec::Json).unwrap()
+}
+
+fn body_sent_us(env: &Envelope) -> u64 {
+    env.body
+        .as_str()
+        .and_then(|s| s.get(..20))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Publishes `n` messages from `make(i, now)` to `subject`, paced at `rate` per second when
+/// given, with up to [`WINDOW`] publish acks in flight.
+async fn produce(
+    js: jetstream::Context,
+    subject: String,
+    n: u64,
+    rate: Option<u64>,
+    make: impl Fn(u64, u64) -> Vec<u8>,
+) {
+    let mut acks = FuturesOrdered::new();
+    let start = Instant::now();
+    for i in 0..n {
+        if let Some(rate) = rate {
+            let due = start + Duration::from_micros(i * 1_000_000 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let ack = js
+            .publish(subject.clone(), make(i, now_us()).into())
+            .await
+            .expect("publish");
+        acks.push_back(ack.into_future());
+        if acks.len() >= WINDOW {
+            acks.next().await.unwrap().expect("publish ack");
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.expect("publish ack");
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx] as f64 / 1000.0
+}
+
+struct Run {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// (a) The raw two-hop relay. Returns when `n` messages reached the end of hop two.
+async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) -> Run {
+    let js = jetstream::new(client.clone());
+    let (a, b) = (format!("RAWA_{tag}"), format!("RAWB_{tag}"));
+    for (name, subject) in [(&a, format!("rawa{tag}.>")), (&b, format!("rawb{tag}.>"))] {
+        js.create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    }
+    let pull_config = |name: &str| pull::Config {
+        durable_name: Some(name.into()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        max_ack_pending: 10_000,
+        ..Default::default()
+    };
+    let relay_consumer = js
+        .get_stream(&a)
+        .await
+        .unwrap()
+        .create_consumer(pull_config("relay"))
+        .await
+        .unwrap();
+    let sink_consumer = js
+        .get_stream(&b)
+        .await
+        .unwrap()
+        .create_consumer(pull_config("sink"))
+        .await
+        .unwrap();
+
+    // Hop 1 -> 2: pull from A, republish to B with a message id, ack A after B's store ack.
+    let relay_js = js.clone();
+    let out_subject = format!("rawb{tag}.x");
+    let relay = tokio::spawn(async move {
+        let mut messages = relay_consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .unwrap();
+        let mut pending = FuturesOrdered::new();
+        let mut moved = 0u64;
+        while moved < n {
+            tokio::select! {
+                biased;
+                Some((msg, ack)) = pending.next(), if !pending.is_empty() => {
+                    let ack: Result<(), _> = ack;
+                    ack.expect("store ack of hop two");
+                    let msg: jetstream::Message = msg;
+                    msg.ack().await.unwrap();
+                    moved += 1;
+                    if moved % 5000 == 0 && std::env::var_os("BENCH_DEBUG").is_some() {
+                        eprintln!("relay {moved}");
+                    }
+                }
+                Some(Ok(msg)) = messages.next(), if pending.len() < 1000 => {
+                    let id = msg.info().map(|i| i.stream_sequence).unwrap_or(0).to_string();
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert("Nats-Msg-Id", id.as_str());
+                    let ack = relay_js
+                        .publish_with_headers(out_subject.clone(), h, msg.payload.clone())
+                        .await
+                        .unwrap()
+                        .into_future();
+                    pending.push_back(async move { (msg, ack.await.map(|_| ())) });
+                }
+            }
+        }
+    });
+
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
+    let lat = latencies.clone();
+    let sink = tokio::spawn(async move {
+        let mut messages = sink_consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .unwrap();
+        let mut got = 0u64;
+        while got < n {
+            let msg = messages.next().await.unwrap().unwrap();
+            lat.lock()
+                .unwrap()
+                .push(now_us().saturating_sub(raw_sent_us(&msg.payload)));
+            msg.ack().await.unwrap();
+            got += 1;
+            if got % 5000 == 0 && std::env::var_os("BENCH_DEBUG").is_some() {
+                eprintln!("sink {got}");
+            }
+        }
+    });
+    let start = Instant::now();
+    produce(js, format!("rawa{tag}.x"), n, paced, |_, t| raw_payload(t)).await;
+    sink.await.unwrap();
+    let elapsed = start.elapsed();
+    relay.await.unwrap();
+    summarize(n, elapsed, &latencies)
+}
+
+/// (b) The same traffic through the router actor and bob's inbox actor.
+async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
+    // Keep every DM of the run: the default keeps the newest 10,000 per recipient.
+    let mut delivery = protocol::DeliveryConfig::default();
+    delivery.inbox.max_msgs_per_subject = -1;
+    let system = ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(true)
+        .delivery_config(delivery)
+        .build()
+        .await
+        .unwrap();
+    system.start_router().await.unwrap();
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
+    let got = Arc::new(AtomicU64::new(0));
+    let (lat, count) = (latencies.clone(), got.clone());
+    system
+        .attach_inbox(bob, move |d| {
+            lat.lock()
+                .unwrap()
+                .push(now_us().saturating_sub(body_sent_us(&d.envelope)));
+            count.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async {})
+        })
+        .await
+        .unwrap();
+    let js = jetstream::new(system.client().clone());
+    let start = Instant::now();
+    if std::env::var_os("BENCH_DEBUG").is_some() {
+        eprintln!("hub: producing");
+    }
+    let to = bob.clone();
+    produce(js, "hub.pub.alice.inbox".into(), n, paced, move |i, t| {
+        envelope(i, t, &to)
+    })
+    .await;
+    let mut ticks = 0u64;
+    while got.load(Ordering::Relaxed) < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        ticks += 1;
+        if ticks % 2000 == 0 && std::env::var_os("BENCH_DEBUG").is_some() {
+            let snap = system.snapshot().await.unwrap();
+            eprintln!(
+                "hub waiting: got {} router {:?}",
+                got.load(Ordering::Relaxed),
+                snap.router.map(|r| r.counters)
+            );
+        }
+    }
+    let elapsed = start.elapsed();
+    system.shutdown(Duration::from_secs(10)).await.unwrap();
+    summarize(n, elapsed, &latencies)
+}
+
+fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run {
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_unstable();
+    Run {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile(&l, 0.50),
+        p99_ms: percentile(&l, 0.99),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args
+        .next()
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(50_000);
+    let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
+    let server = harness::run_server().await?;
+    let client = server.client().await?;
+    println!(
+        "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads",
+        server.url()
+    );
+
+    let a = raw(client.clone(), "T", n, None).await;
+    // Each hub run gets its own recipient, so the second starts with an empty inbox.
+    let b = hub(&server.url(), n, None, &AgentId::new("bob")?).await;
+    println!("throughput, producer live, {n} msgs:");
+    println!("  (a) raw two hops      {:>9.0} msgs/s", a.rate);
+    println!("  (b) router + inbox    {:>9.0} msgs/s", b.rate);
+    println!("  ratio b/a             {:>9.2}", b.rate / a.rate);
+
+    let paced = 1_000 * paced_secs;
+    let a = raw(client.clone(), "P", paced, Some(1_000)).await;
+    let b = hub(&server.url(), paced, Some(1_000), &AgentId::new("carol")?).await;
+    println!("latency at 1,000 msgs/s for {paced_secs} s:");
+    println!(
+        "  (a) raw two hops      p50 {:>6.2} ms  p99 {:>6.2} ms",
+        a.p50_ms, a.p99_ms
+    );
+    println!(
+        "  (b) router + inbox    p50 {:>6.2} ms  p99 {:>6.2} ms",
+        b.p50_ms, b.p99_ms
+    );
+    println!(
+        "  p99 ratio b/a         {:>6.2}",
+        b.p99_ms / a.p99_ms.max(0.001)
+    );
+    Ok(())
+}

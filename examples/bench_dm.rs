@@ -2,7 +2,7 @@
 //! side in one run against one local nats-server (started here, file storage, default sync).
 //!
 //! ```sh
-//! cargo run --release -p examples --example bench_dm -- [N] [PACED_SECS]
+//! cargo run --release -p examples --example bench_dm -- [N] [PACED_SECS] [ROUNDS]
 //! ```
 //!
 //! (a) raw: publish to stream A, pull, republish to stream B with a message id (pipelined,
@@ -120,10 +120,20 @@ struct Run {
 async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) -> Run {
     let js = jetstream::new(client.clone());
     let (a, b) = (format!("RAWA_{tag}"), format!("RAWB_{tag}"));
-    for (name, subject) in [(&a, format!("rawa{tag}.>")), (&b, format!("rawb{tag}.>"))] {
+    // The same stream shapes as the hub's: hop one is a work queue (like HUB_INGRESS, whose
+    // acked messages are removed), hop two keeps messages (like HUB_INBOX).
+    for (name, subject, retention) in [
+        (
+            &a,
+            format!("rawa{tag}.>"),
+            stream::RetentionPolicy::WorkQueue,
+        ),
+        (&b, format!("rawb{tag}.>"), stream::RetentionPolicy::Limits),
+    ] {
         js.create_stream(stream::Config {
             name: name.clone(),
             subjects: vec![subject],
+            retention,
             duplicate_window: Duration::from_secs(120),
             ..Default::default()
         })
@@ -172,9 +182,6 @@ async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) 
                     let msg: jetstream::Message = msg;
                     msg.ack().await.unwrap();
                     moved += 1;
-                    if moved % 5000 == 0 && std::env::var_os("BENCH_DEBUG").is_some() {
-                        eprintln!("relay {moved}");
-                    }
                 }
                 Some(Ok(msg)) = messages.next(), if pending.len() < 1000 => {
                     let id = msg.info().map(|i| i.stream_sequence).unwrap_or(0).to_string();
@@ -208,9 +215,6 @@ async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) 
                 .push(now_us().saturating_sub(raw_sent_us(&msg.payload)));
             msg.ack().await.unwrap();
             got += 1;
-            if got % 5000 == 0 && std::env::var_os("BENCH_DEBUG").is_some() {
-                eprintln!("sink {got}");
-            }
         }
     });
     let start = Instant::now();
@@ -249,9 +253,6 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
         .unwrap();
     let js = jetstream::new(system.client().clone());
     let start = Instant::now();
-    if std::env::var_os("BENCH_DEBUG").is_some() {
-        eprintln!("hub: producing");
-    }
     let to = bob.clone();
     produce(js, "hub.pub.alice.inbox".into(), n, paced, move |i, t| {
         envelope(i, t, &to)
@@ -285,6 +286,11 @@ fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run {
     }
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -294,20 +300,37 @@ async fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(50_000);
     let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
+    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
     let server = harness::run_server().await?;
     let client = server.client().await?;
     println!(
-        "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads",
+        "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads; {rounds} rounds, raw and hub alternating, medians",
         server.url()
     );
 
-    let a = raw(client.clone(), "T", n, None).await;
-    // Each hub run gets its own recipient, so the second starts with an empty inbox.
-    let b = hub(&server.url(), n, None, &AgentId::new("bob")?).await;
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let a = raw(client.clone(), &format!("T{round}"), n, None).await;
+        // Each hub run gets its own recipient, so it starts with an empty inbox.
+        let b = hub(
+            &server.url(),
+            n,
+            None,
+            &AgentId::new(format!("bob{round}"))?,
+        )
+        .await;
+        println!(
+            "  round {round}: raw {:>8.0} msgs/s, hub {:>8.0} msgs/s",
+            a.rate, b.rate
+        );
+        ra.push(a.rate);
+        rb.push(b.rate);
+    }
+    let (a, b) = (median(ra), median(rb));
     println!("throughput, producer live, {n} msgs:");
-    println!("  (a) raw two hops      {:>9.0} msgs/s", a.rate);
-    println!("  (b) router + inbox    {:>9.0} msgs/s", b.rate);
-    println!("  ratio b/a             {:>9.2}", b.rate / a.rate);
+    println!("  (a) raw two hops      {a:>9.0} msgs/s");
+    println!("  (b) router + inbox    {b:>9.0} msgs/s");
+    println!("  ratio b/a             {:>9.2}", b / a);
 
     let paced = 1_000 * paced_secs;
     let a = raw(client.clone(), "P", paced, Some(1_000)).await;

@@ -18,7 +18,7 @@ pub const SEND_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an inbox waits for an attach reply before trying the existing consumer.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(2);
 /// DMs pulled per request by an inbox consumer.
-pub const INBOX_BATCH: usize = 64;
+pub const INBOX_BATCH: usize = 256;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 

@@ -258,18 +258,8 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
         envelope(i, t, &to)
     })
     .await;
-    let mut ticks = 0u64;
     while got.load(Ordering::Relaxed) < n {
         tokio::time::sleep(Duration::from_millis(1)).await;
-        ticks += 1;
-        if ticks % 2000 == 0 && std::env::var_os("BENCH_DEBUG").is_some() {
-            let snap = system.snapshot().await.unwrap();
-            eprintln!(
-                "hub waiting: got {} router {:?}",
-                got.load(Ordering::Relaxed),
-                snap.router.map(|r| r.counters)
-            );
-        }
     }
     let elapsed = start.elapsed();
     system.shutdown(Duration::from_secs(10)).await.unwrap();

@@ -5,6 +5,7 @@
 //! Store publishes are issued in pull order on one connection, so one router keeps the publish
 //! order of the envelopes to one recipient; ingress acks are sent in the same order.
 
+use std::collections::VecDeque;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -59,7 +60,9 @@ enum Done {
     Failed(String),
 }
 
-type Pending = Pin<Box<dyn Future<Output = (Message, Done)> + Send>>;
+/// Resolves to the outcome of one envelope; the message itself waits, in the same order, in
+/// the pump's `held` queue (so a shutdown can nak what never resolved).
+type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 impl DurablePump {
     /// Binds (creates or updates) the router consumer and routes until `stop` turns true or a
@@ -93,6 +96,7 @@ impl DurablePump {
             .await
             .map_err(|e| consumer_err(&e))?;
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
+        let mut held: VecDeque<Message> = VecDeque::new();
         let mut seq_fallback = 0u64;
         loop {
             tokio::select! {
@@ -102,7 +106,8 @@ impl DurablePump {
                         break;
                     }
                 }
-                Some((msg, done)) = in_flight.next(), if !in_flight.is_empty() => {
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    let msg = held.pop_front().expect("one held message per pending outcome");
                     self.finish(msg, done).await;
                 }
                 next = messages.next(), if in_flight.len() < max_in_flight => match next {
@@ -112,7 +117,8 @@ impl DurablePump {
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
                         self.counters.enter();
-                        in_flight.push_back(self.start(&js, msg, seq).await);
+                        in_flight.push_back(self.start(&js, &msg, seq).await);
+                        held.push_back(msg);
                     }
                     Some(Err(e)) => match e.kind() {
                         MessagesErrorKind::MissingHeartbeat => {
@@ -135,7 +141,7 @@ impl DurablePump {
             }
         }
         drop(messages);
-        self.drain(in_flight).await;
+        self.drain(in_flight, held).await;
         Ok(())
     }
 
@@ -144,7 +150,7 @@ impl DurablePump {
     // The async block yields the *store-ack* future on purpose: awaiting it here would
     // serialize the pipeline.
     #[allow(clippy::async_yields_async)]
-    async fn start(&self, js: &jetstream::Context, msg: Message, seq: u64) -> Pending {
+    async fn start(&self, js: &jetstream::Context, msg: &Message, seq: u64) -> Pending {
         let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         let pairs = header_pairs(msg.headers.as_ref());
@@ -160,7 +166,7 @@ impl DurablePump {
                     ..
                 } => {
                     let headers = routed_headers(Some(&msg_id), codec);
-                    store(js, subject, headers, payload, msg, false).await
+                    store(js, subject, headers, payload, false).await
                 }
                 RouteDecision::Broadcast {
                     subject,
@@ -176,9 +182,9 @@ impl DurablePump {
                     {
                         Ok(()) => {
                             self.counters.broadcast();
-                            ready(msg, Done::Immediate { terminate: false })
+                            ready(Done::Immediate { terminate: false })
                         }
-                        Err(e) => ready(msg, Done::Failed(e.to_string())),
+                        Err(e) => ready(Done::Failed(e.to_string())),
                     }
                 }
                 RouteDecision::Reject {
@@ -193,15 +199,15 @@ impl DurablePump {
                     match protocol::encode(&notice, Codec::Json) {
                         Ok(payload) => {
                             let headers = routed_headers(Some(&msg_id), Codec::Json);
-                            store(js, subject, headers, payload, msg, true).await
+                            store(js, subject, headers, payload, true).await
                         }
-                        Err(_) => ready(msg, Done::Immediate { terminate: true }),
+                        Err(_) => ready(Done::Immediate { terminate: true }),
                     }
                 }
                 RouteDecision::Drop { reason } => {
                     self.counters.dropped_by_guard();
                     tracing::warn!(?reason, "replay guard dropped an ingress message");
-                    ready(msg, Done::Immediate { terminate: true })
+                    ready(Done::Immediate { terminate: true })
                 }
             }
         }
@@ -239,27 +245,33 @@ impl DurablePump {
         }
     }
 
-    async fn drain(&self, mut in_flight: FuturesOrdered<Pending>) {
+    /// Finishes what is in flight for up to [`DRAIN_TIMEOUT`], then naks (without delay, so
+    /// another router takes them at once) what did not resolve, and flushes.
+    async fn drain(&self, mut in_flight: FuturesOrdered<Pending>, mut held: VecDeque<Message>) {
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-        loop {
-            match tokio::time::timeout_at(deadline, in_flight.next()).await {
-                Ok(Some((msg, done))) => self.finish(msg, done).await,
-                Ok(None) => break,
-                Err(_) => {
-                    tracing::warn!(
-                        left = in_flight.len(),
-                        "drain timed out; the rest is redelivered after ack_wait"
-                    );
-                    break;
-                }
-            }
+        while let Ok(Some(done)) = tokio::time::timeout_at(deadline, in_flight.next()).await {
+            let msg = held
+                .pop_front()
+                .expect("one held message per pending outcome");
+            self.finish(msg, done).await;
+        }
+        if !held.is_empty() {
+            tracing::warn!(
+                left = held.len(),
+                "drain timed out; nak'ing the rest for redelivery"
+            );
+        }
+        for msg in held {
+            self.counters.leave();
+            self.counters.naks();
+            let _ = msg.ack_with(AckKind::Nak(None)).await;
         }
         let _ = self.client.flush().await;
     }
 }
 
-fn ready(msg: Message, done: Done) -> Pending {
-    Box::pin(std::future::ready((msg, done)))
+fn ready(done: Done) -> Pending {
+    Box::pin(std::future::ready(done))
 }
 
 /// Publishes to a stream and returns the future of its store ack (bounded by
@@ -270,7 +282,6 @@ async fn store(
     subject: String,
     headers: async_nats::HeaderMap,
     payload: Vec<u8>,
-    msg: Message,
     terminate: bool,
 ) -> Pending {
     match js
@@ -288,9 +299,9 @@ async fn store(
                     Ok(Err(e)) => Done::Failed(e.to_string()),
                     Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),
                 };
-                (msg, done)
+                done
             })
         }
-        Err(e) => ready(msg, Done::Failed(e.to_string())),
+        Err(e) => ready(Done::Failed(e.to_string())),
     }
 }

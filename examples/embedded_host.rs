@@ -5,11 +5,13 @@
 //! cargo run -p examples --example embedded_host
 //! ```
 //!
-//! It builds an [`ActorSystem`], starts a durable router under its supervisor, prints the
-//! snapshot of every actor, and shuts down gracefully on Ctrl-C.
+//! It builds an [`ActorSystem`], starts a durable router under its supervisor, attaches bob's
+//! inbox with a handler, sends bob a DM from alice, prints the snapshot of every actor, and
+//! shuts down gracefully on Ctrl-C (`EMBEDDED_HOST_ONESHOT=1` exits after the first DM).
 
 use std::time::Duration;
 
+use protocol::AgentId;
 use runtime::{ActorSystem, NatsSettings};
 
 #[tokio::main]
@@ -29,6 +31,22 @@ async fn main() -> anyhow::Result<()> {
         .build()
         .await?;
     system.start_router().await?;
+
+    let (alice, bob) = (AgentId::new("alice")?, AgentId::new("bob")?);
+    let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel();
+    system
+        .attach_inbox(&bob, move |delivery| {
+            let from = delivery.envelope.meta.from.clone();
+            println!("bob got {} from {from:?}", delivery.envelope.body);
+            let _ = got_tx.send(());
+            Box::pin(async {})
+        })
+        .await?;
+    let receipt = system
+        .send(&alice, &bob, serde_json::json!("hello from an embedded host"))
+        .await?;
+    println!("alice's DM accepted at ingress sequence {:?}", receipt.ingress_seq);
+    got_rx.recv().await;
 
     let snapshot = system.snapshot().await?;
     println!("{}", serde_json::to_string_pretty(&snapshot)?);

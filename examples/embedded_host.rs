@@ -43,9 +43,16 @@ async fn main() -> anyhow::Result<()> {
         })
         .await?;
     let receipt = system
-        .send(&alice, &bob, serde_json::json!("hello from an embedded host"))
+        .send(
+            &alice,
+            &bob,
+            serde_json::json!("hello from an embedded host"),
+        )
         .await?;
-    println!("alice's DM accepted at ingress sequence {:?}", receipt.ingress_seq);
+    println!(
+        "alice's DM accepted at ingress sequence {:?}",
+        receipt.ingress_seq
+    );
     got_rx.recv().await;
 
     let snapshot = system.snapshot().await?;

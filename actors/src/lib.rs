@@ -14,6 +14,7 @@ pub mod attach;
 pub mod consumers;
 pub mod fault;
 pub mod inbox;
+pub mod pump_task;
 pub mod router;
 pub mod streams;
 pub mod supervision;

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use async_nats::Client;
 use futures::future::BoxFuture;
-use futures::FutureExt;
 use protocol::attach::{
     attach_fallback, attach_fallback_on_durable_hub, when_consumer_missing, AttachOutcome,
     AttachResponse, DurableInboxMode, InboxPlan,
@@ -150,17 +149,8 @@ impl Actor for InboxConsumer {
             batch: self.batch,
             fault_name: self.name.clone(),
         };
-        let run = pump.run(binding.clone(), stop_rx);
-        let pump = tokio::spawn(async move {
-            // A panic in the pump (or the handler) must fail the actor, not vanish with the task.
-            let outcome = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
-                Ok(result) => result,
-                Err(_) => Err("the inbox pump panicked".to_string()),
-            };
-            if let Err(e) = outcome {
-                tracing::error!(error = %e, "inbox pump failed");
-                let _ = myself.cast(InboxMsg::PumpFailed(e));
-            }
+        let pump = crate::pump_task::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
+            let _ = myself.cast(InboxMsg::PumpFailed(e));
         });
         tracing::info!(id = %self.id, ?binding, "inbox bound");
         Ok(InboxState {

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
 use crate::fault::{self, FaultPoint};
+use crate::pump_task::spawn_pump;
 use crate::streams::{ensure_streams, StreamReport};
 pub use counters::{RouterCounters, RouterCountersSnapshot};
 
@@ -157,14 +158,18 @@ impl Actor for Router {
                 counters: counters.clone(),
                 fault_name: self.name.clone(),
             };
-            tokio::spawn(report(myself, pump.run(stop_rx)))
+            spawn_pump(pump.run(stop_rx), move |e| {
+                let _ = myself.cast(RouterMsg::PumpFailed(e));
+            })
         } else {
             let pump = core::CorePump {
                 client: self.client.clone(),
                 counters: counters.clone(),
                 fault_name: self.name.clone(),
             };
-            tokio::spawn(report(myself, pump.run(stop_rx)))
+            spawn_pump(pump.run(stop_rx), move |e| {
+                let _ = myself.cast(RouterMsg::PumpFailed(e));
+            })
         };
         tracing::info!(name = %self.name, durable = self.durable, "router started");
         Ok(RouterState {
@@ -231,102 +236,5 @@ impl Router {
             uptime_ms: state.started.elapsed().as_millis() as u64,
             counters: state.counters.snapshot(),
         }
-    }
-}
-
-/// Runs a pump and tells the actor when it fails.
-async fn report(
-    router: ActorRef<RouterMsg>,
-    pump: impl std::future::Future<Output = Result<(), RouterError>>,
-) {
-    use futures::FutureExt;
-    // A panic in the pump must fail the actor, not vanish with the task.
-    let outcome = match std::panic::AssertUnwindSafe(pump).catch_unwind().await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("the router pump panicked".to_string()),
-    };
-    if let Err(e) = outcome {
-        tracing::error!(error = %e, "router pump failed");
-        let _ = router.cast(RouterMsg::PumpFailed(e));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::fault::Fault;
-    use crate::supervision::{self, ChildSpec, Strategy, SupervisorSpec};
-
-    const DEADLINE: Duration = Duration::from_secs(20);
-
-    async fn status(client: &Client) -> Option<RouterSnapshot> {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(2),
-            client.request(subjects::STATUS_SUBJECT, Vec::new().into()),
-        )
-        .await
-        .ok()?
-        .ok()?;
-        serde_json::from_slice(&reply.payload).ok()
-    }
-
-    async fn wait_status(client: &Client) -> RouterSnapshot {
-        let poll = async {
-            loop {
-                if let Some(snapshot) = status(client).await {
-                    return snapshot;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        tokio::time::timeout(DEADLINE, poll)
-            .await
-            .expect("router answers status within the deadline")
-    }
-
-    #[tokio::test]
-    async fn crashed_router_is_restarted_and_answers_status_again() {
-        let server = harness::run_server().await.unwrap();
-        let client = server.client().await.unwrap();
-        let name = "test-router-crash".to_string();
-        let router = Router {
-            name: name.clone(),
-            client: client.clone(),
-            durable: true,
-            delivery: Arc::new(DeliveryConfig::default()),
-        };
-        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
-            name.clone(),
-            router,
-            || (),
-        ));
-        let (sup, _join) = supervision::spawn_supervisor(None, spec).await.unwrap();
-
-        let first = wait_status(&client).await;
-        assert!(first.durable);
-        assert_eq!(first.streams.len(), 3);
-
-        // The next status request crashes the router inside `handle`.
-        fault::arm(&name, FaultPoint::Handle, Fault::Panic, 1);
-        assert!(
-            status(&client).await.is_none(),
-            "crashing router must not answer"
-        );
-
-        // The supervisor restarts it: it re-provisions and re-subscribes from scratch.
-        let second = wait_status(&client).await;
-        assert_eq!(
-            second.status_requests, 1,
-            "state is rebuilt, not carried over"
-        );
-        assert!(second
-            .streams
-            .iter()
-            .all(|s| s.action == crate::streams::Provisioned::Updated));
-        let snap = supervision::snapshot(&sup).await.unwrap();
-        assert_eq!(snap.child(&name).unwrap().restarts, 1);
-        supervision::shutdown(&sup, DEADLINE).await;
     }
 }

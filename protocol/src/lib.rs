@@ -52,6 +52,7 @@ pub mod ids;
 pub mod rejection;
 pub mod routing;
 pub mod subjects;
+pub mod task;
 pub mod trace;
 pub mod wire_error;
 
@@ -66,5 +67,6 @@ pub use ids::{AgentId, ChannelName, IdError, MessageId, QueueName, TaskId, Worke
 pub use rejection::{is_system, parse_rejection, rejection, Rejection, SYSTEM_MSG_ID_PREFIX};
 pub use routing::{route, DropReason, IngressView, RouteDecision};
 pub use subjects::{Channel, SubjectError, TaskKey};
+pub use task::{AttemptId, TaskError};
 pub use trace::{HeaderCarrier, TraceError, TraceParent};
 pub use wire_error::{WireError, WireErrorKind};

@@ -30,6 +30,7 @@ mod channel;
 mod error;
 mod names;
 mod parse;
+mod work;
 
 pub use channel::{Channel, TaskKey};
 pub use error::SubjectError;
@@ -38,6 +39,7 @@ pub use parse::{
     is_ingress_subject, parse_attach_request, parse_broadcast, parse_inbox, parse_inbox_consumer,
     parse_ingress, parse_router_msg_id, parse_task,
 };
+pub use work::*;
 
 use crate::ids::{AgentId, ChannelName, MessageId};
 

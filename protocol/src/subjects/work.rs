@@ -1,0 +1,330 @@
+//! Subjects, streams and consumer names of the worker channel.
+//!
+//! | What                         | Subject / name                          |
+//! |------------------------------|-----------------------------------------|
+//! | submit a task (any worker)   | `hub.pub.<me>.work.<queue>`             |
+//! | submit a targeted task       | `hub.pub.<me>.work.<queue>.<worker>`    |
+//! | answer a waiting attempt     | `hub.pub.<me>.answer.<worker>`          |
+//! | stored task                  | `work.<queue>` on [`WORK_STREAM`]       |
+//! | stored targeted task         | `work.<queue>.<worker>` on [`WORK_STREAM`] |
+//! | stored answer                | `answer.<worker>` on [`ANSWERS_STREAM`] |
+//! | shared queue consumer        | `queue-<queue>`                         |
+//! | targeted-task consumer       | `worker-<worker>` (filter `work.*.<worker>`) |
+//! | answer consumer              | `answers-<worker>`                      |
+//! | query / cancel (core req/rep)| `hub.ctl.<worker>.query`, `hub.ctl.<worker>.cancel` |
+//! | worker join request          | `hub.work.<queue>.join`                 |
+//!
+//! Answers live in their own stream, [`ANSWERS_STREAM`] under `answer.>`,
+//! rather than under `work.answers.<worker>` in [`WORK_STREAM`]: that would
+//! collide with a queue named `answers` (whose targeted tasks are
+//! `work.answers.<worker>` too) and would need a reserved queue name that
+//! [`QueueName`] does not have. A separate prefix keeps every builder
+//! infallible and lets operators size answer retention separately.
+//!
+//! The existing [`Channel`](super::Channel) does not know `work` or
+//! `answer`: [`parse_ingress`](super::parse_ingress) rejects
+//! `hub.pub.<me>.work.<queue>`, so a router tries [`parse_work_ingress`] and
+//! [`parse_answer_ingress`] first. `hub.pub.<me>.work` and
+//! `hub.pub.<me>.answer` alone (one token) are broadcast channels named
+//! `work` / `answer` and yield `Ok(None)`.
+
+use std::fmt;
+
+use super::{SubjectError, INGRESS_PREFIX};
+use crate::ids::{AgentId, IdError, QueueName, WorkerId};
+
+/// The stream that stores submitted tasks, untargeted and targeted.
+pub const WORK_STREAM: &str = "HUB_WORK";
+/// The subjects captured by [`WORK_STREAM`].
+pub const WORK_FILTER: &str = "work.>";
+/// The stream that stores answers, one subject per worker.
+pub const ANSWERS_STREAM: &str = "HUB_ANSWERS";
+/// The subjects captured by [`ANSWERS_STREAM`].
+pub const ANSWERS_FILTER: &str = "answer.>";
+/// The subject filter routers subscribe to for worker join requests.
+pub const JOIN_FILTER: &str = "hub.work.*.join";
+
+const WORK_TOKEN: &str = "work";
+const ANSWER_TOKEN: &str = "answer";
+const WORK_PREFIX: &str = "work.";
+const ANSWER_PREFIX: &str = "answer.";
+const CONTROL_PREFIX: &str = "hub.ctl.";
+const JOIN_PREFIX: &str = "hub.work.";
+const JOIN_TOKEN: &str = "join";
+const QUEUE_CONSUMER_PREFIX: &str = "queue-";
+const TARGETED_CONSUMER_PREFIX: &str = "worker-";
+const ANSWER_CONSUMER_PREFIX: &str = "answers-";
+
+/// A core request/reply control operation on a worker's own subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControlKind {
+    /// Ask for the state of an attempt. Token `query`.
+    Query,
+    /// Ask to cancel an attempt. Token `cancel`.
+    Cancel,
+}
+
+impl ControlKind {
+    /// Both kinds.
+    pub const ALL: [ControlKind; 2] = [ControlKind::Query, ControlKind::Cancel];
+
+    /// The subject token of this kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControlKind::Query => "query",
+            ControlKind::Cancel => "cancel",
+        }
+    }
+}
+
+impl fmt::Display for ControlKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The ingress subject a delegator submits a task on:
+/// `hub.pub.<from>.work.<queue>`, or `hub.pub.<from>.work.<queue>.<worker>`
+/// for a task targeted at one worker of the queue.
+pub fn work_ingress(from: &AgentId, queue: &QueueName, worker: Option<&WorkerId>) -> String {
+    format!("{INGRESS_PREFIX}{from}.{}", work(queue, worker))
+}
+
+/// The ingress subject `from` answers a waiting attempt of `worker` on:
+/// `hub.pub.<from>.answer.<worker>`.
+pub fn answer_ingress(from: &AgentId, worker: &WorkerId) -> String {
+    format!("{INGRESS_PREFIX}{from}.{}", answer(worker))
+}
+
+/// The stored task subject: `work.<queue>` or `work.<queue>.<worker>`.
+pub fn work(queue: &QueueName, worker: Option<&WorkerId>) -> String {
+    match worker {
+        None => format!("{WORK_PREFIX}{queue}"),
+        Some(worker) => format!("{WORK_PREFIX}{queue}.{worker}"),
+    }
+}
+
+/// The filter of the targeted-task consumer of `worker`, across queues:
+/// `work.*.<worker>`.
+pub fn targeted_filter(worker: &WorkerId) -> String {
+    format!("{WORK_PREFIX}*.{worker}")
+}
+
+/// The stored answer subject of `worker`: `answer.<worker>`.
+pub fn answer(worker: &WorkerId) -> String {
+    format!("{ANSWER_PREFIX}{worker}")
+}
+
+/// The durable name of the shared consumer of `queue`: `queue-<queue>`.
+pub fn queue_consumer(queue: &QueueName) -> String {
+    format!("{QUEUE_CONSUMER_PREFIX}{queue}")
+}
+
+/// The durable name of the targeted-task consumer of `worker`:
+/// `worker-<worker>`.
+pub fn targeted_consumer(worker: &WorkerId) -> String {
+    format!("{TARGETED_CONSUMER_PREFIX}{worker}")
+}
+
+/// The durable name of the answer consumer of `worker`: `answers-<worker>`.
+pub fn answer_consumer(worker: &WorkerId) -> String {
+    format!("{ANSWER_CONSUMER_PREFIX}{worker}")
+}
+
+/// The core request/reply control subject of `worker`:
+/// `hub.ctl.<worker>.query` or `hub.ctl.<worker>.cancel`.
+pub fn control(worker: &WorkerId, kind: ControlKind) -> String {
+    format!("{CONTROL_PREFIX}{worker}.{kind}")
+}
+
+/// The subject a worker asks the router to create its consumers on:
+/// `hub.work.<queue>.join`.
+pub fn join_request(queue: &QueueName) -> String {
+    format!("{JOIN_PREFIX}{queue}.{JOIN_TOKEN}")
+}
+
+/// The ingress work subject, if `subject` is one.
+///
+/// Returns `Ok(None)` when the channel after the identity is not
+/// `work.<…>` (another ingress channel, including a broadcast named `work`).
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` does not start with `hub.pub.`,
+/// or is `hub.pub.<id>.work.…` with a wrong token count or invalid token.
+pub fn parse_work_ingress(
+    subject: &str,
+) -> Result<Option<(AgentId, QueueName, Option<WorkerId>)>, SubjectError> {
+    let Some((from, rest)) = ingress_channel(subject, WORK_TOKEN)? else {
+        return Ok(None);
+    };
+    let (queue, worker) = work_tokens(subject, rest)?;
+    Ok(Some((from, queue, worker)))
+}
+
+/// The ingress answer subject, if `subject` is one.
+///
+/// Returns `Ok(None)` when the channel after the identity is not
+/// `answer.<…>`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` does not start with `hub.pub.`,
+/// or is `hub.pub.<id>.answer.…` with a wrong token count or invalid token.
+pub fn parse_answer_ingress(subject: &str) -> Result<Option<(AgentId, WorkerId)>, SubjectError> {
+    let Some((from, rest)) = ingress_channel(subject, ANSWER_TOKEN)? else {
+        return Ok(None);
+    };
+    match rest.split('.').count() {
+        1 => Ok(Some((from, token(subject, WorkerId::new(rest))?))),
+        found => Err(token_count(subject, "3", found + 2)),
+    }
+}
+
+/// Parses `work.<queue>` or `work.<queue>.<worker>`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` is not a stored work subject.
+pub fn parse_work(subject: &str) -> Result<(QueueName, Option<WorkerId>), SubjectError> {
+    let rest = strip(subject, WORK_PREFIX)?;
+    work_tokens(subject, rest)
+}
+
+/// Parses `answer.<worker>`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` is not a stored answer subject.
+pub fn parse_answer(subject: &str) -> Result<WorkerId, SubjectError> {
+    let rest = strip(subject, ANSWER_PREFIX)?;
+    match rest.split('.').count() {
+        1 => token(subject, WorkerId::new(rest)),
+        found => Err(token_count(subject, "1", found)),
+    }
+}
+
+/// Parses the queue consumer name `queue-<queue>`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `name` is not a queue consumer name.
+pub fn parse_queue_consumer(name: &str) -> Result<QueueName, SubjectError> {
+    token(name, QueueName::new(strip(name, QUEUE_CONSUMER_PREFIX)?))
+}
+
+/// Parses the targeted-task consumer name `worker-<worker>`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `name` is not a targeted consumer name.
+pub fn parse_targeted_consumer(name: &str) -> Result<WorkerId, SubjectError> {
+    token(name, WorkerId::new(strip(name, TARGETED_CONSUMER_PREFIX)?))
+}
+
+/// Parses the answer consumer name `answers-<worker>`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `name` is not an answer consumer name.
+pub fn parse_answer_consumer(name: &str) -> Result<WorkerId, SubjectError> {
+    token(name, WorkerId::new(strip(name, ANSWER_CONSUMER_PREFIX)?))
+}
+
+/// Parses `hub.ctl.<worker>.query` or `hub.ctl.<worker>.cancel`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` is not a control subject.
+pub fn parse_control(subject: &str) -> Result<(WorkerId, ControlKind), SubjectError> {
+    let rest = strip(subject, CONTROL_PREFIX)?;
+    let tokens: Vec<&str> = rest.split('.').collect();
+    match tokens.as_slice() {
+        [worker, kind] => {
+            let kind = ControlKind::ALL
+                .into_iter()
+                .find(|k| k.as_str() == *kind)
+                .ok_or_else(|| unexpected(subject, "query` or `cancel", kind))?;
+            Ok((token(subject, WorkerId::new(*worker))?, kind))
+        }
+        _ => Err(token_count(subject, "2", tokens.len())),
+    }
+}
+
+/// Parses `hub.work.<queue>.join`.
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` is not a join request subject.
+pub fn parse_join_request(subject: &str) -> Result<QueueName, SubjectError> {
+    let rest = strip(subject, JOIN_PREFIX)?;
+    let tokens: Vec<&str> = rest.split('.').collect();
+    match tokens.as_slice() {
+        [queue, JOIN_TOKEN] => token(subject, QueueName::new(*queue)),
+        [_, found] => Err(unexpected(subject, JOIN_TOKEN, found)),
+        _ => Err(token_count(subject, "2", tokens.len())),
+    }
+}
+
+/// Splits `hub.pub.<id>.<channel>.<rest>`; `None` unless the channel token
+/// is `channel` followed by at least one more token.
+fn ingress_channel<'a>(
+    subject: &'a str,
+    channel: &str,
+) -> Result<Option<(AgentId, &'a str)>, SubjectError> {
+    let rest = strip(subject, INGRESS_PREFIX)?;
+    let Some((id, after)) = rest.split_once('.') else {
+        return Ok(None);
+    };
+    let Some((found, rest)) = after.split_once('.') else {
+        return Ok(None);
+    };
+    if found != channel {
+        return Ok(None);
+    }
+    Ok(Some((token(subject, AgentId::new(id))?, rest)))
+}
+
+fn work_tokens(subject: &str, rest: &str) -> Result<(QueueName, Option<WorkerId>), SubjectError> {
+    let tokens: Vec<&str> = rest.split('.').collect();
+    match tokens.as_slice() {
+        [queue] => Ok((token(subject, QueueName::new(*queue))?, None)),
+        [queue, worker] => Ok((
+            token(subject, QueueName::new(*queue))?,
+            Some(token(subject, WorkerId::new(*worker))?),
+        )),
+        _ => Err(token_count(subject, "1 or 2", tokens.len())),
+    }
+}
+
+fn strip<'a>(subject: &'a str, prefix: &'static str) -> Result<&'a str, SubjectError> {
+    subject
+        .strip_prefix(prefix)
+        .ok_or_else(|| SubjectError::WrongPrefix {
+            expected: prefix,
+            subject: subject.to_owned(),
+        })
+}
+
+fn token<T>(subject: &str, parsed: Result<T, IdError>) -> Result<T, SubjectError> {
+    parsed.map_err(|source| SubjectError::InvalidToken {
+        subject: subject.to_owned(),
+        source,
+    })
+}
+
+fn unexpected(subject: &str, expected: &'static str, found: &str) -> SubjectError {
+    SubjectError::UnexpectedToken {
+        subject: subject.to_owned(),
+        expected,
+        found: found.to_owned(),
+    }
+}
+
+fn token_count(subject: &str, expected: &'static str, found: usize) -> SubjectError {
+    SubjectError::WrongTokenCount {
+        subject: subject.to_owned(),
+        expected,
+        found,
+    }
+}

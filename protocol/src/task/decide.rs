@@ -1,0 +1,200 @@
+//! The pure decisions of a worker, and the stable ids it publishes under.
+
+use std::collections::BTreeSet;
+
+use super::{Answer, AttemptId, CancelStatus, TaskResult, TaskState};
+use crate::ids::{MessageId, TaskId, WorkerId};
+use crate::wire_error::{WireError, WireErrorKind};
+
+/// Prefix of the `Nats-Msg-Id` a task is stored under in the work stream.
+pub const TASK_MSG_ID_PREFIX: &str = "hub-task:";
+/// Prefix of the `Nats-Msg-Id` of a published [`TaskResult`].
+pub const RESULT_MSG_ID_PREFIX: &str = "hub-result:";
+/// Prefix of the `Nats-Msg-Id` of a published
+/// [`StatusEvent`](super::StatusEvent).
+pub const STATUS_MSG_ID_PREFIX: &str = "hub-status:";
+/// The error detail of a result that exceeded the size limit.
+pub const RESULT_TOO_LARGE: &str = "result too large";
+
+/// What the worker knows about one attempt it owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptView {
+    /// The task of the attempt.
+    pub task_id: TaskId,
+    /// The attempt.
+    pub attempt_id: AttemptId,
+    /// This worker.
+    pub worker_id: WorkerId,
+    /// The saved state.
+    pub state: TaskState,
+    /// The tool call the pending question waits on, when waiting.
+    pub tool_call_id: Option<String>,
+    /// The message ids of the answers already applied.
+    pub answered: BTreeSet<MessageId>,
+}
+
+impl AttemptView {
+    /// Whether `task_id`, `attempt_id` and `worker_id` name this attempt.
+    pub fn is_named_by(&self, task_id: &TaskId, attempt_id: &AttemptId, worker: &WorkerId) -> bool {
+        self.task_id == *task_id && self.attempt_id == *attempt_id && self.worker_id == *worker
+    }
+}
+
+/// What to do with an [`Answer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AnswerVerdict {
+    /// Journal the answer and resume the attempt.
+    Resume,
+    /// Already applied: republish the saved result, do not resume again.
+    Duplicate,
+    /// The attempt is not waiting on this tool call: error "stale answer".
+    Stale,
+    /// No owned attempt has these ids: error "unknown task attempt".
+    UnknownAttempt,
+}
+
+impl AnswerVerdict {
+    /// The error result to publish for this verdict, if any.
+    pub fn error(self) -> Option<WireError> {
+        match self {
+            AnswerVerdict::Resume | AnswerVerdict::Duplicate => None,
+            AnswerVerdict::Stale => {
+                Some(WireError::new(WireErrorKind::StaleAnswer, "stale answer"))
+            }
+            AnswerVerdict::UnknownAttempt => Some(WireError::new(
+                WireErrorKind::UnknownTaskAttempt,
+                "unknown task attempt",
+            )),
+        }
+    }
+}
+
+/// Judges an answer against the owned attempt it names (`None`: the worker
+/// owns no attempt with that attempt id).
+///
+/// In order: ids that do not all match → [`UnknownAttempt`]; a
+/// `message_id` already applied → [`Duplicate`]; not waiting, or another
+/// tool call → [`Stale`]; else [`Resume`].
+///
+/// [`UnknownAttempt`]: AnswerVerdict::UnknownAttempt
+/// [`Duplicate`]: AnswerVerdict::Duplicate
+/// [`Stale`]: AnswerVerdict::Stale
+/// [`Resume`]: AnswerVerdict::Resume
+pub fn judge_answer(attempt: Option<&AttemptView>, answer: &Answer) -> AnswerVerdict {
+    let Some(attempt) =
+        attempt.filter(|a| a.is_named_by(&answer.task_id, &answer.attempt_id, &answer.worker_id))
+    else {
+        return AnswerVerdict::UnknownAttempt;
+    };
+    if attempt.answered.contains(&answer.message_id) {
+        return AnswerVerdict::Duplicate;
+    }
+    let waits_on_it = attempt.tool_call_id.as_deref() == Some(answer.tool_call_id.as_str());
+    if attempt.state != TaskState::Waiting || !waits_on_it {
+        return AnswerVerdict::Stale;
+    }
+    AnswerVerdict::Resume
+}
+
+/// What the worker's journal holds about a delivered task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalView {
+    /// The attempt admitted for this delivery, if any.
+    pub admitted: Option<AttemptId>,
+    /// Whether a result of that attempt is saved.
+    pub saved_result: bool,
+}
+
+/// What to do with a (re)delivered task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryPlan {
+    /// A result is saved: republish it without running anything.
+    RepublishSaved,
+    /// Admitted but no result saved: run the same attempt again, flagged as
+    /// a re-run (its effects may repeat).
+    RerunSameAttempt {
+        /// The attempt to re-run.
+        attempt_id: AttemptId,
+    },
+    /// Nothing journalled: start a fresh attempt.
+    FreshAttempt,
+}
+
+/// Plans a task delivery from the journal.
+pub fn on_delivery(journal: JournalView) -> DeliveryPlan {
+    match journal {
+        JournalView {
+            saved_result: true, ..
+        } => DeliveryPlan::RepublishSaved,
+        JournalView {
+            admitted: Some(attempt_id),
+            ..
+        } => DeliveryPlan::RerunSameAttempt { attempt_id },
+        JournalView { admitted: None, .. } => DeliveryPlan::FreshAttempt,
+    }
+}
+
+/// The outcome of a cancel request: [`Stale`](CancelStatus::Stale) when its
+/// ids do not name the attempt, [`NotActive`](CancelStatus::NotActive) when
+/// the attempt is final, else [`Requested`](CancelStatus::Requested).
+pub fn cancel_status(state: TaskState, ids_match: bool) -> CancelStatus {
+    if !ids_match {
+        CancelStatus::Stale
+    } else if state.is_final() {
+        CancelStatus::NotActive
+    } else {
+        CancelStatus::Requested
+    }
+}
+
+/// Whether an encoded result of `encoded_len` bytes exceeds `limit`.
+pub fn result_too_large(encoded_len: usize, limit: usize) -> bool {
+    encoded_len > limit
+}
+
+/// The result published instead of one that was too large: state failed,
+/// error "result too large", no response, suspension or answer route.
+pub fn too_large_result(task_id: TaskId, attempt_id: AttemptId, worker_id: WorkerId) -> TaskResult {
+    TaskResult {
+        task_id,
+        attempt_id,
+        worker_id,
+        state: TaskState::Failed,
+        response: None,
+        error: Some(WireError::new(
+            WireErrorKind::ResultTooLarge,
+            RESULT_TOO_LARGE,
+        )),
+        suspend: None,
+        answer_route: None,
+    }
+}
+
+/// The stable id of state change `seq` of an attempt:
+/// `<task_id>:<attempt_id>:0:accepted` for acceptance (`seq` zero, whatever
+/// `state`), else `<task_id>:<attempt_id>:<seq>:<state>`.
+pub fn status_event_id(
+    task_id: &TaskId,
+    attempt_id: &AttemptId,
+    seq: u32,
+    state: TaskState,
+) -> String {
+    let what = if seq == 0 { "accepted" } else { state.as_str() };
+    format!("{task_id}:{attempt_id}:{seq}:{what}")
+}
+
+/// The `Nats-Msg-Id` a task is stored under: `hub-task:<task_id>`.
+pub fn task_msg_id(task_id: &TaskId) -> String {
+    format!("{TASK_MSG_ID_PREFIX}{task_id}")
+}
+
+/// The `Nats-Msg-Id` of the result of state change `seq` of an attempt:
+/// `hub-result:<task_id>:<attempt_id>:<seq>`.
+pub fn result_msg_id(task_id: &TaskId, attempt_id: &AttemptId, seq: u32) -> String {
+    format!("{RESULT_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}")
+}
+
+/// The `Nats-Msg-Id` of a status event: `hub-status:<event_id>`.
+pub fn status_msg_id(event_id: &str) -> String {
+    format!("{STATUS_MSG_ID_PREFIX}{event_id}")
+}

@@ -5,6 +5,8 @@
 //! - [`fault`]: fault-injection hook to crash named actors on purpose in tests.
 //! - [`attach`]: the attach actor (creates `inbox-<id>` on request).
 //! - [`inbox`]: the inbox consumer actor (client side).
+//! - [`journal`]: the worker's local durable journal (admissions, results, answers; one
+//!   process per worker identity).
 //! - [`consumers`]: the consumer configurations the router creates.
 //! - [`streams`]: creating or updating the JetStream streams to the configured limits.
 //! - [`router`]: the router actor (stream provisioning and status answers).
@@ -14,6 +16,7 @@ pub mod attach;
 pub mod consumers;
 pub mod fault;
 pub mod inbox;
+pub mod journal;
 pub mod pump_task;
 pub mod router;
 pub mod streams;

@@ -32,6 +32,7 @@ mod decide;
 mod decode;
 mod error;
 mod types;
+mod wire;
 
 pub use decide::{
     cancel_status, judge_answer, on_delivery, result_msg_id, result_too_large, status_event_id,
@@ -44,6 +45,7 @@ pub use types::{
     Answer, CancelStatus, ControlRequest, JoinRequest, QueryReply, StatusEvent, StatusKind,
     Suspend, TaskResult, TaskSpec, TaskState,
 };
+pub use wire::{JoinReply, JoinResponse, TaskChannelBody};
 
 use crate::ids::{validated_id, MAX_TOKEN_LEN};
 

@@ -1,0 +1,522 @@
+//! The worker's local durable journal (JetStream mode).
+//!
+//! Each worker identity owns one journal directory, `<dir>/<worker_id>/`, that holds
+//!
+//! - `LOCK`: an exclusive, non-blocking file lock ([`std::fs::File::try_lock`]) held for the
+//!   lifetime of the [`Journal`], with the holder's pid written in it. A second process (or a
+//!   second [`Journal::open`] in the same process) on the same journal refuses to start with
+//!   [`JournalError::Locked`], which names the holder's pid.
+//! - `journal.log`: an append-only log, one record per line:
+//!   `<crc32 as 8 hex digits> <JSON record>\n`, where the JSON record is tagged by `kind`:
+//!   `admitted`, `result`, `answer`, `published`, or `done`. Every append is `write_all` plus
+//!   `sync_data` before it returns, so an acknowledged record survives a crash or power loss.
+//!
+//! On [`Journal::open`] the log is replayed to rebuild the in-memory index. A damaged or
+//! incomplete *last* line is the torn write of a crash: it was never acknowledged, so it is
+//! dropped and cut off the file. A damaged line anywhere else is reported as
+//! [`JournalError::Corrupt`].
+//!
+//! The attempt life cycle, keyed by the input stream sequence:
+//!
+//! 1. [`Journal::admit`] before the handler runs (idempotent: a redelivered input gets the
+//!    same attempt back; see [`Admission::is_rerun`] and [`Admission::result`]);
+//! 2. [`Journal::save_result`] when the handler returns, before publishing;
+//! 3. [`Journal::mark_published`] once the broker confirmed the publish;
+//! 4. [`Journal::forget`] once the input is acknowledged; [`Journal::compact`] later rewrites
+//!    the log without forgotten attempts.
+//!
+//! Answers: [`Journal::record_answer`] journals an answer before resuming; it returns `false`
+//! for a duplicate `message_id`, which must be answered with the saved result instead of a
+//! second resume. Recording an answer clears the attempt's saved result (it is superseded by
+//! the resume), so "answer recorded, no result" means the resume did not finish.
+//!
+//! Payloads are kept as [`serde_json::Value`] so this module does not depend on task types.
+//! The API is synchronous (`std::fs`); call it from a blocking context or accept a short
+//! fsync on the actor's thread.
+
+mod error;
+mod lock;
+mod record;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use error::JournalError;
+use record::Record;
+
+/// File name of the lock file inside the worker's journal directory.
+pub const LOCK_FILE: &str = "LOCK";
+/// File name of the log inside the worker's journal directory.
+pub const LOG_FILE: &str = "journal.log";
+const COMPACT_TMP_FILE: &str = "journal.log.tmp";
+
+/// An answer accepted for an attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AnswerRecord {
+    /// The answer's stable identity (deduplication key within the attempt).
+    pub message_id: String,
+    /// The accepted answer content, as received.
+    pub payload: Value,
+}
+
+/// What the journal knows about one open (admitted, not forgotten) attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// Stream sequence of the input message that started the attempt.
+    pub input_seq: u64,
+    /// The task's correlation id.
+    pub task_id: String,
+    /// The attempt's identity.
+    pub attempt_id: String,
+    /// The latest saved result, if the handler (or the latest resume) finished.
+    pub result: Option<Value>,
+    /// Accepted answers, in the order they were recorded.
+    pub answers: Vec<AnswerRecord>,
+    /// Whether the broker confirmed the publish of the current `result`.
+    pub published: bool,
+}
+
+/// The outcome of [`Journal::admit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// The attempt id: the requested one when `new`, the journalled one otherwise.
+    pub attempt_id: String,
+    /// The task id the attempt was admitted with.
+    pub task_id: String,
+    /// `true` when this call admitted the input; `false` when it was already admitted.
+    pub new: bool,
+    /// The saved result of an earlier admission, to be republished instead of running again.
+    pub result: Option<Value>,
+    /// Whether that saved result was already confirmed by the broker.
+    pub published: bool,
+}
+
+impl Admission {
+    /// The input was admitted before but has no saved result: the worker crashed mid-run and
+    /// the same attempt must be run again, telling the handler it is a re-run.
+    pub fn is_rerun(&self) -> bool {
+        !self.new && self.result.is_none()
+    }
+}
+
+/// The worker's local journal. See the [module documentation](self).
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    log_path: PathBuf,
+    log: File,
+    /// Length of the log up to the last acknowledged record.
+    len: u64,
+    attempts: BTreeMap<u64, AttemptRecord>,
+    by_task: HashMap<String, BTreeSet<u64>>,
+    forgotten: usize,
+    /// Holds the exclusive lock until the journal is dropped.
+    _lock: File,
+}
+
+impl Journal {
+    /// Opens (creating if needed) the journal of `worker_id` under `dir`, takes its exclusive
+    /// lock, and replays its log.
+    pub fn open(dir: &Path, worker_id: &str) -> Result<Journal, JournalError> {
+        validate_worker_id(dir, worker_id)?;
+        let journal_dir = dir.join(worker_id);
+        let existed = journal_dir.is_dir();
+        fs::create_dir_all(&journal_dir).map_err(|e| JournalError::io(&journal_dir, e))?;
+        if !existed {
+            sync_dir(dir)?;
+        }
+        let lock = lock::acquire(&journal_dir, &journal_dir.join(LOCK_FILE))?;
+
+        // A temporary file of an interrupted compaction was never renamed into place.
+        let tmp = journal_dir.join(COMPACT_TMP_FILE);
+        if tmp.exists() {
+            fs::remove_file(&tmp).map_err(|e| JournalError::io(&tmp, e))?;
+        }
+
+        let log_path = journal_dir.join(LOG_FILE);
+        let data = match fs::read(&log_path) {
+            Ok(data) => Some(data),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(JournalError::io(&log_path, e)),
+        };
+        let log = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&log_path)
+            .map_err(|e| JournalError::io(&log_path, e))?;
+        if data.is_none() {
+            sync_dir(&journal_dir)?;
+        }
+
+        let mut journal = Journal {
+            dir: journal_dir,
+            log_path,
+            log,
+            len: 0,
+            attempts: BTreeMap::new(),
+            by_task: HashMap::new(),
+            forgotten: 0,
+            _lock: lock,
+        };
+        if let Some(data) = data {
+            journal.replay(&data)?;
+        }
+        Ok(journal)
+    }
+
+    /// The worker's journal directory (`<dir>/<worker_id>`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records the admission of input `input_seq` as attempt `attempt_id` of `task_id`, or,
+    /// if the input was already admitted, returns the journalled attempt (its id and saved
+    /// result) without writing anything.
+    pub fn admit(
+        &mut self,
+        input_seq: u64,
+        task_id: &str,
+        attempt_id: &str,
+    ) -> Result<Admission, JournalError> {
+        if let Some(existing) = self.attempts.get(&input_seq) {
+            if existing.task_id != task_id {
+                tracing::warn!(
+                    input_seq,
+                    journalled = %existing.task_id,
+                    task_id,
+                    "redelivered input has a different task id than its admission"
+                );
+            }
+            return Ok(Admission {
+                attempt_id: existing.attempt_id.clone(),
+                task_id: existing.task_id.clone(),
+                new: false,
+                result: existing.result.clone(),
+                published: existing.published,
+            });
+        }
+        self.write(Record::Admitted {
+            seq: input_seq,
+            task_id: task_id.to_owned(),
+            attempt_id: attempt_id.to_owned(),
+        })?;
+        Ok(Admission {
+            attempt_id: attempt_id.to_owned(),
+            task_id: task_id.to_owned(),
+            new: true,
+            result: None,
+            published: false,
+        })
+    }
+
+    /// The open attempt of input `input_seq`.
+    pub fn lookup(&self, input_seq: u64) -> Option<&AttemptRecord> {
+        self.attempts.get(&input_seq)
+    }
+
+    /// The open attempt of `task_id` (the most recently admitted one, if several inputs carry
+    /// the same task id).
+    pub fn lookup_by_task(&self, task_id: &str) -> Option<&AttemptRecord> {
+        let seq = self.by_task.get(task_id)?.last()?;
+        self.attempts.get(seq)
+    }
+
+    /// Saves the (latest) result of the attempt of `input_seq`, durably, replacing an earlier
+    /// one and clearing its published mark.
+    pub fn save_result(&mut self, input_seq: u64, result: &Value) -> Result<(), JournalError> {
+        self.require(input_seq)?;
+        self.write(Record::Result {
+            seq: input_seq,
+            result: result.clone(),
+        })
+    }
+
+    /// Journals an answer for the attempt of `input_seq` before it is resumed. Returns
+    /// `false`, writing nothing, when an answer with the same `message_id` was already
+    /// recorded (a duplicate: answer it with the saved result, do not resume again).
+    pub fn record_answer(
+        &mut self,
+        input_seq: u64,
+        message_id: &str,
+        payload: &Value,
+    ) -> Result<bool, JournalError> {
+        let attempt = self.require(input_seq)?;
+        if attempt.answers.iter().any(|a| a.message_id == message_id) {
+            return Ok(false);
+        }
+        self.write(Record::Answer {
+            seq: input_seq,
+            message_id: message_id.to_owned(),
+            payload: payload.clone(),
+        })?;
+        Ok(true)
+    }
+
+    /// The recorded answer `message_id` of the attempt of `input_seq`.
+    pub fn answer(&self, input_seq: u64, message_id: &str) -> Option<&AnswerRecord> {
+        self.attempts
+            .get(&input_seq)?
+            .answers
+            .iter()
+            .find(|a| a.message_id == message_id)
+    }
+
+    /// Marks the current result of the attempt of `input_seq` as confirmed by the broker.
+    pub fn mark_published(&mut self, input_seq: u64) -> Result<(), JournalError> {
+        self.require(input_seq)?;
+        self.write(Record::Published { seq: input_seq })
+    }
+
+    /// Marks the attempt of `input_seq` finished (its input was acknowledged). Returns
+    /// `false` when there was no such open attempt. The entry leaves the log at the next
+    /// [`compact`](Self::compact).
+    pub fn forget(&mut self, input_seq: u64) -> Result<bool, JournalError> {
+        if !self.attempts.contains_key(&input_seq) {
+            return Ok(false);
+        }
+        self.write(Record::Done { seq: input_seq })?;
+        Ok(true)
+    }
+
+    /// The open attempts (admitted, not forgotten), by input sequence.
+    pub fn open_attempts(&self) -> Vec<AttemptRecord> {
+        self.attempts.values().cloned().collect()
+    }
+
+    /// How many attempts were forgotten since the log was last compacted (or opened); a hint
+    /// for when to call [`compact`](Self::compact).
+    pub fn forgotten_since_compaction(&self) -> usize {
+        self.forgotten
+    }
+
+    /// Rewrites the log with only the open attempts: writes a temporary file, fsyncs it,
+    /// renames it over the log and fsyncs the directory.
+    pub fn compact(&mut self) -> Result<(), JournalError> {
+        let mut data = Vec::new();
+        for attempt in self.attempts.values() {
+            let seq = attempt.input_seq;
+            data.extend(record::encode(&Record::Admitted {
+                seq,
+                task_id: attempt.task_id.clone(),
+                attempt_id: attempt.attempt_id.clone(),
+            }));
+            // Answers before the result: replaying an answer clears the result.
+            for answer in &attempt.answers {
+                data.extend(record::encode(&Record::Answer {
+                    seq,
+                    message_id: answer.message_id.clone(),
+                    payload: answer.payload.clone(),
+                }));
+            }
+            if let Some(result) = &attempt.result {
+                data.extend(record::encode(&Record::Result {
+                    seq,
+                    result: result.clone(),
+                }));
+            }
+            if attempt.published {
+                data.extend(record::encode(&Record::Published { seq }));
+            }
+        }
+        let tmp = self.dir.join(COMPACT_TMP_FILE);
+        let write_tmp = || -> std::io::Result<()> {
+            let mut file = File::create(&tmp)?;
+            file.write_all(&data)?;
+            file.sync_all()
+        };
+        if let Err(e) = write_tmp() {
+            let _ = fs::remove_file(&tmp);
+            return Err(JournalError::io(&tmp, e));
+        }
+        fs::rename(&tmp, &self.log_path).map_err(|e| JournalError::io(&self.log_path, e))?;
+        sync_dir(&self.dir)?;
+        self.log = OpenOptions::new()
+            .append(true)
+            .open(&self.log_path)
+            .map_err(|e| JournalError::io(&self.log_path, e))?;
+        self.len = data.len() as u64;
+        self.forgotten = 0;
+        Ok(())
+    }
+
+    fn require(&self, input_seq: u64) -> Result<&AttemptRecord, JournalError> {
+        self.attempts
+            .get(&input_seq)
+            .ok_or(JournalError::Unknown { input_seq })
+    }
+
+    /// Appends `record` durably, then applies it to the index.
+    fn write(&mut self, record: Record) -> Result<(), JournalError> {
+        let line = record::encode(&record);
+        let appended = self
+            .log
+            .write_all(&line)
+            .and_then(|()| self.log.sync_data());
+        if let Err(e) = appended {
+            // Cut a partial write off so that later appends do not follow garbage.
+            let _ = self.log.set_len(self.len);
+            return Err(JournalError::io(&self.log_path, e));
+        }
+        self.len += line.len() as u64;
+        self.apply(record);
+        Ok(())
+    }
+
+    fn replay(&mut self, data: &[u8]) -> Result<(), JournalError> {
+        let mut pos = 0;
+        let mut line_no = 0;
+        while pos < data.len() {
+            line_no += 1;
+            let (line, next, complete) = match data[pos..].iter().position(|&b| b == b'\n') {
+                Some(i) => (&data[pos..pos + i], pos + i + 1, true),
+                None => (&data[pos..], data.len(), false),
+            };
+            let decoded = if complete {
+                record::decode(line)
+            } else {
+                Err("incomplete line".to_owned())
+            };
+            match decoded {
+                Ok(record) => self.apply(record),
+                Err(reason) if next >= data.len() => {
+                    tracing::warn!(
+                        path = %self.log_path.display(),
+                        line = line_no,
+                        %reason,
+                        "dropping the torn last record of the journal"
+                    );
+                    break;
+                }
+                Err(reason) => {
+                    return Err(JournalError::Corrupt {
+                        path: self.log_path.clone(),
+                        line: line_no,
+                        reason,
+                    })
+                }
+            }
+            pos = next;
+        }
+        self.len = pos as u64;
+        if pos < data.len() {
+            let cut = self
+                .log
+                .set_len(self.len)
+                .and_then(|()| self.log.sync_data());
+            cut.map_err(|e| JournalError::io(&self.log_path, e))?;
+        }
+        self.forgotten = 0;
+        Ok(())
+    }
+
+    fn apply(&mut self, record: Record) {
+        match record {
+            Record::Admitted {
+                seq,
+                task_id,
+                attempt_id,
+            } => {
+                if self.attempts.contains_key(&seq) {
+                    tracing::warn!(seq, "journal admits an open input twice; keeping the first");
+                    return;
+                }
+                self.by_task.entry(task_id.clone()).or_default().insert(seq);
+                self.attempts.insert(
+                    seq,
+                    AttemptRecord {
+                        input_seq: seq,
+                        task_id,
+                        attempt_id,
+                        result: None,
+                        answers: Vec::new(),
+                        published: false,
+                    },
+                );
+            }
+            Record::Result { seq, result } => {
+                if let Some(attempt) = self.open_mut(seq) {
+                    attempt.result = Some(result);
+                    attempt.published = false;
+                }
+            }
+            Record::Answer {
+                seq,
+                message_id,
+                payload,
+            } => {
+                if let Some(attempt) = self.open_mut(seq) {
+                    if attempt.answers.iter().all(|a| a.message_id != message_id) {
+                        attempt.answers.push(AnswerRecord {
+                            message_id,
+                            payload,
+                        });
+                        attempt.result = None;
+                        attempt.published = false;
+                    }
+                }
+            }
+            Record::Published { seq } => {
+                if let Some(attempt) = self.open_mut(seq) {
+                    attempt.published = true;
+                }
+            }
+            Record::Done { seq } => {
+                if let Some(attempt) = self.attempts.remove(&seq) {
+                    if let Some(seqs) = self.by_task.get_mut(&attempt.task_id) {
+                        seqs.remove(&seq);
+                        if seqs.is_empty() {
+                            self.by_task.remove(&attempt.task_id);
+                        }
+                    }
+                    self.forgotten += 1;
+                }
+            }
+        }
+    }
+
+    fn open_mut(&mut self, seq: u64) -> Option<&mut AttemptRecord> {
+        let attempt = self.attempts.get_mut(&seq);
+        if attempt.is_none() {
+            tracing::warn!(seq, "journal record for an input that is not open; ignored");
+        }
+        attempt
+    }
+}
+
+fn validate_worker_id(dir: &Path, worker_id: &str) -> Result<(), JournalError> {
+    let valid = !worker_id.is_empty()
+        && worker_id != "."
+        && worker_id != ".."
+        && !worker_id.contains(['/', '\\', '\0']);
+    if valid {
+        Ok(())
+    } else {
+        Err(JournalError::io(
+            dir,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("invalid worker id {worker_id:?} for a journal directory"),
+            ),
+        ))
+    }
+}
+
+/// Makes the directory's entries (created or renamed files) durable.
+fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    #[cfg(unix)]
+    {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| JournalError::io(dir, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}

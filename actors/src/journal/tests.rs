@@ -1,0 +1,293 @@
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::json;
+
+use super::*;
+
+/// A unique temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "actors-journal-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn append_raw(dir: &Path, bytes: &[u8]) {
+    let mut file = OpenOptions::new()
+        .append(true)
+        .open(dir.join("w-1").join(LOG_FILE))
+        .unwrap();
+    file.write_all(bytes).unwrap();
+}
+
+#[test]
+fn journal_admission_survives_reopen_and_is_idempotent() {
+    let tmp = TempDir::new("admit");
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let admission = journal.admit(5, "task-a", "att-1").unwrap();
+        assert!(admission.new);
+        assert!(!admission.is_rerun());
+        // Dropped without any close: a crash.
+    }
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let admission = journal.admit(5, "task-a", "att-other").unwrap();
+    assert!(!admission.new);
+    assert_eq!(admission.attempt_id, "att-1");
+    assert_eq!(admission.result, None);
+    assert!(admission.is_rerun(), "admitted without result means re-run");
+    let record = journal.lookup(5).unwrap();
+    assert_eq!(record.task_id, "task-a");
+    assert_eq!(record.attempt_id, "att-1");
+    assert!(journal.lookup(6).is_none());
+}
+
+#[test]
+fn journal_saved_result_survives_crash() {
+    let tmp = TempDir::new("result");
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        journal.admit(1, "task-a", "att-1").unwrap();
+        journal
+            .save_result(1, &json!({"state": "completed", "response": "ok"}))
+            .unwrap();
+        journal.admit(2, "task-b", "att-2").unwrap();
+        journal.save_result(2, &json!({"state": "failed"})).unwrap();
+        journal.mark_published(2).unwrap();
+    }
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let admission = journal.admit(1, "task-a", "att-x").unwrap();
+    assert!(!admission.new && !admission.is_rerun());
+    assert_eq!(
+        admission.result,
+        Some(json!({"state": "completed", "response": "ok"}))
+    );
+    assert!(!admission.published);
+    assert!(journal.lookup(2).unwrap().published);
+    assert_eq!(
+        journal
+            .save_result(99, &json!(null))
+            .unwrap_err()
+            .to_string(),
+        "journal has no open attempt for input sequence 99"
+    );
+}
+
+#[test]
+fn journal_ignores_torn_last_line() {
+    let tmp = TempDir::new("torn");
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        journal.admit(1, "task-a", "att-1").unwrap();
+        journal.save_result(1, &json!("done")).unwrap();
+    }
+    // A crash in the middle of writing a record.
+    append_raw(tmp.path(), br#"0badc0de {"kind":"result","seq":1,"res"#);
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        assert_eq!(journal.lookup(1).unwrap().result, Some(json!("done")));
+        // The torn tail was cut off: new records are not appended after garbage.
+        journal.admit(2, "task-b", "att-2").unwrap();
+    }
+    // A complete last line with a bad checksum is also a torn write.
+    append_raw(tmp.path(), b"garbage\n");
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    assert_eq!(journal.open_attempts().len(), 2);
+    assert_eq!(journal.lookup(2).unwrap().attempt_id, "att-2");
+}
+
+#[test]
+fn journal_reports_corruption_before_the_last_line() {
+    let tmp = TempDir::new("corrupt");
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        journal.admit(1, "task-a", "att-1").unwrap();
+    }
+    append_raw(tmp.path(), b"garbage\n");
+    append_raw(tmp.path(), &record::encode(&Record::Published { seq: 1 }));
+    let err = Journal::open(tmp.path(), "w-1").unwrap_err();
+    assert!(
+        matches!(err, JournalError::Corrupt { line: 2, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("is corrupt at line 2"), "{err}");
+}
+
+#[test]
+fn journal_second_open_is_locked_until_first_is_dropped() {
+    let tmp = TempDir::new("lock");
+    let first = Journal::open(tmp.path(), "w-1").unwrap();
+    // `File::try_lock` conflicts between open file descriptions of one process, too.
+    let err = Journal::open(tmp.path(), "w-1").unwrap_err();
+    let pid = std::process::id();
+    match &err {
+        JournalError::Locked { path, holder } => {
+            assert_eq!(path, &tmp.path().join("w-1"));
+            assert_eq!(*holder, Some(pid));
+        }
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains(&format!("(pid {pid})")), "{message}");
+    assert!(
+        message.contains("one process per worker identity"),
+        "{message}"
+    );
+    // Another worker identity in the same directory is independent.
+    let other = Journal::open(tmp.path(), "w-2").unwrap();
+    drop(other);
+    drop(first);
+    Journal::open(tmp.path(), "w-1").unwrap();
+}
+
+#[test]
+fn journal_duplicate_answers_detected_across_reopen() {
+    let tmp = TempDir::new("answers");
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        journal.admit(3, "task-a", "att-1").unwrap();
+        journal
+            .save_result(3, &json!({"state": "waiting"}))
+            .unwrap();
+        journal.mark_published(3).unwrap();
+        assert!(journal
+            .record_answer(3, "m-1", &json!({"text": "yes"}))
+            .unwrap());
+        // The answer supersedes the waiting result until the resume saves its own.
+        let record = journal.lookup(3).unwrap();
+        assert_eq!(record.result, None);
+        assert!(!record.published);
+        assert!(!journal
+            .record_answer(3, "m-1", &json!({"text": "changed"}))
+            .unwrap());
+        journal
+            .save_result(3, &json!({"state": "completed"}))
+            .unwrap();
+    }
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    assert!(!journal
+        .record_answer(3, "m-1", &json!({"text": "again"}))
+        .unwrap());
+    let record = journal.lookup(3).unwrap();
+    assert_eq!(record.answers.len(), 1);
+    assert_eq!(record.answers[0].payload, json!({"text": "yes"}));
+    assert_eq!(record.result, Some(json!({"state": "completed"})));
+    assert_eq!(
+        journal.answer(3, "m-1").unwrap().payload,
+        json!({"text": "yes"})
+    );
+    assert!(journal.record_answer(3, "m-2", &json!({})).unwrap());
+    assert!(matches!(
+        journal.record_answer(4, "m-1", &json!({})),
+        Err(JournalError::Unknown { input_seq: 4 })
+    ));
+}
+
+#[test]
+fn journal_forget_and_compact_keep_open_attempts() {
+    let tmp = TempDir::new("compact");
+    let log = tmp.path().join("w-1").join(LOG_FILE);
+    {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        for seq in 1..=4 {
+            journal
+                .admit(seq, &format!("task-{seq}"), &format!("att-{seq}"))
+                .unwrap();
+            journal.save_result(seq, &json!({"seq": seq})).unwrap();
+        }
+        journal.record_answer(3, "m-1", &json!("answer")).unwrap();
+        journal.save_result(3, &json!("resumed")).unwrap();
+        journal.mark_published(3).unwrap();
+        assert!(journal.forget(1).unwrap());
+        assert!(journal.forget(2).unwrap());
+        assert!(!journal.forget(2).unwrap());
+        assert_eq!(journal.forgotten_since_compaction(), 2);
+        let before = fs::metadata(&log).unwrap().len();
+        let open_before = journal.open_attempts();
+        journal.compact().unwrap();
+        assert!(fs::metadata(&log).unwrap().len() < before);
+        assert_eq!(journal.forgotten_since_compaction(), 0);
+        assert_eq!(journal.open_attempts(), open_before);
+        // Appends after compaction go to the new log.
+        journal.mark_published(4).unwrap();
+    }
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("att-1") && !text.contains("att-2"), "{text}");
+    assert!(!text.contains(r#""kind":"done""#), "{text}");
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    assert!(journal.lookup(1).is_none() && journal.lookup(2).is_none());
+    let seqs: Vec<u64> = journal
+        .open_attempts()
+        .iter()
+        .map(|a| a.input_seq)
+        .collect();
+    assert_eq!(seqs, [3, 4]);
+    let three = journal.lookup(3).unwrap();
+    assert_eq!(three.result, Some(json!("resumed")));
+    assert!(three.published);
+    assert_eq!(three.answers.len(), 1);
+    assert!(journal.lookup(4).unwrap().published);
+    assert!(!tmp.path().join("w-1").join(COMPACT_TMP_FILE).exists());
+}
+
+#[test]
+fn journal_lookup_by_task_finds_open_attempt() {
+    let tmp = TempDir::new("by-task");
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    journal.admit(10, "task-a", "att-1").unwrap();
+    journal.admit(11, "task-b", "att-2").unwrap();
+    assert_eq!(journal.lookup_by_task("task-a").unwrap().input_seq, 10);
+    // A duplicate task id on a new input: the latest open attempt wins.
+    journal.admit(12, "task-a", "att-3").unwrap();
+    assert_eq!(
+        journal.lookup_by_task("task-a").unwrap().attempt_id,
+        "att-3"
+    );
+    journal.forget(12).unwrap();
+    assert_eq!(
+        journal.lookup_by_task("task-a").unwrap().attempt_id,
+        "att-1"
+    );
+    journal.forget(10).unwrap();
+    assert!(journal.lookup_by_task("task-a").is_none());
+    drop(journal);
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    assert_eq!(
+        journal.lookup_by_task("task-b").unwrap().attempt_id,
+        "att-2"
+    );
+    assert!(journal.lookup_by_task("task-a").is_none());
+}
+
+#[test]
+fn journal_rejects_path_like_worker_ids() {
+    let tmp = TempDir::new("worker-id");
+    for bad in ["", ".", "..", "a/b", "a\\b"] {
+        assert!(
+            matches!(Journal::open(tmp.path(), bad), Err(JournalError::Io { .. })),
+            "{bad:?}"
+        );
+    }
+}

@@ -1,7 +1,10 @@
 //! The attach actor: answers `hub.delivery.<id>.inbox` (queue group `hub-delivery`) by creating
-//! or updating the pull consumer `inbox-<id>` and replying with the stream and consumer names.
+//! or updating the pull consumer `inbox-<id>` and replying with the stream and consumer names,
+//! and worker joins on `hub.work.<queue>.join` by creating the queue's shared consumer and the
+//! worker's targeted-task and answer consumers.
 //!
-//! Only the router side ever creates consumers; agents never do. Runs in durable mode only.
+//! Only the router side ever creates consumers; agents and workers never do. Runs in durable
+//! mode only.
 
 use std::sync::Arc;
 
@@ -11,6 +14,7 @@ use futures::StreamExt;
 use protocol::attach::{AttachReply, AttachResponse};
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
+use protocol::task::{JoinReply, JoinRequest, JoinResponse};
 use protocol::{WireError, WireErrorKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -33,6 +37,8 @@ pub struct Attach {
 pub enum AttachMsg {
     /// An attach request arrived.
     Request(async_nats::Message),
+    /// A worker join request arrived.
+    Join(async_nats::Message),
     /// Snapshot for a local caller.
     Snapshot(RpcReplyPort<AttachSnapshot>),
 }
@@ -40,6 +46,8 @@ pub enum AttachMsg {
 /// State of one incarnation.
 pub struct AttachState {
     listener: JoinHandle<()>,
+    join_listener: JoinHandle<()>,
+    joined: u64,
     attached: u64,
     refused: u64,
 }
@@ -51,6 +59,8 @@ pub struct AttachSnapshot {
     pub attached: u64,
     /// Requests refused (invalid identity, JetStream error).
     pub refused: u64,
+    /// Worker joins answered.
+    pub joined: u64,
 }
 
 #[ractor::async_trait]
@@ -72,15 +82,32 @@ impl Actor for Attach {
                 subjects::ATTACH_QUEUE_GROUP.to_string(),
             )
             .await?;
+        let mut joins = self
+            .client
+            .queue_subscribe(
+                subjects::JOIN_FILTER,
+                subjects::ATTACH_QUEUE_GROUP.to_string(),
+            )
+            .await?;
+        let me = myself.clone();
         let listener = tokio::spawn(async move {
             while let Some(msg) = sub.next().await {
-                if myself.cast(AttachMsg::Request(msg)).is_err() {
+                if me.cast(AttachMsg::Request(msg)).is_err() {
+                    break;
+                }
+            }
+        });
+        let join_listener = tokio::spawn(async move {
+            while let Some(msg) = joins.next().await {
+                if myself.cast(AttachMsg::Join(msg)).is_err() {
                     break;
                 }
             }
         });
         Ok(AttachState {
             listener,
+            join_listener,
+            joined: 0,
             attached: 0,
             refused: 0,
         })
@@ -94,7 +121,9 @@ impl Actor for Attach {
         // Wait until the listener (and its subscription) is gone, so that "no responders"
         // is true as soon as the actor has stopped.
         state.listener.abort();
+        state.join_listener.abort();
         let _ = (&mut state.listener).await;
+        let _ = (&mut state.join_listener).await;
         let _ = self.client.flush().await;
         Ok(())
     }
@@ -121,10 +150,25 @@ impl Actor for Attach {
                     tracing::warn!(error = %e, "cannot answer an attach request");
                 }
             }
+            AttachMsg::Join(msg) => {
+                let Some(reply) = msg.reply.clone() else {
+                    return Ok(());
+                };
+                let response = self.join(msg.subject.as_str(), &msg.payload).await;
+                match &response {
+                    JoinResponse::Joined(_) => state.joined += 1,
+                    JoinResponse::Refused { .. } => state.refused += 1,
+                }
+                let body = serde_json::to_vec(&response)?;
+                if let Err(e) = self.client.publish(reply, body.into()).await {
+                    tracing::warn!(error = %e, "cannot answer a join request");
+                }
+            }
             AttachMsg::Snapshot(port) => {
                 let _ = port.send(AttachSnapshot {
                     attached: state.attached,
                     refused: state.refused,
+                    joined: state.joined,
                 });
             }
         }
@@ -133,6 +177,56 @@ impl Actor for Attach {
 }
 
 impl Attach {
+    /// Creates or updates the queue's consumer and the worker's targeted and answer consumers.
+    async fn join(&self, subject: &str, body: &[u8]) -> JoinResponse {
+        let refuse = |kind, detail: String| JoinResponse::Refused {
+            error: WireError::new(kind, detail),
+        };
+        let queue = match subjects::parse_join_request(subject) {
+            Ok(queue) => queue,
+            Err(e) => return refuse(WireErrorKind::Malformed, e.to_string()),
+        };
+        let request: JoinRequest = match serde_json::from_slice(body) {
+            Ok(request) => request,
+            Err(e) => return refuse(WireErrorKind::Malformed, format!("join request: {e}")),
+        };
+        let worker = request.worker_id;
+        let js = jetstream::new(self.client.clone());
+        let work = [
+            crate::consumers::queue_consumer(&self.delivery, &queue),
+            crate::consumers::targeted_consumer(&self.delivery, &worker),
+        ];
+        let answer = crate::consumers::answer_consumer(&self.delivery, &worker);
+        let created = async {
+            let stream = js.get_stream(subjects::WORK_STREAM).await?;
+            for config in work {
+                stream.create_consumer(config).await?;
+            }
+            js.get_stream(subjects::ANSWERS_STREAM)
+                .await?
+                .create_consumer(answer)
+                .await?;
+            Ok::<_, async_nats::Error>(())
+        };
+        match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, created).await {
+            Ok(Ok(())) => {
+                tracing::info!(%queue, %worker, "worker joined");
+                JoinResponse::Joined(JoinReply {
+                    work_stream: subjects::WORK_STREAM.to_string(),
+                    queue_consumer: subjects::queue_consumer(&queue),
+                    targeted_consumer: subjects::targeted_consumer(&worker),
+                    answers_stream: subjects::ANSWERS_STREAM.to_string(),
+                    answer_consumer: subjects::answer_consumer(&worker),
+                })
+            }
+            Ok(Err(e)) => refuse(WireErrorKind::Internal, e.to_string()),
+            Err(_) => refuse(
+                WireErrorKind::Internal,
+                "jetstream did not answer in time".to_string(),
+            ),
+        }
+    }
+
     async fn attach(&self, subject: &str) -> AttachResponse {
         let id = match subjects::parse_attach_request(subject) {
             Ok(id) => id,

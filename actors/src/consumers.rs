@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
-use protocol::AgentId;
+use protocol::{AgentId, QueueName, WorkerId};
 
 /// The shared router consumer on the ingress stream: pull, explicit ack, deliver all, filter
 /// `hub.pub.>`, no inactivity threshold (it must never be deleted while work is pending).
@@ -41,6 +41,58 @@ pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
         inactive_threshold: cfg.inbox_inactive().unwrap_or(Duration::ZERO),
         ..Default::default()
     }
+}
+
+/// Settings every worker-facing consumer shares: pull, explicit ack, deliver all, no finite
+/// max-deliver, no backoff list, no inactivity threshold (a queue with work pending is never
+/// deleted), ack wait from the config (workers heartbeat at a third of it).
+fn work_consumer(
+    cfg: &DeliveryConfig,
+    durable: String,
+    filter: String,
+    max_ack_pending: i64,
+) -> pull::Config {
+    pull::Config {
+        durable_name: Some(durable),
+        deliver_policy: DeliverPolicy::All,
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: cfg.ack_wait(),
+        max_deliver: -1,
+        filter_subject: filter,
+        max_ack_pending,
+        inactive_threshold: Duration::ZERO,
+        ..Default::default()
+    }
+}
+
+/// The shared consumer `queue-<queue>` on `work.<queue>` (untargeted tasks).
+pub fn queue_consumer(cfg: &DeliveryConfig, queue: &QueueName) -> pull::Config {
+    work_consumer(
+        cfg,
+        subjects::queue_consumer(queue),
+        subjects::work(queue, None),
+        10_000,
+    )
+}
+
+/// The worker's own consumer `worker-<worker>` on `work.*.<worker>` (targeted tasks).
+pub fn targeted_consumer(cfg: &DeliveryConfig, worker: &WorkerId) -> pull::Config {
+    work_consumer(
+        cfg,
+        subjects::targeted_consumer(worker),
+        subjects::targeted_filter(worker),
+        1_024,
+    )
+}
+
+/// The worker's own consumer `answers-<worker>` on `answer.<worker>`.
+pub fn answer_consumer(cfg: &DeliveryConfig, worker: &WorkerId) -> pull::Config {
+    work_consumer(
+        cfg,
+        subjects::answer_consumer(worker),
+        subjects::answer(worker),
+        1_024,
+    )
 }
 
 #[cfg(test)]

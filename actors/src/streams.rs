@@ -82,10 +82,11 @@ pub struct StreamReport {
 ///   only consumer is the shared router consumer.
 /// - inbox (`channel.inbox.>`): limits retention with the configured limits.
 /// - tasks (`channel.task.>`): limits retention with the configured limits.
+/// - work (`work.>`) and answers (`answer.>`): work-queue retention, max age of the tasks.
 ///
 /// Every stream gets the configured duplicate window; inbox and tasks allow per-message TTL.
 /// An unlimited max age (`-1`) is JetStream's 0.
-pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
+pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 5] {
     let dup = cfg.duplicate_window();
     let ingress = Config {
         name: cfg.ingress.name.clone(),
@@ -128,7 +129,24 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 3] {
         allow_direct: true,
         ..Default::default()
     };
-    [ingress, inbox, tasks]
+    // Work and answers: work-queue retention (an acked task or answer is removed), kept as long
+    // as the task channels. Their consumers' filters never overlap (`work.<queue>` vs
+    // `work.*.<worker>`; `answer.<worker>` per worker), as a work queue requires.
+    let work = Config {
+        name: subjects::WORK_STREAM.to_string(),
+        subjects: vec![subjects::WORK_FILTER.to_string()],
+        retention: RetentionPolicy::WorkQueue,
+        max_age: cfg.tasks.max_age().unwrap_or_default(),
+        storage: StorageType::File,
+        duplicate_window: dup,
+        ..Default::default()
+    };
+    let answers = Config {
+        name: subjects::ANSWERS_STREAM.to_string(),
+        subjects: vec![subjects::ANSWERS_FILTER.to_string()],
+        ..work.clone()
+    };
+    [ingress, inbox, tasks, work, answers]
 }
 
 /// Creates each stream of [`stream_configs`] or updates it to the configured limits.
@@ -144,7 +162,7 @@ pub async fn ensure_streams(
     js: &Context,
     cfg: &DeliveryConfig,
 ) -> Result<Vec<StreamReport>, StreamError> {
-    let mut out = Vec::with_capacity(3);
+    let mut out = Vec::with_capacity(5);
     for config in stream_configs(cfg) {
         out.push(ensure_stream(js, config).await?);
     }
@@ -229,7 +247,13 @@ mod tests {
         assert!(first.iter().all(|r| r.action == Provisioned::Created));
         assert_eq!(
             first.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
-            ["HUB_INGRESS", "HUB_INBOX", "HUB_TASKS"]
+            [
+                "HUB_INGRESS",
+                "HUB_INBOX",
+                "HUB_TASKS",
+                "HUB_WORK",
+                "HUB_ANSWERS"
+            ]
         );
 
         cfg.inbox.max_msgs_per_subject = 7;

@@ -26,10 +26,12 @@ const ONE_SHOT_LIMIT: Duration = Duration::from_secs(30);
 /// A URL where nothing listens (port 1 is never a nats-server in these tests).
 const DEAD_URL: &str = "nats://127.0.0.1:1";
 /// The streams a durable router provisions, with their subject filters, in provisioning order.
-const STREAMS: [(&str, &str); 3] = [
+const STREAMS: [(&str, &str); 5] = [
     ("HUB_INGRESS", "hub.pub.>"),
     ("HUB_INBOX", "channel.inbox.>"),
     ("HUB_TASKS", "channel.task.>"),
+    ("HUB_WORK", "work.>"),
+    ("HUB_ANSWERS", "answer.>"),
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -260,10 +262,13 @@ async fn durable_router_creates_streams_and_answers_status() {
         let info = stream_info(&js, name).await;
         assert_eq!(info.config.subjects, vec![subject.to_string()], "{name}");
     }
-    assert_eq!(
-        stream_info(&js, "HUB_INGRESS").await.config.retention,
-        stream::RetentionPolicy::WorkQueue
-    );
+    for name in ["HUB_INGRESS", "HUB_WORK", "HUB_ANSWERS"] {
+        assert_eq!(
+            stream_info(&js, name).await.config.retention,
+            stream::RetentionPolicy::WorkQueue,
+            "{name}"
+        );
+    }
     for name in ["HUB_INBOX", "HUB_TASKS"] {
         assert_eq!(
             stream_info(&js, name).await.config.retention,

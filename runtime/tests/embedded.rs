@@ -22,7 +22,16 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
     let router = snapshot.router.expect("router snapshot");
     assert!(router.durable);
     let names: Vec<_> = router.streams.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["HUB_INGRESS", "HUB_INBOX", "HUB_TASKS"]);
+    assert_eq!(
+        names,
+        [
+            "HUB_INGRESS",
+            "HUB_INBOX",
+            "HUB_TASKS",
+            "HUB_WORK",
+            "HUB_ANSWERS"
+        ]
+    );
     let sup = snapshot
         .supervisors
         .values()

@@ -48,6 +48,8 @@ pub struct DurablePump {
     /// The router's actor name (fault-injection key: a fault armed at `Handle` fires per
     /// pulled envelope, before it is routed, leaving it unacked).
     pub fault_name: String,
+    /// Queues whose shared consumer this incarnation has made sure of.
+    pub known_queues: std::sync::Mutex<std::collections::HashSet<protocol::QueueName>>,
 }
 
 /// The outcome of one envelope, resolved in pull order.
@@ -165,6 +167,9 @@ impl DurablePump {
                     codec,
                     ..
                 } => {
+                    if let Err(e) = self.ensure_queue_consumer(js, &subject).await {
+                        return ready(Done::Failed(e));
+                    }
                     let headers = routed_headers(Some(&msg_id), codec);
                     store(js, subject, headers, payload, false).await
                 }
@@ -213,6 +218,45 @@ impl DurablePump {
         }
         .instrument(span)
         .await
+    }
+
+    /// The first task routed to a queue creates the queue's shared consumer, so tasks wait for
+    /// the first worker (which drains the backlog). Never deleted for inactivity.
+    async fn ensure_queue_consumer(
+        &self,
+        js: &jetstream::Context,
+        subject: &str,
+    ) -> Result<(), String> {
+        let Ok((queue, None)) = protocol::subjects::parse_work(subject) else {
+            return Ok(());
+        };
+        if self
+            .known_queues
+            .lock()
+            .expect("not poisoned")
+            .contains(&queue)
+        {
+            return Ok(());
+        }
+        let config = crate::consumers::queue_consumer(&self.delivery, &queue);
+        let created = async {
+            js.get_stream(protocol::subjects::WORK_STREAM)
+                .await?
+                .create_consumer(config)
+                .await?;
+            Ok::<_, async_nats::Error>(())
+        };
+        match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, created).await {
+            Ok(Ok(())) => {
+                self.known_queues
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(queue);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(format!("cannot create the consumer of queue {queue}: {e}")),
+            Err(_) => Err(format!("no answer creating the consumer of queue {queue}")),
+        }
     }
 
     async fn finish(&self, msg: Message, done: Done) {

@@ -157,6 +157,7 @@ impl Actor for Router {
                 delivery: self.delivery.clone(),
                 counters: counters.clone(),
                 fault_name: self.name.clone(),
+                known_queues: Default::default(),
             };
             spawn_pump(pump.run(stop_rx), move |e| {
                 let _ = myself.cast(RouterMsg::PumpFailed(e));

@@ -36,8 +36,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{decode, encode, Codec, EnvelopeError, MAX_ENVELOPE_BYTES};
 use crate::headers::{self, CONTENT_TYPE, NATS_MSG_ID};
-use crate::ids::{AgentId, MessageId};
+use crate::ids::{AgentId, MessageId, QueueName, WorkerId};
 use crate::subjects::{self, Channel};
+use crate::task;
 use crate::wire_error::{WireError, WireErrorKind};
 
 /// Detail of the rejection of a direct message without `meta.to`.
@@ -176,7 +177,7 @@ impl fmt::Display for DropReason {
 /// times the first one counts, while every `Nats-Msg-Id` is checked by the
 /// replay guard.
 pub fn route(view: &IngressView<'_>) -> RouteDecision {
-    let Ok((from, channel)) = subjects::parse_ingress(view.subject) else {
+    let Some((from, target)) = parse_target(view.subject) else {
         return dropped(DropReason::NotIngressSubject);
     };
     if let Some(reason) = header_guard(view.headers) {
@@ -193,22 +194,60 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
     };
     env.meta.from = Some(from.clone());
     let id = env.meta.id.clone();
-    let (subject, stored) = match &channel {
-        Channel::Inbox => match &env.meta.to {
-            Some(to) => (subjects::inbox(to), true),
+    let refuse = |error: WireError| RouteDecision::Reject {
+        sender: from.clone(),
+        rejected_id: Some(id.clone()),
+        error,
+    };
+    // (destination subject, stored?, stable Nats-Msg-Id)
+    let (subject, stored, msg_id) = match &target {
+        Target::Channel(Channel::Inbox) => match &env.meta.to {
+            Some(to) => (
+                subjects::inbox(to),
+                true,
+                subjects::router_msg_id(&from, &id),
+            ),
             None => {
-                return RouteDecision::Reject {
-                    sender: from,
-                    rejected_id: Some(id),
-                    error: WireError::new(
-                        WireErrorKind::InvalidRecipient,
-                        MISSING_RECIPIENT_DETAIL,
-                    ),
-                }
+                return refuse(WireError::new(
+                    WireErrorKind::InvalidRecipient,
+                    MISSING_RECIPIENT_DETAIL,
+                ))
             }
         },
-        Channel::Task(key) => (subjects::task(key), true),
-        Channel::Broadcast(name) => (subjects::broadcast(name), false),
+        Target::Channel(Channel::Task(key)) => (
+            subjects::task(key),
+            true,
+            subjects::router_msg_id(&from, &id),
+        ),
+        Target::Channel(Channel::Broadcast(name)) => {
+            (subjects::broadcast(name), false, String::new())
+        }
+        // A task is validated strictly here; its Nats-Msg-Id is derived from the task id, so
+        // the same task submitted twice within the duplicate window is stored once.
+        Target::Work { queue, worker } => match task::decode_task(&env.body) {
+            Ok(spec) => (
+                subjects::work(queue, worker.as_ref()),
+                true,
+                task::task_msg_id(&spec.task_id),
+            ),
+            Err(err) => return refuse(err.to_wire()),
+        },
+        Target::Answer { worker } => {
+            match serde_json::from_value::<task::Answer>(env.body.clone()) {
+                Ok(answer) if &answer.worker_id == worker => (
+                    subjects::answer(worker),
+                    true,
+                    subjects::router_msg_id(&from, &id),
+                ),
+                Ok(_) => {
+                    return refuse(WireError::new(
+                        WireErrorKind::InvalidRecipient,
+                        "the answer's worker_id does not match the answer subject",
+                    ))
+                }
+                Err(e) => return refuse(WireError::new(WireErrorKind::Malformed, e.to_string())),
+            }
+        }
     };
     let payload = match encode(&env, codec) {
         Ok(payload) => payload,
@@ -217,7 +256,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
     if stored {
         RouteDecision::Store {
             subject,
-            msg_id: subjects::router_msg_id(&from, &id),
+            msg_id,
             payload,
             codec,
             from,
@@ -232,6 +271,32 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             id,
         }
     }
+}
+
+/// Where an ingress subject points.
+enum Target {
+    /// `inbox`, `task.<key>` or a broadcast channel.
+    Channel(Channel),
+    /// `work.<queue>[.<worker>]`: a task for a queue (or one worker of it).
+    Work {
+        queue: QueueName,
+        worker: Option<WorkerId>,
+    },
+    /// `answer.<worker>`: an answer for a waiting attempt of that worker.
+    Answer { worker: WorkerId },
+}
+
+/// The sender identity and target of an ingress subject; work and answer subjects first (the
+/// plain channel parser does not know them).
+fn parse_target(subject: &str) -> Option<(AgentId, Target)> {
+    if let Ok(Some((from, queue, worker))) = subjects::parse_work_ingress(subject) {
+        return Some((from, Target::Work { queue, worker }));
+    }
+    if let Ok(Some((from, worker))) = subjects::parse_answer_ingress(subject) {
+        return Some((from, Target::Answer { worker }));
+    }
+    let (from, channel) = subjects::parse_ingress(subject).ok()?;
+    Some((from, Target::Channel(channel)))
 }
 
 fn dropped(reason: DropReason) -> RouteDecision {

@@ -338,3 +338,75 @@ fn drop_reason_names_are_snake_case() {
         assert_eq!(serde_json::to_value(reason).unwrap(), json!(name));
     }
 }
+
+#[test]
+fn a_valid_task_is_stored_in_the_work_stream_under_its_task_id() {
+    let body = r#"{"meta":{"id":"m-task"},"body":{"version":1,"task_id":"t-1","text":"do it"}}"#;
+    for (subject, stored) in [
+        ("hub.pub.alice.work.builds", "work.builds"),
+        ("hub.pub.alice.work.builds.w1", "work.builds.w1"),
+    ] {
+        let decision = route(&IngressView {
+            subject,
+            headers: &[],
+            payload: body.as_bytes(),
+            ingress_seq: 1,
+        });
+        match decision {
+            RouteDecision::Store {
+                subject,
+                msg_id,
+                from,
+                ..
+            } => {
+                assert_eq!(subject, stored);
+                assert_eq!(msg_id, "hub-task:t-1");
+                assert_eq!(from.as_str(), "alice");
+            }
+            other => panic!("expected Store, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_invalid_task_is_rejected_to_its_sender() {
+    let body = r#"{"meta":{"id":"m-task"},"body":{"version":2,"task_id":"t-1","text":"x"}}"#;
+    let decision = route(&IngressView {
+        subject: "hub.pub.alice.work.builds",
+        headers: &[],
+        payload: body.as_bytes(),
+        ingress_seq: 1,
+    });
+    assert!(
+        matches!(decision, RouteDecision::Reject { ref sender, .. } if sender.as_str() == "alice"),
+        "{decision:?}"
+    );
+}
+
+#[test]
+fn an_answer_is_stored_for_its_worker_only() {
+    let answer = |worker: &str| {
+        format!(
+            r#"{{"meta":{{"id":"a-1"}},"body":{{"message_id":"a-1","task_id":"t","attempt_id":"x","worker_id":"{worker}","tool_call_id":"c","responses":["yes"]}}}}"#
+        )
+    };
+    let ok = answer("w1");
+    let decision = route(&IngressView {
+        subject: "hub.pub.alice.answer.w1",
+        headers: &[],
+        payload: ok.as_bytes(),
+        ingress_seq: 1,
+    });
+    assert_eq!(decision.subject(), Some("answer.w1"));
+    let wrong = answer("w2");
+    let decision = route(&IngressView {
+        subject: "hub.pub.alice.answer.w1",
+        headers: &[],
+        payload: wrong.as_bytes(),
+        ingress_seq: 1,
+    });
+    assert!(
+        matches!(decision, RouteDecision::Reject { .. }),
+        "{decision:?}"
+    );
+}

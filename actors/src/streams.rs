@@ -166,7 +166,34 @@ pub async fn ensure_streams(
     for config in stream_configs(cfg) {
         out.push(ensure_stream(js, config).await?);
     }
+    ensure_idempotency_bucket(js).await?;
     Ok(out)
+}
+
+/// The KV bucket of task idempotency keys: one create-only entry per (queue, key), no expiry,
+/// so two submissions with the same key produce one task however far apart they are.
+pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
+
+/// Creates the idempotency bucket when it does not exist.
+///
+/// # Errors
+/// [`StreamError::Api`] / [`StreamError::Timeout`].
+pub async fn ensure_idempotency_bucket(js: &Context) -> Result<(), StreamError> {
+    let name = IDEMPOTENCY_BUCKET;
+    if let Ok(Ok(_)) = tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await {
+        return Ok(());
+    }
+    let config = async_nats::jetstream::kv::Config {
+        bucket: name.to_string(),
+        description: "task idempotency keys (create-only)".into(),
+        history: 1,
+        storage: StorageType::File,
+        ..Default::default()
+    };
+    timed("create", name, js.create_key_value(config))
+        .await?
+        .map_err(|e| api("create", name, e))?;
+    Ok(())
 }
 
 async fn ensure_stream(js: &Context, wanted: Config) -> Result<StreamReport, StreamError> {

@@ -40,6 +40,58 @@ pub enum Command {
     Send(SendArgs),
     /// Read an agent's inbox (durable when the hub is durable, else live).
     Inbox(InboxArgs),
+    /// Submit a task to a work queue, or find a task's result again with `--resume`.
+    Delegate(DelegateArgs),
+}
+
+/// `runtime delegate`.
+#[derive(Debug, Args)]
+pub struct DelegateArgs {
+    /// The delegator's identity.
+    #[arg(
+        long = "as",
+        value_name = "ID",
+        env = "RUNTIME_AGENT_ID",
+        required_unless_present = "resume"
+    )]
+    pub as_id: Option<String>,
+
+    /// The work queue.
+    #[arg(long, required_unless_present = "resume")]
+    pub queue: Option<String>,
+
+    /// Send the task to this worker of the queue only (a targeted task).
+    #[arg(long)]
+    pub worker: Option<String>,
+
+    /// What to do.
+    #[arg(required_unless_present = "resume")]
+    pub text: Option<String>,
+
+    /// Extra context lines (repeatable).
+    #[arg(long)]
+    pub context: Vec<String>,
+
+    /// Submissions with the same key to the same queue create one task.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+
+    /// Wait for the result and print it.
+    #[arg(long)]
+    pub wait: bool,
+
+    /// Find the result of this task id from its stored channel (waits for it).
+    #[arg(long, value_name = "TASK_ID", conflicts_with_all = ["text", "queue"])]
+    pub resume: Option<String>,
+
+    /// Seconds to wait for the result (`--wait`/`--resume`); a timeout does not cancel the
+    /// task.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_secs: u64,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// `runtime send`.
@@ -124,6 +176,24 @@ pub struct StartArgs {
     /// This worker's identity (required with `--role worker` and `--role all`).
     #[arg(long, env = "RUNTIME_WORKER_ID", required_if_eq_any([("role", "worker"), ("role", "all")]))]
     pub worker_id: Option<String>,
+
+    /// The work queue this worker takes tasks from (required with `--role worker`/`all`).
+    #[arg(long, env = "RUNTIME_QUEUE", required_if_eq_any([("role", "worker"), ("role", "all")]))]
+    pub queue: Option<String>,
+
+    /// Tasks this worker runs at once (1-1024). It fetches one task per free slot.
+    #[arg(long, default_value_t = 4, env = "RUNTIME_CONCURRENCY", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub concurrency: u16,
+
+    /// Command run per attempt (`sh -c`): task JSON on stdin, ids in TASK_ID, ATTEMPT_ID,
+    /// WORKER_ID, TASK_RERUN; stdout JSON `{"response": ...}` or `{"question": ...,
+    /// "tool_call_id": ...}` (required with `--role worker`/`all`).
+    #[arg(long, env = "RUNTIME_EXEC", required_if_eq_any([("role", "worker"), ("role", "all")]))]
+    pub exec: Option<String>,
+
+    /// Directory of the worker's local journal (one process per worker identity).
+    #[arg(long, default_value = ".runtime-journal", env = "RUNTIME_JOURNAL_DIR")]
+    pub journal_dir: PathBuf,
 
     /// Durable delivery over JetStream. Without it the router uses plain core NATS and sends
     /// no JetStream request at all.

@@ -132,3 +132,91 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
     }
     system.shutdown(Duration::from_secs(10)).await
 }
+
+/// What `runtime delegate` printed.
+#[derive(Debug, serde::Serialize)]
+pub struct DelegateOutcome {
+    /// The receipt (absent with `--resume`).
+    pub receipt: Option<crate::system::tasks::TaskReceipt>,
+    /// The final result, with `--wait` or `--resume`.
+    pub result: Option<protocol::task::TaskResult>,
+}
+
+/// `runtime delegate`: submits a task (and waits for its result with `--wait`), or finds a
+/// task's result from its stored channel with `--resume`. A timeout does not cancel the task;
+/// Ctrl-C while waiting sends nothing (cancel arrives with the worker's control subjects).
+///
+/// # Errors
+/// [`SystemError::InvalidSetting`] for invalid ids; [`SystemError::Timeout`] when no result
+/// arrived in time; connection and publish errors.
+pub async fn delegate(
+    args: crate::cli::DelegateArgs,
+    print: impl Fn(&str),
+) -> Result<DelegateOutcome, SystemError> {
+    use protocol::{QueueName, TaskId, WorkerId};
+    let invalid =
+        |flag: &str, e: &dyn std::fmt::Display| SystemError::InvalidSetting(format!("{flag}: {e}"));
+    let client = args.nats.settings().connect("runtime-delegate").await?;
+    let system = ActorSystem::builder()
+        .client(client)
+        .durable(true)
+        .build()
+        .await?;
+    let (receipt, task_id) = match &args.resume {
+        Some(id) => (
+            None,
+            TaskId::new(id.as_str()).map_err(|e| invalid("--resume", &e))?,
+        ),
+        None => {
+            let from = agent("--as", args.as_id.as_deref().unwrap_or_default())?;
+            let queue = QueueName::new(args.queue.clone().unwrap_or_default())
+                .map_err(|e| invalid("--queue", &e))?;
+            let worker = args
+                .worker
+                .as_deref()
+                .map(WorkerId::new)
+                .transpose()
+                .map_err(|e| invalid("--worker", &e))?;
+            let mut spec = crate::system::tasks::new_task(
+                args.text.clone().unwrap_or_default(),
+                args.context.clone(),
+            );
+            spec.idempotency_key = args.idempotency_key.clone();
+            if spec.text.trim().is_empty() {
+                return Err(SystemError::InvalidSetting(
+                    "TEXT: a task needs a non-blank text".into(),
+                ));
+            }
+            let receipt = system
+                .delegate(&from, &queue, worker.as_ref(), &spec)
+                .await?;
+            print(&serde_json::to_string(&receipt).unwrap_or_default());
+            let task_id = receipt.task_id.clone();
+            (Some(receipt), task_id)
+        }
+    };
+    let mut result = None;
+    if args.wait || args.resume.is_some() {
+        let tracking = system.track(&task_id).await?;
+        let limit = Duration::from_secs(args.timeout_secs);
+        match tokio::time::timeout(limit, tracking.result).await {
+            Ok(Ok(r)) => {
+                print(&serde_json::to_string(&r).unwrap_or_default());
+                result = Some(r);
+            }
+            Ok(Err(_)) => {
+                return Err(SystemError::Request(
+                    "the task tracker stopped without a result".into(),
+                ))
+            }
+            Err(_) => {
+                let _ = system.shutdown(Duration::from_secs(5)).await;
+                return Err(SystemError::Timeout {
+                    what: format!("the result of task {task_id} (the task is not cancelled; `runtime delegate --resume {task_id}` finds it later)"),
+                });
+            }
+        }
+    }
+    system.shutdown(Duration::from_secs(5)).await?;
+    Ok(DelegateOutcome { receipt, result })
+}

@@ -56,6 +56,10 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Status(args) => status(args).await,
         Command::Send(args) => send(args).await,
         Command::Inbox(args) => runtime::commands::inbox(args).await.map_err(Into::into),
+        Command::Delegate(args) => runtime::commands::delegate(args, |line| println!("{line}"))
+            .await
+            .map(|_| ())
+            .map_err(Into::into),
     };
     let (code, line) = match result {
         Ok(()) => (0, None),

@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 pub mod messaging;
+pub mod tasks;
 
 use crate::config::ConfigLoadError;
 use crate::connect::{ConnectError, NatsSettings};

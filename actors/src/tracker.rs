@@ -1,0 +1,577 @@
+//! The task tracker actor (delegator side): follows one task channel (`channel.task.<task_id>`)
+//! until the task's final result arrives, and hands that result to the caller exactly once.
+//!
+//! Two pumps feed one handler (the actor's `handle`):
+//!
+//! - the **live** pump reads a core subscription of the task channel, made in `pre_start`
+//!   before anything is read from the store (so nothing falls between the two);
+//! - the **stored** pump reads the stored channel (`HUB_TASKS`) from the start at once, then
+//!   again every `reread_every` (3 s by default) while no final result was delivered. A re-read
+//!   continues after the last stream sequence this incarnation saw (`ByStartSequence`), which
+//!   finds exactly what a re-read from the start would find that is new, for less. Each read
+//!   uses an ephemeral, unacked consumer with an inactivity threshold, deleted after the read:
+//!   no durable consumer is left behind.
+//!
+//! So a result published while nobody listened is still found, and so is one published while
+//! the connection was being replaced (the client re-subscribes by itself; the next re-read
+//! catches up whatever the live subscription missed). A failed stored read is logged and retried
+//! at the next tick, it does not fail the actor. When the live subscription ends, or a pump
+//! panics, the actor fails, so that its supervisor restarts it: the new incarnation subscribes
+//! again and re-reads the stored channel from the start.
+//!
+//! The [`TrackerSink`] is shared by every incarnation: the final result (completed, failed or
+//! cancelled) is delivered through its oneshot exactly once, whatever the number of restarts and
+//! of copies (live and stored) seen. Status events and non-final results (`waiting`) are
+//! progress, sent through its [`TrackerEvent`] channel, each once (status events by `event_id`,
+//! results by attempt, state and pending question). Once the final result is delivered, or the
+//! caller dropped its receiver, the actor stops normally: a `Transient` child is then not
+//! restarted. Stopping never cancels the task.
+//!
+//! ```ignore
+//! let (tracker, result, mut progress) = TaskTracker::new("tracker-t1", client, task_id);
+//! let (tracker_ref, _join) = ractor::Actor::spawn(Some(tracker.name.clone()), tracker, ()).await?;
+//! // or, supervised: ChildSpec::actor(name, tracker, || ()).with_restart(Restart::Transient)
+//! let outcome = tokio::time::timeout(limit, result).await; // Err: resume timeout, task goes on
+//! ```
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use async_nats::{Client, Message, Subscriber};
+use futures::StreamExt;
+use protocol::task::{StatusEvent, TaskChannelBody, TaskResult};
+use protocol::{headers, subjects, Codec, TaskId, TaskKey};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::fault::{self, FaultPoint};
+
+/// Default interval between two reads of the stored channel.
+pub const DEFAULT_REREAD_EVERY: Duration = Duration::from_secs(3);
+/// Inactivity threshold of the ephemeral consumers of the stored reads.
+const READ_CONSUMER_INACTIVE: Duration = Duration::from_secs(30);
+/// Upper bound of one stored read (consumer creation, fetches, deletion).
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages fetched per request during a stored read.
+const READ_BATCH: u64 = 256;
+
+/// Progress seen on the task channel (each item once).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrackerEvent {
+    /// A status event (acceptance, state change).
+    Status(StatusEvent),
+    /// A non-final result, typically `waiting` with its question.
+    Progress(TaskResult),
+}
+
+/// Where the tracker delivers: shared by all incarnations of one tracker.
+#[derive(Clone)]
+pub struct TrackerSink {
+    result: Arc<Mutex<Option<oneshot::Sender<TaskResult>>>>,
+    events: Option<mpsc::UnboundedSender<TrackerEvent>>,
+    seen: Arc<Mutex<HashSet<String>>>,
+}
+
+impl TrackerSink {
+    /// A sink delivering the final result to `result` and progress to `events` (if any).
+    pub fn new(
+        result: oneshot::Sender<TaskResult>,
+        events: Option<mpsc::UnboundedSender<TrackerEvent>>,
+    ) -> Self {
+        Self {
+            result: Arc::new(Mutex::new(Some(result))),
+            events,
+            seen: Arc::new(Mutex::new(HashSet::new())),
+        }
+    }
+
+    /// Whether the final result was delivered (or can no longer be: the receiver is gone).
+    pub fn is_done(&self) -> bool {
+        lock(&self.result).as_ref().is_none_or(|tx| tx.is_closed())
+    }
+
+    /// Delivers the final result; `true` the first time only.
+    fn deliver(&self, result: TaskResult) -> bool {
+        match lock(&self.result).take() {
+            Some(tx) => tx.send(result).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Sends a progress event the first time its key is seen.
+    fn progress(&self, key: String, event: TrackerEvent) -> bool {
+        if !lock(&self.seen).insert(key) {
+            return false;
+        }
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+        true
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Task tracker configuration (cloned into every incarnation).
+#[derive(Clone)]
+pub struct TaskTracker {
+    /// Actor name, also the fault-injection key.
+    pub name: String,
+    /// The connection.
+    pub client: Client,
+    /// The task followed.
+    pub task_id: TaskId,
+    /// The stream storing task channels (`HUB_TASKS`).
+    pub tasks_stream: String,
+    /// Interval between reads of the stored channel while no final result arrived.
+    pub reread_every: Duration,
+    /// Where results and progress go.
+    pub sink: TrackerSink,
+}
+
+impl TaskTracker {
+    /// A tracker of `task_id` on `HUB_TASKS`, re-reading every 3 s, with the receivers of its
+    /// final result and of its progress events.
+    pub fn new(
+        name: impl Into<String>,
+        client: Client,
+        task_id: TaskId,
+    ) -> (
+        TaskTracker,
+        oneshot::Receiver<TaskResult>,
+        mpsc::UnboundedReceiver<TrackerEvent>,
+    ) {
+        let (result_tx, result_rx) = oneshot::channel();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let tracker = TaskTracker {
+            name: name.into(),
+            client,
+            task_id,
+            tasks_stream: subjects::TASKS_STREAM.to_string(),
+            reread_every: DEFAULT_REREAD_EVERY,
+            sink: TrackerSink::new(result_tx, Some(events_tx)),
+        };
+        (tracker, result_rx, events_rx)
+    }
+
+    /// Sets the interval between reads of the stored channel.
+    #[must_use]
+    pub fn with_reread_every(mut self, every: Duration) -> Self {
+        self.reread_every = every;
+        self
+    }
+
+    /// Sets the stream storing task channels.
+    #[must_use]
+    pub fn with_tasks_stream(mut self, stream: impl Into<String>) -> Self {
+        self.tasks_stream = stream.into();
+        self
+    }
+
+    fn subject(&self) -> String {
+        subjects::task(&TaskKey::from_task_id(&self.task_id))
+    }
+}
+
+/// Where a message was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The core subscription.
+    Live,
+    /// The stored channel.
+    Stored,
+}
+
+/// Messages of the tracker.
+pub enum TrackerMsg {
+    /// A task channel body read by a pump.
+    Seen(Box<TaskChannelBody>, Source),
+    /// Snapshot for a local caller.
+    Snapshot(RpcReplyPort<TrackerSnapshot>),
+    /// The caller dropped its result receiver: stop (the task is not cancelled).
+    CallerGone,
+    /// A pump stopped with an error: fail so that the supervisor restarts the actor.
+    PumpFailed(String),
+}
+
+/// Counters of one incarnation.
+#[derive(Debug, Default)]
+struct Counters {
+    live_seen: AtomicU64,
+    stored_seen: AtomicU64,
+    rereads: AtomicU64,
+    malformed: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Snapshot of a tracker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrackerSnapshot {
+    /// The task followed.
+    pub task_id: String,
+    /// Bodies handled from the live subscription (this incarnation).
+    pub live_seen: u64,
+    /// Bodies handled from the stored channel (this incarnation).
+    pub stored_seen: u64,
+    /// Reads of the stored channel after the first one (this incarnation).
+    pub rereads: u64,
+    /// Messages on the channel that are not task channel envelopes of this task.
+    pub malformed: u64,
+    /// Whether the final result was delivered (by any incarnation).
+    pub delivered: bool,
+}
+
+/// State of one incarnation.
+pub struct TrackerState {
+    counters: Arc<Counters>,
+    stop: watch::Sender<bool>,
+    pumps: Vec<JoinHandle<()>>,
+}
+
+/// Tracker failures.
+#[derive(Debug, thiserror::Error)]
+pub enum TrackerError {
+    /// The live subscription could not be made.
+    #[error("cannot subscribe to {subject}: {reason}")]
+    Subscribe {
+        /// The task channel.
+        subject: String,
+        /// Why.
+        reason: String,
+    },
+    /// A pump failed.
+    #[error("tracker pump failed: {0}")]
+    Pump(String),
+}
+
+#[ractor::async_trait]
+impl Actor for TaskTracker {
+    type Msg = TrackerMsg;
+    type State = TrackerState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TrackerMsg>,
+        _: (),
+    ) -> Result<TrackerState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let counters = Arc::new(Counters::default());
+        let (stop, stop_rx) = watch::channel(false);
+        if self.sink.is_done() {
+            // A restart after delivery (or after the caller left): nothing to follow.
+            myself.stop(Some("already delivered".into()));
+            return Ok(TrackerState {
+                counters,
+                stop,
+                pumps: Vec::new(),
+            });
+        }
+        let subject = self.subject();
+        // Subscribe before the first stored read: whatever is published from now on is seen
+        // live, whatever was published before is in the store.
+        let live =
+            self.client
+                .subscribe(subject.clone())
+                .await
+                .map_err(|e| TrackerError::Subscribe {
+                    subject: subject.clone(),
+                    reason: e.to_string(),
+                })?;
+        let pump = TrackerPump {
+            client: self.client.clone(),
+            task_id: self.task_id.clone(),
+            subject,
+            tasks_stream: self.tasks_stream.clone(),
+            reread_every: self.reread_every,
+            counters: counters.clone(),
+            sink: self.sink.clone(),
+            myself: myself.clone(),
+        };
+        let on_fail = |myself: ActorRef<TrackerMsg>| {
+            move |e| {
+                let _ = myself.cast(TrackerMsg::PumpFailed(e));
+            }
+        };
+        let live_pump = crate::pump_task::spawn_pump(
+            pump.clone().live(live, stop_rx.clone()),
+            on_fail(myself.clone()),
+        );
+        let stored_pump = crate::pump_task::spawn_pump(pump.stored(stop_rx), on_fail(myself));
+        tracing::info!(task_id = %self.task_id, "tracking the task channel");
+        Ok(TrackerState {
+            counters,
+            stop,
+            pumps: vec![live_pump, stored_pump],
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<TrackerMsg>,
+        state: &mut TrackerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = state.stop.send(true);
+        for pump in state.pumps.drain(..) {
+            // A stored read in progress finishes (bounded by READ_TIMEOUT); be brief.
+            let abort = pump.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), pump)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<TrackerMsg>,
+        msg: TrackerMsg,
+        state: &mut TrackerState,
+    ) -> Result<(), ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::Handle)?;
+        match msg {
+            TrackerMsg::Seen(body, source) => {
+                bump(match source {
+                    Source::Live => &state.counters.live_seen,
+                    Source::Stored => &state.counters.stored_seen,
+                });
+                self.on_body(&myself, *body);
+            }
+            TrackerMsg::Snapshot(port) => {
+                let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                let _ = port.send(TrackerSnapshot {
+                    task_id: self.task_id.to_string(),
+                    live_seen: get(&state.counters.live_seen),
+                    stored_seen: get(&state.counters.stored_seen),
+                    rereads: get(&state.counters.rereads),
+                    malformed: get(&state.counters.malformed),
+                    delivered: lock(&self.sink.result).is_none(),
+                });
+            }
+            TrackerMsg::CallerGone => {
+                tracing::info!(task_id = %self.task_id, "result receiver dropped; tracker stops");
+                myself.stop(Some("caller gone".into()));
+            }
+            TrackerMsg::PumpFailed(reason) => return Err(TrackerError::Pump(reason).into()),
+        }
+        Ok(())
+    }
+}
+
+impl TaskTracker {
+    fn on_body(&self, myself: &ActorRef<TrackerMsg>, body: TaskChannelBody) {
+        match body {
+            TaskChannelBody::Result(result) if result.state.is_final() => {
+                let state = result.state;
+                if self.sink.deliver(result) {
+                    tracing::info!(task_id = %self.task_id, state = state.as_str(), "task result delivered");
+                }
+                myself.stop(Some("final result delivered".into()));
+            }
+            TaskChannelBody::Result(result) => {
+                let question = result
+                    .suspend
+                    .as_ref()
+                    .map(|s| s.tool_call_id.as_str())
+                    .unwrap_or("");
+                let key = format!(
+                    "result\u{0}{}\u{0}{}\u{0}{question}",
+                    result.attempt_id,
+                    result.state.as_str()
+                );
+                self.sink.progress(key, TrackerEvent::Progress(result));
+            }
+            TaskChannelBody::Status(event) => {
+                let key = format!("status\u{0}{}", event.event_id);
+                self.sink.progress(key, TrackerEvent::Status(event));
+            }
+        }
+    }
+}
+
+/// What the pumps need.
+#[derive(Clone)]
+struct TrackerPump {
+    client: Client,
+    task_id: TaskId,
+    subject: String,
+    tasks_stream: String,
+    reread_every: Duration,
+    counters: Arc<Counters>,
+    sink: TrackerSink,
+    myself: ActorRef<TrackerMsg>,
+}
+
+impl TrackerPump {
+    async fn live(
+        self,
+        mut sub: Subscriber,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        loop {
+            let msg = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                next = sub.next() => next.ok_or("the live subscription of the task channel ended")?,
+            };
+            if !self.forward(&msg, Source::Live) {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn stored(self, mut stop: watch::Receiver<bool>) -> Result<(), String> {
+        let js = jetstream::new(self.client.clone());
+        let mut next_seq = 1;
+        let mut tick = tokio::time::interval(self.reread_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut first = true;
+        loop {
+            tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                _ = tick.tick() => {}
+            }
+            if self.sink.is_done() {
+                let _ = self.myself.cast(TrackerMsg::CallerGone);
+                return Ok(());
+            }
+            if !first {
+                bump(&self.counters.rereads);
+            }
+            first = false;
+            let read = tokio::time::timeout(READ_TIMEOUT, self.read_stored(&js, &mut next_seq));
+            match read.await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => return Ok(()),
+                Ok(Err(e)) => {
+                    tracing::warn!(task_id = %self.task_id, error = %e, "stored task channel read failed; retrying at the next tick")
+                }
+                Err(_) => {
+                    tracing::warn!(task_id = %self.task_id, "stored task channel read timed out; retrying at the next tick")
+                }
+            }
+        }
+    }
+
+    /// Reads the stored channel from `next_seq` to its end. `Ok(false)`: the actor is gone.
+    async fn read_stored(
+        &self,
+        js: &jetstream::Context,
+        next_seq: &mut u64,
+    ) -> Result<bool, String> {
+        let stream = js
+            .get_stream_no_info(&self.tasks_stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let reader: consumer::PullConsumer = stream
+            .create_consumer(consumer::pull::Config {
+                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: *next_seq,
+                },
+                filter_subject: self.subject.clone(),
+                ack_policy: consumer::AckPolicy::None,
+                inactive_threshold: READ_CONSUMER_INACTIVE,
+                memory_storage: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let name = reader.cached_info().name.clone();
+        let outcome = self.drain(&reader, next_seq).await;
+        if let Err(e) = stream.delete_consumer(&name).await {
+            tracing::debug!(error = %e, consumer = %name, "ephemeral reader not deleted; it expires");
+        }
+        outcome
+    }
+
+    async fn drain(
+        &self,
+        reader: &consumer::PullConsumer,
+        next_seq: &mut u64,
+    ) -> Result<bool, String> {
+        let mut pending = reader.cached_info().num_pending;
+        while pending > 0 {
+            let mut batch = reader
+                .fetch()
+                .max_messages(pending.min(READ_BATCH) as usize)
+                .messages()
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut got = 0;
+            while let Some(msg) = batch.next().await {
+                let msg = msg.map_err(|e| e.to_string())?;
+                got += 1;
+                if let Ok(info) = msg.info() {
+                    *next_seq = (*next_seq).max(info.stream_sequence + 1);
+                }
+                if !self.forward(&msg.message, Source::Stored) {
+                    return Ok(false);
+                }
+            }
+            if got == 0 {
+                break;
+            }
+            pending = pending.saturating_sub(got);
+        }
+        Ok(true)
+    }
+
+    /// Decodes one message and hands it to the actor; `false` when the actor is gone.
+    fn forward(&self, msg: &Message, source: Source) -> bool {
+        let content_type = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::CONTENT_TYPE))
+            .map(|v| v.as_str());
+        let body = Codec::from_content_type(content_type)
+            .ok()
+            .and_then(|codec| protocol::decode(&msg.payload, codec).ok())
+            .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
+            .filter(|body| body_task_id(body) == &self.task_id);
+        match body {
+            Some(body) => self
+                .myself
+                .cast(TrackerMsg::Seen(Box::new(body), source))
+                .is_ok(),
+            None => {
+                bump(&self.counters.malformed);
+                tracing::debug!(task_id = %self.task_id, subject = %msg.subject, "ignored a message that is no task channel envelope of this task");
+                true
+            }
+        }
+    }
+}
+
+fn body_task_id(body: &TaskChannelBody) -> &TaskId {
+    match body {
+        TaskChannelBody::Result(r) => &r.task_id,
+        TaskChannelBody::Status(s) => &s.task_id,
+    }
+}
+
+#[cfg(test)]
+mod tests;

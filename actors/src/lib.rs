@@ -10,7 +10,6 @@
 //! - [`consumers`]: the consumer configurations the router creates.
 //! - [`streams`]: creating or updating the JetStream streams to the configured limits.
 //! - [`router`]: the router actor (stream provisioning and status answers).
-//!   an attempt actor with heartbeats, journal-before-publish and ack-after-publish).
 //! - [`trace_context`]: W3C trace context between `tracing` spans and NATS headers.
 //! - [`tracker`]: the task tracker actor (delegator side): follows a task channel, live and
 //!   stored, and delivers the final result exactly once.

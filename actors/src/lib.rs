@@ -10,6 +10,8 @@
 //! - [`consumers`]: the consumer configurations the router creates.
 //! - [`streams`]: creating or updating the JetStream streams to the configured limits.
 //! - [`router`]: the router actor (stream provisioning and status answers).
+//! - [`worker`]: the worker role (join a work queue, fetch one task per free slot, run each as
+//!   an attempt actor with heartbeats, journal-before-publish and ack-after-publish).
 //! - [`trace_context`]: W3C trace context between `tracing` spans and NATS headers.
 //! - [`tracker`]: the task tracker actor (delegator side): follows a task channel, live and
 //!   stored, and delivers the final result exactly once.
@@ -25,3 +27,4 @@ pub mod streams;
 pub mod supervision;
 pub mod trace_context;
 pub mod tracker;
+pub mod worker;

@@ -81,29 +81,37 @@ fn exit_code(e: &anyhow::Error) -> i32 {
 }
 
 async fn start(args: StartArgs) -> anyhow::Result<()> {
-    if args.role != Role::Router {
-        // The worker role arrives with the durable-tasks work; refuse clearly instead of
-        // pretending to run one.
-        return Err(SystemError::RoleUnavailable {
-            role: format!("{:?}", args.role).to_lowercase(),
-        }
-        .into());
-    }
     let signals =
         runtime::shutdown::Signals::install().context("cannot install signal handlers")?;
     let delivery = runtime::config::load_delivery_config(args.delivery_config.as_deref())
         .map_err(SystemError::from)?;
+    let worker = match args.role {
+        Role::Router => None,
+        Role::Worker | Role::All => Some(worker_settings(&args)?),
+    };
+    if worker.is_some() && !args.durable {
+        return Err(SystemError::InvalidSetting(
+            "the worker role needs --durable (tasks are stored in JetStream)".into(),
+        )
+        .into());
+    }
     let system = ActorSystem::builder()
         .nats(args.nats.settings())
         .durable(args.durable)
         .delivery_config(delivery)
         .build()
         .await?;
-    system.start_router().await?;
+    if args.role != Role::Worker {
+        system.start_router().await?;
+    }
+    if let Some(settings) = worker {
+        system.start_worker(settings).await?;
+    }
     tracing::info!(
+        role = ?args.role,
         durable = args.durable,
         nats_url = %args.nats.nats_url,
-        "router running; SIGINT or SIGTERM stops it"
+        "running; SIGINT or SIGTERM stops it"
     );
     signals.recv().await;
     tracing::info!("shutting down");
@@ -111,6 +119,28 @@ async fn start(args: StartArgs) -> anyhow::Result<()> {
         .shutdown(Duration::from_secs(args.shutdown_grace_secs))
         .await?;
     Ok(())
+}
+
+fn worker_settings(
+    args: &StartArgs,
+) -> Result<runtime::system::worker::WorkerSettings, SystemError> {
+    let invalid =
+        |flag: &str, e: &dyn std::fmt::Display| SystemError::InvalidSetting(format!("{flag}: {e}"));
+    let worker_id = protocol::WorkerId::new(args.worker_id.clone().unwrap_or_default())
+        .map_err(|e| invalid("--worker-id", &e))?;
+    let queue = protocol::QueueName::new(args.queue.clone().unwrap_or_default())
+        .map_err(|e| invalid("--queue", &e))?;
+    let command = args.exec.clone().unwrap_or_default();
+    Ok(runtime::system::worker::WorkerSettings {
+        worker_id,
+        queue,
+        concurrency: usize::from(args.concurrency),
+        journal_dir: args.journal_dir.clone(),
+        handler: std::sync::Arc::new(actors::worker::ExecHandler {
+            command,
+            grace: Duration::from_secs(5),
+        }),
+    })
 }
 
 async fn send(args: cli::SendArgs) -> anyhow::Result<()> {

@@ -582,7 +582,7 @@ async fn two_auth_methods_are_a_usage_error_that_prints_no_secret() {
 }
 
 #[tokio::test]
-async fn worker_role_is_not_available_yet_and_exits_64() {
+async fn worker_role_without_queue_or_exec_is_a_usage_error_naming_the_flag() {
     for role in ["worker", "all"] {
         let out = run_cli(&[
             "start",
@@ -596,8 +596,28 @@ async fn worker_role_is_not_available_yet_and_exits_64() {
         .await;
         assert_exit(&out, 64, role);
         let line = one_stderr_line(&out, role);
-        assert!(line.contains(role), "{line}");
+        assert!(
+            line.contains("--queue") || line.contains("--exec"),
+            "{line}"
+        );
     }
+    // With everything but --durable: tasks need JetStream.
+    let out = run_cli(&[
+        "start",
+        "--role",
+        "worker",
+        "--worker-id",
+        "w1",
+        "--queue",
+        "q",
+        "--exec",
+        "true",
+        "--nats-url",
+        DEAD_URL,
+    ])
+    .await;
+    assert_exit(&out, 64, "worker without --durable");
+    assert!(one_stderr_line(&out, "worker without --durable").contains("--durable"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ use tokio::sync::Mutex;
 
 pub mod messaging;
 pub mod tasks;
+pub mod worker;
 
 use crate::config::ConfigLoadError;
 use crate::connect::{ConnectError, NatsSettings};
@@ -96,6 +97,9 @@ pub enum SystemError {
         /// Why.
         reason: String,
     },
+    /// The worker's journal is locked by another process or unreadable.
+    #[error("{0}")]
+    Journal(String),
     /// A role this build does not run yet.
     #[error("role {role} is not available in this build yet; only --role router runs")]
     RoleUnavailable {
@@ -110,7 +114,8 @@ impl SystemError {
         match self {
             SystemError::Config(_)
             | SystemError::RoleUnavailable { .. }
-            | SystemError::InvalidSetting(_) => true,
+            | SystemError::InvalidSetting(_)
+            | SystemError::Journal(_) => true,
             SystemError::Connect(e) => e.is_usage(),
             SystemError::Streams(actors::streams::StreamError::RetentionMismatch { .. }) => true,
             _ => false,

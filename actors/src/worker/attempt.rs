@@ -1,0 +1,617 @@
+//! The attempt actor: one per admitted task input, spawned linked to the worker (its
+//! supervisor). See [`Attempt`] for the contract.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, AckKind};
+use protocol::subjects::{self, Channel, TaskKey};
+use protocol::task::{
+    judge_answer, on_delivery, result_msg_id, status_msg_id, too_large_result, Answer,
+    AnswerVerdict, AttemptId, AttemptView, CancelStatus, ControlRequest, DeliveryPlan, JournalView,
+    QueryReply, StatusEvent, Suspend, TaskChannelBody, TaskResult, TaskSpec, TaskState,
+};
+use protocol::{AgentId, Envelope, MessageId, WireError, WireErrorKind, WorkerId};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::handler::{AttemptContext, Outcome, TaskHandler};
+use super::WorkerCounters;
+use crate::fault::{self, FaultPoint};
+use crate::journal::Journal;
+
+/// How long a result or status publish may wait for its stream ack.
+pub const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room left under [`protocol::MAX_ENVELOPE_BYTES`] for the envelope meta the router adds.
+pub const ENVELOPE_HEADROOM: usize = 4096;
+
+/// The attempt actor's configuration. The contract, in order:
+///
+/// 1. heartbeat: `+WPI` (progress) on the input every `ack_wait / 3` from `pre_start` until
+///    the final ack (stopped in `post_stop`);
+/// 2. journal admission of the input sequence ([`on_delivery`] decides: republish a saved
+///    result, re-run the same attempt flagged `rerun`, or start a fresh attempt);
+/// 3. a `task_accepted` status event (seq 0) through the ingress;
+/// 4. the handler runs (unless a result is saved);
+/// 5. the result is saved in the journal (fsync) *before* it is published (a too-large
+///    result is replaced by [`too_large_result`]); the fault point `Handle` of the attempt's
+///    name is checked right after saving;
+/// 6. the result envelope is published to `hub.pub.<worker>.task.<key>` with
+///    `Nats-Msg-Id` = [`result_msg_id`] and its stream ack awaited (a duplicate counts);
+/// 7. only then `mark_published`, the input is acked (double ack), the journal forgets the
+///    attempt and the actor stops. A failed publish fails the actor *without* acking: the
+///    input is redelivered after `ack_wait` and the saved result republished.
+///
+/// Waiting: the `waiting` result is published (steps 5–6) but the input stays unacked and
+/// heartbeated while the attempt waits for its answer, so that a crash of this process
+/// redelivers the input and the journal (admission + answers) restores the attempt. The cost
+/// is one unacked input (and one concurrency slot) per waiting attempt.
+#[derive(Clone)]
+pub struct Attempt {
+    /// Actor name (`<worker name>.attempt.<task id>`), also the fault-injection key.
+    pub name: String,
+    /// The connection.
+    pub client: async_nats::Client,
+    /// This worker.
+    pub worker_id: WorkerId,
+    /// The shared journal.
+    pub journal: Arc<Mutex<Journal>>,
+    /// Runs the task.
+    pub handler: Arc<dyn TaskHandler>,
+    /// The consumer's ack wait (the heartbeat runs at a third of it).
+    pub ack_wait: Duration,
+    /// Counters shared with the worker.
+    pub counters: Arc<WorkerCounters>,
+}
+
+/// What an attempt is started with.
+pub struct AttemptArgs {
+    /// The input message (acked at the end).
+    pub msg: jetstream::Message,
+    /// Its stream sequence (the journal key).
+    pub seq: u64,
+    /// The decoded task.
+    pub task: TaskSpec,
+}
+
+/// Messages of an attempt.
+pub enum AttemptMsg {
+    /// The handler (or a resume) returned.
+    Finished(Outcome),
+    /// An answer for this attempt; replies with the verdict once it is journalled (the
+    /// answer message can then be acked).
+    Answer(Answer, RpcReplyPort<AnswerVerdict>),
+    /// Cancel the attempt (replies with its state and the cancel status).
+    Cancel(ControlRequest, RpcReplyPort<QueryReply>),
+    /// The attempt's state; an error when the request does not name this attempt.
+    Query(ControlRequest, RpcReplyPort<Result<QueryReply, WireError>>),
+}
+
+/// What the journal holds as an attempt's saved result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedResult {
+    /// The state-change sequence the result was published under ([`result_msg_id`]).
+    pub seq: u32,
+    /// The result.
+    pub result: TaskResult,
+}
+
+/// Mutable state of an attempt.
+pub struct AttemptState {
+    msg: jetstream::Message,
+    seq: u64,
+    task: TaskSpec,
+    attempt_id: AttemptId,
+    rerun: bool,
+    plan: DeliveryPlan,
+    saved: Option<SavedResult>,
+    /// The sequence of the last result published (or due) for this attempt: each result gets
+    /// the next one, so that a cancel of a waiting attempt does not reuse the waiting
+    /// result's `Nats-Msg-Id`.
+    last_seq: u32,
+    heartbeat: Option<AbortOnDrop>,
+    run: Option<AbortOnDrop>,
+    cancel: watch::Sender<bool>,
+    state: TaskState,
+    suspend: Option<Suspend>,
+    answers: Vec<Answer>,
+    answered: BTreeSet<MessageId>,
+}
+
+/// Why an attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// The journal refused.
+    #[error("journal: {0}")]
+    Journal(String),
+    /// A publish was not confirmed; the input is left unacked.
+    #[error("publish of {what} not confirmed: {reason}")]
+    Publish {
+        /// What was published.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// An id could not be built.
+    #[error("invalid id: {0}")]
+    Id(String),
+}
+
+/// A task aborted when this guard is dropped: an actor's state is dropped however the
+/// actor ends (a failed actor gets no `post_stop`), so its tasks never outlive it.
+#[derive(Debug)]
+pub struct AbortOnDrop(pub JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A fresh random-enough attempt id (time, pid, a counter and a random hasher seed).
+pub fn fresh_attempt_id() -> AttemptId {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(now_nanos());
+    h.write_u32(std::process::id());
+    let a = h.finish();
+    h.write_u64(a);
+    let b = h.finish();
+    AttemptId::new(format!("{a:016x}{b:016x}")).expect("hex is a valid attempt id")
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn now_ms() -> u64 {
+    (now_nanos() / 1_000_000) as u64
+}
+
+/// Runs a journal operation on the blocking pool.
+pub(crate) async fn with_journal<T: Send + 'static>(
+    journal: &Arc<Mutex<Journal>>,
+    op: impl FnOnce(&mut Journal) -> Result<T, crate::journal::JournalError> + Send + 'static,
+) -> Result<T, AttemptError> {
+    let journal = journal.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
+        op(&mut guard)
+    })
+    .await
+    .map_err(|e| AttemptError::Journal(e.to_string()))?
+    .map_err(|e| AttemptError::Journal(e.to_string()))
+}
+
+/// Publishes `body` as an envelope through the ingress of `worker` on the task channel of
+/// `task_id`, with `Nats-Msg-Id` = `msg_id`, and awaits the stream ack. Returns whether the
+/// stream reported a duplicate.
+pub async fn publish_task_channel(
+    client: &async_nats::Client,
+    worker: &WorkerId,
+    task_id: &protocol::TaskId,
+    msg_id: &str,
+    body: &TaskChannelBody,
+) -> Result<bool, AttemptError> {
+    let what = msg_id.to_owned();
+    let fail = |reason: String| AttemptError::Publish {
+        what: what.clone(),
+        reason,
+    };
+    let me = AgentId::new(worker.as_str()).map_err(|e| AttemptError::Id(e.to_string()))?;
+    let subject = subjects::ingress(&me, &Channel::Task(TaskKey::from_task_id(task_id)));
+    let id = MessageId::new(msg_id).map_err(|e| AttemptError::Id(e.to_string()))?;
+    let body = serde_json::to_value(body).map_err(|e| fail(e.to_string()))?;
+    let payload = protocol::encode(&Envelope::new(id, body), protocol::Codec::Json)
+        .map_err(|e| fail(e.to_string()))?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(protocol::headers::NATS_MSG_ID, msg_id);
+    headers.insert(
+        protocol::headers::CONTENT_TYPE,
+        protocol::headers::CONTENT_TYPE_JSON,
+    );
+    let js = jetstream::new(client.clone());
+    let ack = js
+        .publish_with_headers(subject, headers, payload.into())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
+        Ok(Ok(ack)) => Ok(ack.duplicate),
+        Ok(Err(e)) => Err(fail(e.to_string())),
+        Err(_) => Err(fail(format!(
+            "no stream ack within {PUBLISH_ACK_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// The result of `outcome`, replaced by [`too_large_result`] when its envelope would exceed
+/// [`protocol::MAX_ENVELOPE_BYTES`] minus [`ENVELOPE_HEADROOM`].
+pub fn build_result(
+    task: &TaskSpec,
+    attempt_id: &AttemptId,
+    worker: &WorkerId,
+    outcome: Outcome,
+) -> TaskResult {
+    let mut result = TaskResult {
+        task_id: task.task_id.clone(),
+        attempt_id: attempt_id.clone(),
+        worker_id: worker.clone(),
+        state: TaskState::Completed,
+        response: None,
+        error: None,
+        suspend: None,
+        answer_route: None,
+    };
+    match outcome {
+        Outcome::Completed(response) => result.response = Some(response),
+        Outcome::Failed(reason) => {
+            result.state = TaskState::Failed;
+            result.error = Some(WireError::new(WireErrorKind::Internal, reason));
+        }
+        Outcome::Waiting {
+            question,
+            tool_call_id,
+        } => {
+            result.state = TaskState::Waiting;
+            result.suspend = Some(Suspend {
+                question,
+                tool_call_id,
+            });
+            result.answer_route = AgentId::new(worker.as_str())
+                .ok()
+                .map(|me| subjects::answer_ingress(&me, worker));
+        }
+        Outcome::Cancelled => result.state = TaskState::Cancelled,
+    }
+    let size = serde_json::to_vec(&TaskChannelBody::Result(result.clone()))
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if protocol::task::result_too_large(
+        size,
+        protocol::MAX_ENVELOPE_BYTES.saturating_sub(ENVELOPE_HEADROOM),
+    ) {
+        return too_large_result(task.task_id.clone(), attempt_id.clone(), worker.clone());
+    }
+    result
+}
+
+#[ractor::async_trait]
+impl Actor for Attempt {
+    type Msg = AttemptMsg;
+    type State = AttemptState;
+    type Arguments = AttemptArgs;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<AttemptMsg>,
+        args: AttemptArgs,
+    ) -> Result<AttemptState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let AttemptArgs { msg, seq, task } = args;
+        // (a) heartbeat from admission on.
+        let heartbeat = {
+            let msg = msg.clone();
+            let counters = self.counters.clone();
+            let period = (self.ack_wait / 3).max(Duration::from_millis(50));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    match msg.ack_with(AckKind::Progress).await {
+                        Ok(()) => {
+                            counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                    }
+                }
+            })
+        };
+        // (b) admission.
+        let fresh = fresh_attempt_id();
+        let task_id = task.task_id.to_string();
+        let admission = match with_journal(&self.journal, move |j| {
+            let admission = j.admit(seq, &task_id, fresh.as_str())?;
+            let answers = j.lookup(seq).map(|r| r.answers.clone()).unwrap_or_default();
+            Ok((admission, answers))
+        })
+        .await
+        {
+            Ok(admission) => admission,
+            Err(e) => {
+                heartbeat.abort();
+                return Err(e.into());
+            }
+        };
+        let (admission, journalled_answers) = admission;
+        let saved: Option<SavedResult> = admission
+            .result
+            .as_ref()
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let attempt_id = AttemptId::new(&admission.attempt_id).map_err(|e| {
+            heartbeat.abort();
+            AttemptError::Id(e.to_string())
+        })?;
+        let plan = on_delivery(JournalView {
+            admitted: (!admission.new).then(|| attempt_id.clone()),
+            saved_result: saved.is_some(),
+        });
+        if !admission.new {
+            self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+        let answers: Vec<Answer> = journalled_answers
+            .iter()
+            .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
+            .collect();
+        let answered = answers.iter().map(|a| a.message_id.clone()).collect();
+        let (cancel, _) = watch::channel(false);
+        Ok(AttemptState {
+            msg,
+            seq,
+            task,
+            rerun: admission.is_rerun(),
+            attempt_id,
+            plan,
+            last_seq: saved.as_ref().map_or_else(
+                || u32::try_from(answers.len()).unwrap_or(u32::MAX / 2),
+                |s| s.seq,
+            ),
+            saved,
+            heartbeat: Some(AbortOnDrop(heartbeat)),
+            run: None,
+            cancel,
+            state: TaskState::Running,
+            suspend: None,
+            answers,
+            answered,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+    ) -> Result<(), ActorProcessingErr> {
+        // (c) acceptance.
+        let event = StatusEvent::new(
+            state.task.task_id.clone(),
+            state.attempt_id.clone(),
+            self.worker_id.clone(),
+            0,
+            TaskState::Running,
+            now_ms(),
+        );
+        let msg_id = status_msg_id(&event.event_id);
+        publish_task_channel(
+            &self.client,
+            &self.worker_id,
+            &state.task.task_id,
+            &msg_id,
+            &TaskChannelBody::Status(event),
+        )
+        .await?;
+        match &state.plan {
+            DeliveryPlan::RepublishSaved => {
+                let saved = state.saved.clone().expect("plan says a result is saved");
+                self.publish_saved(&myself, state, saved).await?;
+            }
+            DeliveryPlan::RerunSameAttempt { .. } | DeliveryPlan::FreshAttempt => {
+                self.spawn_run(&myself, state);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.heartbeat = None;
+        let _ = state.cancel.send(true);
+        state.run = None;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<AttemptMsg>,
+        msg: AttemptMsg,
+        state: &mut AttemptState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            AttemptMsg::Finished(outcome) => {
+                state.run = None;
+                // A cancel that raced with a normal finish: the handler's outcome stands.
+                let seq = state.last_seq.saturating_add(1);
+                let result = build_result(&state.task, &state.attempt_id, &self.worker_id, outcome);
+                let saved = SavedResult { seq, result };
+                // (e) save before publishing.
+                let value = serde_json::to_value(&saved)?;
+                let input_seq = state.seq;
+                with_journal(&self.journal, move |j| j.save_result(input_seq, &value)).await?;
+                fault::check(&self.name, FaultPoint::Handle)?;
+                self.publish_saved(&myself, state, saved).await?;
+            }
+            AttemptMsg::Answer(answer, reply) => {
+                let view = AttemptView {
+                    task_id: state.task.task_id.clone(),
+                    attempt_id: state.attempt_id.clone(),
+                    worker_id: self.worker_id.clone(),
+                    state: state.state,
+                    tool_call_id: state.suspend.as_ref().map(|s| s.tool_call_id.clone()),
+                    answered: state.answered.clone(),
+                };
+                let mut verdict = judge_answer(Some(&view), &answer);
+                if verdict == AnswerVerdict::Resume {
+                    let payload = serde_json::to_value(&answer)?;
+                    let (input_seq, id) = (state.seq, answer.message_id.to_string());
+                    let fresh = with_journal(&self.journal, move |j| {
+                        j.record_answer(input_seq, &id, &payload)
+                    })
+                    .await?;
+                    if fresh {
+                        state.answered.insert(answer.message_id.clone());
+                        state.answers.push(answer);
+                        state.state = TaskState::Running;
+                        state.suspend = None;
+                        self.spawn_run(&myself, state);
+                    } else {
+                        verdict = AnswerVerdict::Duplicate;
+                    }
+                }
+                if verdict == AnswerVerdict::Duplicate {
+                    // Republish the saved result (same message id: the stream deduplicates).
+                    if let Some(saved) = state.saved.clone() {
+                        publish_task_channel(
+                            &self.client,
+                            &self.worker_id,
+                            &state.task.task_id,
+                            &result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq),
+                            &TaskChannelBody::Result(saved.result),
+                        )
+                        .await?;
+                    }
+                }
+                let _ = reply.send(verdict);
+            }
+            AttemptMsg::Cancel(request, reply) => {
+                let ids_match = self.names_me(state, &request);
+                let status = protocol::task::cancel_status(state.state, ids_match);
+                if status == CancelStatus::Requested {
+                    let _ = state.cancel.send(true);
+                    if state.run.is_none() {
+                        // Waiting: nothing runs to notice the flag.
+                        let _ = myself.cast(AttemptMsg::Finished(Outcome::Cancelled));
+                    }
+                }
+                let _ = reply.send(QueryReply {
+                    state: state.state,
+                    active: true,
+                    suspend: state.suspend.clone(),
+                    cancel: Some(status),
+                });
+            }
+            AttemptMsg::Query(request, reply) => {
+                let answer = if self.names_me(state, &request) {
+                    Ok(QueryReply {
+                        state: state.state,
+                        active: true,
+                        suspend: state.suspend.clone(),
+                        cancel: None,
+                    })
+                } else {
+                    Err(AnswerVerdict::UnknownAttempt
+                        .error()
+                        .expect("unknown attempt is an error"))
+                };
+                let _ = reply.send(answer);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Attempt {
+    fn names_me(&self, state: &AttemptState, request: &ControlRequest) -> bool {
+        request.task_id == state.task.task_id
+            && request.attempt_id == state.attempt_id
+            && request.worker_id == self.worker_id
+    }
+
+    fn context(&self, state: &AttemptState) -> AttemptContext {
+        AttemptContext {
+            task_id: state.task.task_id.clone(),
+            attempt_id: state.attempt_id.clone(),
+            worker_id: self.worker_id.clone(),
+            rerun: state.rerun,
+            cancelled: state.cancel.subscribe(),
+        }
+    }
+
+    /// (d) runs the handler (or resumes it with the answers so far) on a task; the outcome
+    /// comes back as [`AttemptMsg::Finished`].
+    fn spawn_run(&self, myself: &ActorRef<AttemptMsg>, state: &mut AttemptState) {
+        let handler = self.handler.clone();
+        let task = state.task.clone();
+        let ctx = self.context(state);
+        let answers = state.answers.clone();
+        let me = myself.clone();
+        state.state = TaskState::Running;
+        state.run = Some(AbortOnDrop(tokio::spawn(async move {
+            let run = async {
+                if answers.is_empty() {
+                    handler.run(task, ctx).await
+                } else {
+                    handler.resume(task, answers, ctx).await
+                }
+            };
+            let outcome =
+                match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(run)).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Outcome::Failed("the task handler panicked".into()),
+                };
+            let _ = me.cast(AttemptMsg::Finished(outcome));
+        })));
+    }
+
+    /// (f)+(g): publishes a saved result; on a final one, marks it published, acks the input,
+    /// forgets the attempt and stops.
+    async fn publish_saved(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        saved: SavedResult,
+    ) -> Result<(), AttemptError> {
+        let msg_id = result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq);
+        let publish = publish_task_channel(
+            &self.client,
+            &self.worker_id,
+            &state.task.task_id,
+            &msg_id,
+            &TaskChannelBody::Result(saved.result.clone()),
+        )
+        .await;
+        if let Err(e) = publish {
+            state.heartbeat = None;
+            return Err(e);
+        }
+        let input_seq = state.seq;
+        with_journal(&self.journal, move |j| j.mark_published(input_seq)).await?;
+        state.state = saved.result.state;
+        state.suspend = saved.result.suspend.clone();
+        let final_state = saved.result.state.is_final();
+        state.last_seq = state.last_seq.max(saved.seq);
+        state.saved = Some(saved);
+        if !final_state {
+            return Ok(());
+        }
+        match state.state {
+            TaskState::Completed => &self.counters.completed,
+            TaskState::Cancelled => &self.counters.cancelled,
+            _ => &self.counters.failed,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        state.heartbeat = None;
+        if let Err(e) = state.msg.double_ack().await {
+            // Not acked: the input comes back and the saved result is republished (dedup).
+            return Err(AttemptError::Publish {
+                what: "input ack".into(),
+                reason: e.to_string(),
+            });
+        }
+        with_journal(&self.journal, move |j| j.forget(input_seq).map(|_| ())).await?;
+        myself.stop(Some("finished".into()));
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+//! The task handler interface: what a worker runs for each attempt.
+
+use protocol::task::{Answer, AttemptId, TaskSpec};
+use protocol::{TaskId, WorkerId};
+use tokio::sync::watch;
+
+/// How an attempt (or a resume) ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Finished with a response.
+    Completed(serde_json::Value),
+    /// Finished with an error.
+    Failed(String),
+    /// Parked on a question; an [`Answer`] naming `tool_call_id` resumes it.
+    Waiting {
+        /// The question, as text.
+        question: String,
+        /// The tool call the answer must name.
+        tool_call_id: String,
+    },
+    /// Stopped on a cancel request.
+    Cancelled,
+}
+
+/// What a handler knows about the attempt it runs.
+#[derive(Debug, Clone)]
+pub struct AttemptContext {
+    /// The task.
+    pub task_id: TaskId,
+    /// The attempt (stable across a re-run after a crash).
+    pub attempt_id: AttemptId,
+    /// This worker.
+    pub worker_id: WorkerId,
+    /// The same attempt ran before and crashed without saving a result: its effects may
+    /// repeat.
+    pub rerun: bool,
+    /// Turns `true` when the attempt is cancelled.
+    pub cancelled: watch::Receiver<bool>,
+}
+
+impl AttemptContext {
+    /// Whether cancellation was requested.
+    pub fn is_cancelled(&self) -> bool {
+        *self.cancelled.borrow()
+    }
+
+    /// Resolves once cancellation is requested (never, if the attempt is dropped first).
+    pub async fn cancelled(&self) {
+        let mut rx = self.cancelled.clone();
+        if rx.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Runs tasks. One call per attempt; `resume` is called with every accepted answer so far
+/// when a waiting attempt is answered.
+#[async_trait::async_trait]
+pub trait TaskHandler: Send + Sync + 'static {
+    /// Runs `task` from the start.
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome;
+
+    /// Resumes a waiting attempt with all answers accepted so far (oldest first).
+    async fn resume(&self, task: TaskSpec, answers: Vec<Answer>, ctx: AttemptContext) -> Outcome {
+        let _ = (task, answers, ctx);
+        Outcome::Failed("resume not supported".into())
+    }
+}

@@ -1,0 +1,761 @@
+//! Worker tests against a real nats-server. The router is not used: the streams, the join
+//! responder (creating the consumers) and the task inputs are set up by the tests directly.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::stream::{Config as StreamConfig, RetentionPolicy};
+use async_nats::jetstream::{self, Context};
+use futures::StreamExt;
+use protocol::subjects;
+use protocol::task::{
+    Answer, JoinReply, JoinRequest, JoinResponse, TaskChannelBody, TaskResult, TaskSpec, TaskState,
+};
+use protocol::{QueueName, WorkerId};
+use ractor::{Actor, ActorRef};
+
+use super::*;
+use crate::fault::{self, Fault, FaultPoint};
+
+const ACK_WAIT: Duration = Duration::from_secs(1);
+
+struct TestHandler {
+    calls: AtomicUsize,
+    resumes: AtomicUsize,
+    running: AtomicUsize,
+    max_running: AtomicUsize,
+    sleep: Duration,
+    wait_first: bool,
+}
+
+impl TestHandler {
+    fn new(sleep: Duration) -> Arc<TestHandler> {
+        Arc::new(TestHandler {
+            calls: AtomicUsize::new(0),
+            resumes: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            max_running: AtomicUsize::new(0),
+            sleep,
+            wait_first: false,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for TestHandler {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_running.fetch_max(now, Ordering::SeqCst);
+        tokio::select! {
+            () = tokio::time::sleep(self.sleep) => {}
+            () = ctx.cancelled() => {
+                self.running.fetch_sub(1, Ordering::SeqCst);
+                return Outcome::Cancelled;
+            }
+        }
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        if self.wait_first {
+            return Outcome::Waiting {
+                question: "approve?".into(),
+                tool_call_id: "call-1".into(),
+            };
+        }
+        Outcome::Completed(serde_json::json!({ "echo": task.text, "rerun": ctx.rerun }))
+    }
+
+    async fn resume(&self, _: TaskSpec, answers: Vec<Answer>, _: AttemptContext) -> Outcome {
+        self.resumes.fetch_add(1, Ordering::SeqCst);
+        Outcome::Completed(serde_json::json!({ "answers": answers.len() }))
+    }
+}
+
+struct Env {
+    _server: harness::NatsServer,
+    client: async_nats::Client,
+    js: Context,
+    queue: QueueName,
+    worker_id: WorkerId,
+    dir: PathBuf,
+    responder: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.responder.abort();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    std::env::temp_dir().join(format!("worker-{name}-{}-{nanos}", std::process::id()))
+}
+
+fn consumer_config(name: String, filter: String) -> pull::Config {
+    pull::Config {
+        durable_name: Some(name),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: ACK_WAIT,
+        max_deliver: -1,
+        filter_subject: filter,
+        ..Default::default()
+    }
+}
+
+/// A nats-server with the streams, and a fake router answering join requests.
+async fn env(name: &str) -> Env {
+    let server = harness::run_server().await.expect("nats-server");
+    let client = server.client().await.unwrap();
+    let js = jetstream::new(client.clone());
+    for (stream, subject, retention) in [
+        (
+            subjects::INGRESS_STREAM,
+            subjects::INGRESS_FILTER,
+            RetentionPolicy::Limits,
+        ),
+        (
+            subjects::WORK_STREAM,
+            subjects::WORK_FILTER,
+            RetentionPolicy::WorkQueue,
+        ),
+        (
+            subjects::ANSWERS_STREAM,
+            subjects::ANSWERS_FILTER,
+            RetentionPolicy::Limits,
+        ),
+    ] {
+        js.get_or_create_stream(StreamConfig {
+            name: stream.into(),
+            subjects: vec![subject.into()],
+            retention,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    let queue = QueueName::new("q").unwrap();
+    let worker_id = WorkerId::new(format!("w-{name}").replace('_', "-")).unwrap();
+    let mut sub = client
+        .subscribe(subjects::join_request(&queue))
+        .await
+        .unwrap();
+    let (c, j, q) = (client.clone(), js.clone(), queue.clone());
+    let responder = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let request: JoinRequest = serde_json::from_slice(&msg.payload).unwrap();
+            let w = request.worker_id;
+            let work = j.get_stream(subjects::WORK_STREAM).await.unwrap();
+            let answers = j.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
+            let reply = JoinReply {
+                work_stream: subjects::WORK_STREAM.into(),
+                queue_consumer: subjects::queue_consumer(&q),
+                targeted_consumer: subjects::targeted_consumer(&w),
+                answers_stream: subjects::ANSWERS_STREAM.into(),
+                answer_consumer: subjects::answer_consumer(&w),
+            };
+            work.create_consumer(consumer_config(
+                reply.queue_consumer.clone(),
+                subjects::work(&q, None),
+            ))
+            .await
+            .unwrap();
+            work.create_consumer(consumer_config(
+                reply.targeted_consumer.clone(),
+                subjects::targeted_filter(&w),
+            ))
+            .await
+            .unwrap();
+            answers
+                .create_consumer(consumer_config(
+                    reply.answer_consumer.clone(),
+                    subjects::answer(&w),
+                ))
+                .await
+                .unwrap();
+            let body = serde_json::to_vec(&JoinResponse::Joined(reply)).unwrap();
+            c.publish(msg.reply.unwrap(), body.into()).await.unwrap();
+        }
+    });
+    Env {
+        _server: server,
+        client,
+        js,
+        queue,
+        worker_id,
+        dir: temp_dir(name),
+        responder,
+    }
+}
+
+impl Env {
+    fn worker(&self, name: &str, handler: Arc<dyn TaskHandler>, concurrency: usize) -> Worker {
+        Worker {
+            concurrency,
+            ack_wait: ACK_WAIT,
+            ..Worker::new(
+                name,
+                self.client.clone(),
+                self.worker_id.clone(),
+                self.queue.clone(),
+                self.dir.clone(),
+                handler,
+            )
+        }
+    }
+
+    async fn start(
+        &self,
+        name: &str,
+        handler: Arc<dyn TaskHandler>,
+        concurrency: usize,
+    ) -> ActorRef<WorkerMsg> {
+        let (actor, _) = Actor::spawn(
+            Some(name.into()),
+            self.worker(name, handler, concurrency),
+            (),
+        )
+        .await
+        .expect("worker starts");
+        actor
+    }
+
+    /// Stores a task input the way the router does; returns its stream sequence.
+    async fn submit_raw(&self, body: serde_json::Value, id: &str) -> u64 {
+        let env = serde_json::json!({ "meta": { "id": id, "from": "delegator" }, "body": body });
+        self.js
+            .publish(
+                subjects::work(&self.queue, None),
+                serde_json::to_vec(&env).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .sequence
+    }
+
+    async fn submit(&self, task_id: &str) -> u64 {
+        self.submit_raw(
+            serde_json::json!({ "version": 1, "task_id": task_id, "text": format!("do {task_id}") }),
+            &format!("m-{task_id}"),
+        )
+        .await
+    }
+
+    async fn results(&self) -> Results {
+        let stream = self.js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
+        let consumer = stream
+            .create_consumer(pull::Config {
+                filter_subject: format!("hub.pub.{}.task.>", self.worker_id),
+                ack_policy: AckPolicy::None,
+                deliver_policy: DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        Results(consumer.messages().await.unwrap())
+    }
+
+    async fn work_left(&self) -> u64 {
+        let mut stream = self.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+        stream.info().await.unwrap().state.messages
+    }
+
+    async fn wait_work_empty(&self) {
+        for _ in 0..100 {
+            if self.work_left().await == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("HUB_WORK still holds {} messages", self.work_left().await);
+    }
+}
+
+struct Results(pull::Stream);
+
+impl Results {
+    /// The next task-channel body, with its `Nats-Msg-Id`.
+    async fn next(&mut self, within: Duration) -> Option<(TaskChannelBody, String)> {
+        let msg = tokio::time::timeout(within, self.0.next())
+            .await
+            .ok()??
+            .unwrap();
+        let id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(protocol::headers::NATS_MSG_ID))
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        let env = protocol::decode(&msg.payload, protocol::Codec::Json).unwrap();
+        Some((serde_json::from_value(env.body).unwrap(), id))
+    }
+
+    /// The next result (skipping status events).
+    async fn result(&mut self, within: Duration) -> TaskResult {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next(left).await {
+                Some((TaskChannelBody::Result(r), _)) => return r,
+                Some((TaskChannelBody::Status(_), _)) => continue,
+                None => panic!("no result within {within:?}"),
+            }
+        }
+    }
+}
+
+async fn snapshot(worker: &ActorRef<WorkerMsg>) -> WorkerSnapshot {
+    ractor::call_t!(worker, WorkerMsg::Snapshot, 2000).unwrap()
+}
+
+async fn stop(worker: ActorRef<WorkerMsg>) {
+    worker
+        .stop_and_wait(None, Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn task_runs_once_result_published_then_input_acked() {
+    let env = env("once").await;
+    let handler = TestHandler::new(Duration::from_millis(50));
+    let mut results = env.results().await;
+    let worker = env.start("worker-once", handler.clone(), 4).await;
+    env.submit("t1").await;
+    let (first, first_id) = results.next(Duration::from_secs(10)).await.unwrap();
+    let TaskChannelBody::Status(accepted) = first else {
+        panic!("acceptance comes first: {first:?}")
+    };
+    assert_eq!(accepted.seq, 0);
+    assert_eq!(first_id, protocol::task::status_msg_id(&accepted.event_id));
+    let result = results.result(Duration::from_secs(10)).await;
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(result.response.as_ref().unwrap()["echo"], "do t1");
+    assert_eq!(result.attempt_id, accepted.attempt_id);
+    env.wait_work_empty().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+    let snap = snapshot(&worker).await;
+    assert_eq!(snap.counters.completed, 1);
+    assert_eq!(snap.running, 0);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn long_work_is_heartbeated_and_not_redelivered() {
+    let env = env("long").await;
+    let handler = TestHandler::new(ACK_WAIT * 3);
+    let mut results = env.results().await;
+    let worker = env.start("worker-long", handler.clone(), 2).await;
+    env.submit("t-long").await;
+    let result = results.result(Duration::from_secs(15)).await;
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(result.response.unwrap()["rerun"], false);
+    env.wait_work_empty().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "never redelivered");
+    let snap = snapshot(&worker).await;
+    assert!(snap.counters.heartbeats >= 3, "{:?}", snap.counters);
+    assert_eq!(snap.counters.redelivered, 0);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn concurrency_one_runs_one_attempt_and_fetches_one_at_a_time() {
+    let env = env("conc").await;
+    let handler = TestHandler::new(Duration::from_millis(600));
+    let mut results = env.results().await;
+    for i in 0..3 {
+        env.submit(&format!("t{i}")).await;
+    }
+    let worker = env.start("worker-conc", handler.clone(), 1).await;
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    let consumer_name = subjects::queue_consumer(&env.queue);
+    let mut done = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while done < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "timed out");
+        let info = work.consumer_info(&consumer_name).await.unwrap();
+        assert!(
+            info.num_ack_pending <= 1,
+            "prefetched: {} pending",
+            info.num_ack_pending
+        );
+        if let Some((TaskChannelBody::Result(r), _)) =
+            results.next(Duration::from_millis(100)).await
+        {
+            assert_eq!(r.state, TaskState::Completed);
+            done += 1;
+        }
+    }
+    assert_eq!(handler.max_running.load(Ordering::SeqCst), 1);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 3);
+    env.wait_work_empty().await;
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn saved_result_is_republished_without_running_the_handler() {
+    let env = env("saved").await;
+    let seq = env.submit("t-saved").await;
+    let saved = SavedResult {
+        seq: 1,
+        result: TaskResult {
+            task_id: protocol::TaskId::new("t-saved").unwrap(),
+            attempt_id: protocol::AttemptId::new("a-saved").unwrap(),
+            worker_id: env.worker_id.clone(),
+            state: TaskState::Completed,
+            response: Some(serde_json::json!("from the journal")),
+            error: None,
+            suspend: None,
+            answer_route: None,
+        },
+    };
+    {
+        let mut journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+        journal.admit(seq, "t-saved", "a-saved").unwrap();
+        journal
+            .save_result(seq, &serde_json::to_value(&saved).unwrap())
+            .unwrap();
+    }
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-saved", handler.clone(), 2).await;
+    let mut published = None;
+    while published.is_none() {
+        match results.next(Duration::from_secs(10)).await {
+            Some((TaskChannelBody::Result(r), id)) => published = Some((r, id)),
+            Some(_) => {}
+            None => panic!("no result"),
+        }
+    }
+    let (result, id) = published.unwrap();
+    assert_eq!(result, saved.result);
+    assert_eq!(
+        id,
+        protocol::task::result_msg_id(&saved.result.task_id, &saved.result.attempt_id, 1)
+    );
+    env.wait_work_empty().await;
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
+    assert_eq!(snapshot(&worker).await.counters.redelivered, 1);
+    stop(worker).await;
+    let journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+    assert!(
+        journal.open_attempts().is_empty(),
+        "forgotten after the ack"
+    );
+}
+
+#[tokio::test]
+async fn crash_after_journalling_result_republishes_without_rerun() {
+    let env = env("crash").await;
+    let handler = TestHandler::new(Duration::from_millis(20));
+    let mut results = env.results().await;
+    let worker = env.start("worker-crash", handler.clone(), 2).await;
+    fault::arm(
+        "worker-crash.attempt.t-crash",
+        FaultPoint::Handle,
+        Fault::Error,
+        1,
+    );
+    env.submit("t-crash").await;
+    let result = results.result(Duration::from_secs(15)).await;
+    assert_eq!(result.state, TaskState::Completed);
+    env.wait_work_empty().await;
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "ran once");
+    let snap = snapshot(&worker).await;
+    assert_eq!(snap.counters.attempt_failures, 1);
+    assert_eq!(snap.counters.redelivered, 1);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn bad_input_yields_failed_result_and_next_task_still_runs() {
+    let env = env("bad").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-bad", handler.clone(), 1).await;
+    env.submit_raw(
+        serde_json::json!({ "version": 1, "task_id": "t-bad" }),
+        "m-bad",
+    )
+    .await;
+    env.js
+        .publish(subjects::work(&env.queue, None), "not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    env.submit("t-good").await;
+    let bad = results.result(Duration::from_secs(10)).await;
+    assert_eq!(bad.task_id.as_str(), "t-bad");
+    assert_eq!(bad.state, TaskState::Failed);
+    assert_eq!(
+        bad.error.unwrap().kind,
+        protocol::WireErrorKind::MissingField
+    );
+    let good = results.result(Duration::from_secs(10)).await;
+    assert_eq!(good.task_id.as_str(), "t-good");
+    assert_eq!(good.state, TaskState::Completed);
+    env.wait_work_empty().await;
+    assert_eq!(snapshot(&worker).await.counters.bad_input, 2);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
+    let env = env("wait").await;
+    let handler = Arc::new(TestHandler {
+        wait_first: true,
+        ..Arc::into_inner(TestHandler::new(Duration::ZERO)).unwrap()
+    });
+    let mut results = env.results().await;
+    let worker = env.start("worker-wait", handler.clone(), 2).await;
+    env.submit("t-wait").await;
+    let waiting = results.result(Duration::from_secs(10)).await;
+    assert_eq!(waiting.state, TaskState::Waiting);
+    assert_eq!(waiting.suspend.as_ref().unwrap().tool_call_id, "call-1");
+    assert!(waiting.answer_route.is_some());
+    tokio::time::sleep(ACK_WAIT * 2).await;
+    assert_eq!(
+        env.work_left().await,
+        1,
+        "the input stays unacked while waiting"
+    );
+    assert_eq!(
+        handler.calls.load(Ordering::SeqCst),
+        1,
+        "and is not redelivered"
+    );
+    // Query over the control subject.
+    let request = serde_json::json!({
+        "task_id": "t-wait", "attempt_id": waiting.attempt_id, "worker_id": env.worker_id,
+    });
+    let reply = env
+        .client
+        .request(
+            subjects::control(&env.worker_id, subjects::ControlKind::Query),
+            serde_json::to_vec(&request).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let query: protocol::task::QueryReply = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(query.state, TaskState::Waiting);
+    assert!(query.active);
+    let answer = serde_json::json!({
+        "message_id": "ans-1", "task_id": "t-wait", "attempt_id": waiting.attempt_id,
+        "worker_id": env.worker_id, "tool_call_id": "call-1", "responses": ["yes"],
+    });
+    for _ in 0..2 {
+        let env_json =
+            serde_json::json!({ "meta": { "id": "ans-1", "from": "boss" }, "body": answer });
+        env.js
+            .publish(
+                subjects::answer(&env.worker_id),
+                serde_json::to_vec(&env_json).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let done = results.result(Duration::from_secs(10)).await;
+    assert_eq!(done.state, TaskState::Completed);
+    assert_eq!(done.response.unwrap()["answers"], 1);
+    env.wait_work_empty().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(handler.resumes.load(Ordering::SeqCst), 1, "one resume");
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn cancel_request_publishes_a_cancelled_result() {
+    let env = env("cancel").await;
+    let handler = TestHandler::new(Duration::from_secs(30));
+    let mut results = env.results().await;
+    let worker = env.start("worker-cancel", handler.clone(), 2).await;
+    env.submit("t-cancel").await;
+    let Some((TaskChannelBody::Status(accepted), _)) = results.next(Duration::from_secs(10)).await
+    else {
+        panic!("no acceptance")
+    };
+    let request = serde_json::json!({
+        "task_id": "t-cancel", "attempt_id": accepted.attempt_id, "worker_id": env.worker_id,
+    });
+    let reply = env
+        .client
+        .request(
+            subjects::control(&env.worker_id, subjects::ControlKind::Cancel),
+            serde_json::to_vec(&request).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let reply: protocol::task::QueryReply = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(reply.cancel, Some(protocol::task::CancelStatus::Requested));
+    let result = results.result(Duration::from_secs(10)).await;
+    assert_eq!(result.state, TaskState::Cancelled);
+    env.wait_work_empty().await;
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn second_worker_with_same_journal_refuses_to_start_naming_the_lock() {
+    let env = env("lock").await;
+    let worker = env
+        .start("worker-lock-1", TestHandler::new(Duration::ZERO), 1)
+        .await;
+    let err = Actor::spawn(
+        Some("worker-lock-2".into()),
+        env.worker("worker-lock-2", TestHandler::new(Duration::ZERO), 1),
+        (),
+    )
+    .await
+    .expect_err("second worker refused");
+    let text = err.to_string();
+    assert!(text.contains("in use by another process"), "{text}");
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn join_without_router_fails_with_no_responders() {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let dir = temp_dir("nojoin");
+    let worker = Worker::new(
+        "worker-nojoin",
+        client,
+        WorkerId::new("w-nojoin").unwrap(),
+        QueueName::new("q").unwrap(),
+        dir.clone(),
+        TestHandler::new(Duration::ZERO),
+    );
+    let err = Actor::spawn(None, worker, ()).await.err().unwrap();
+    assert!(err.to_string().contains("no responders"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn cancel_while_waiting_publishes_a_cancelled_result_under_a_new_id() {
+    let env = env("cancelwait").await;
+    let handler = Arc::new(TestHandler {
+        wait_first: true,
+        ..Arc::into_inner(TestHandler::new(Duration::ZERO)).unwrap()
+    });
+    let mut results = env.results().await;
+    let worker = env.start("worker-cancelwait", handler.clone(), 2).await;
+    env.submit("t-cw").await;
+    let waiting = results.result(Duration::from_secs(10)).await;
+    assert_eq!(waiting.state, TaskState::Waiting);
+    // A stale answer (wrong tool call) is refused and does not resume.
+    let stale = serde_json::json!({
+        "meta": { "id": "ans-stale" },
+        "body": {
+            "message_id": "ans-stale", "task_id": "t-cw", "attempt_id": waiting.attempt_id,
+            "worker_id": env.worker_id, "tool_call_id": "other", "responses": [],
+        },
+    });
+    env.js
+        .publish(
+            subjects::answer(&env.worker_id),
+            serde_json::to_vec(&stale).unwrap().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let request = serde_json::json!({
+        "task_id": "t-cw", "attempt_id": waiting.attempt_id, "worker_id": env.worker_id,
+    });
+    for _ in 0..50 {
+        if snapshot(&worker).await.counters.answers_refused == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(snapshot(&worker).await.counters.answers_refused, 1);
+    let reply = env
+        .client
+        .request(
+            subjects::control(&env.worker_id, subjects::ControlKind::Cancel),
+            serde_json::to_vec(&request).unwrap().into(),
+        )
+        .await
+        .unwrap();
+    let reply: protocol::task::QueryReply = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(reply.cancel, Some(protocol::task::CancelStatus::Requested));
+    let cancelled = results.result(Duration::from_secs(10)).await;
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    env.wait_work_empty().await;
+    assert_eq!(handler.resumes.load(Ordering::SeqCst), 0);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn incompatible_consumer_refuses_to_start_naming_the_field() {
+    let mut env = env("compat").await;
+    // A router that created the consumers earlier with other settings, and now only replies.
+    env.responder.abort();
+    let mut sub = env
+        .client
+        .subscribe(subjects::join_request(&env.queue))
+        .await
+        .unwrap();
+    let (client, queue, worker_id) = (env.client.clone(), env.queue.clone(), env.worker_id.clone());
+    env.responder = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let reply = JoinResponse::Joined(JoinReply {
+                work_stream: subjects::WORK_STREAM.into(),
+                queue_consumer: subjects::queue_consumer(&queue),
+                targeted_consumer: subjects::targeted_consumer(&worker_id),
+                answers_stream: subjects::ANSWERS_STREAM.into(),
+                answer_consumer: subjects::answer_consumer(&worker_id),
+            });
+            let body = serde_json::to_vec(&reply).unwrap();
+            client
+                .publish(msg.reply.unwrap(), body.into())
+                .await
+                .unwrap();
+        }
+    });
+    let answers = env.js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
+    answers
+        .create_consumer(consumer_config(
+            subjects::answer_consumer(&env.worker_id),
+            subjects::answer(&env.worker_id),
+        ))
+        .await
+        .unwrap();
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    work.create_consumer(consumer_config(
+        subjects::targeted_consumer(&env.worker_id),
+        subjects::targeted_filter(&env.worker_id),
+    ))
+    .await
+    .unwrap();
+    work.create_consumer(pull::Config {
+        max_deliver: 5,
+        ..consumer_config(
+            subjects::queue_consumer(&env.queue),
+            subjects::work(&env.queue, None),
+        )
+    })
+    .await
+    .unwrap();
+    let err = Actor::spawn(
+        Some("worker-compat".into()),
+        env.worker("worker-compat", TestHandler::new(Duration::ZERO), 1),
+        (),
+    )
+    .await
+    .expect_err("incompatible consumer refused");
+    let text = err.to_string();
+    assert!(text.contains("max_deliver"), "{text}");
+}

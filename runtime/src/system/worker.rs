@@ -1,0 +1,85 @@
+//! Running a worker through an [`ActorSystem`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actors::supervision::{ChildSpec, Strategy, SupervisorSpec};
+use actors::worker::{TaskHandler, Worker, WorkerMsg, WorkerSnapshot};
+use protocol::{QueueName, WorkerId};
+
+use super::{ActorSystem, SystemError};
+
+/// How to run a worker.
+pub struct WorkerSettings {
+    /// The worker's identity.
+    pub worker_id: WorkerId,
+    /// The queue it takes tasks from.
+    pub queue: QueueName,
+    /// Attempts at once (1–1024); one task is fetched per free slot.
+    pub concurrency: usize,
+    /// Where the journal lives (`<dir>/<worker_id>/`).
+    pub journal_dir: PathBuf,
+    /// Runs the tasks.
+    pub handler: Arc<dyn TaskHandler>,
+}
+
+impl ActorSystem {
+    /// The actor name of worker `id` (fault-injection key).
+    pub fn worker_name(&self, id: &WorkerId) -> String {
+        format!("{}/worker-{id}", self.id)
+    }
+
+    /// Starts a worker under its own one-for-one supervisor and waits until it has joined its
+    /// queue (the router created its consumers) and bound them.
+    ///
+    /// The journal is checked first, so a second process with the same worker identity and
+    /// journal directory is refused here with the lock holder named.
+    ///
+    /// # Errors
+    /// [`SystemError::Journal`] when the journal is locked or unreadable,
+    /// [`SystemError::Spawn`], or [`SystemError::Timeout`] when the worker does not join (no
+    /// router answering, incompatible consumer).
+    pub async fn start_worker(&self, settings: WorkerSettings) -> Result<(), SystemError> {
+        let probe_dir = settings.journal_dir.clone();
+        let probe_id = settings.worker_id.to_string();
+        tokio::task::spawn_blocking(move || actors::journal::Journal::open(&probe_dir, &probe_id))
+            .await
+            .map_err(|e| SystemError::Journal(e.to_string()))?
+            .map_err(|e| SystemError::Journal(e.to_string()))?;
+        let name = self.worker_name(&settings.worker_id);
+        let mut worker = Worker::new(
+            name.clone(),
+            self.client.clone(),
+            settings.worker_id.clone(),
+            settings.queue,
+            settings.journal_dir,
+            settings.handler,
+        );
+        worker.concurrency = settings.concurrency;
+        worker.ack_wait = self.delivery.ack_wait();
+        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
+            name.clone(),
+            worker,
+            || (),
+        ));
+        self.spawn_tree(format!("{name}-sup"), spec).await?;
+        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
+        while self.worker_snapshot(&settings.worker_id).await.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(SystemError::Timeout {
+                    what: format!("worker {} to join its queue", settings.worker_id),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// The snapshot of worker `id`, when it runs.
+    pub async fn worker_snapshot(&self, id: &WorkerId) -> Option<WorkerSnapshot> {
+        let cell = ractor::registry::where_is(self.worker_name(id))?;
+        let worker: ractor::ActorRef<WorkerMsg> = cell.into();
+        ractor::call_t!(worker, WorkerMsg::Snapshot, 5_000).ok()
+    }
+}

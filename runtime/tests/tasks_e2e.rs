@@ -1,0 +1,250 @@
+//! Tasks end to end through the embedded runtime: delegator -> router -> worker attempt ->
+//! router -> tracker, against a real nats-server.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actors::worker::{AttemptContext, Outcome, TaskHandler};
+use protocol::config::DeliveryConfig;
+use protocol::task::{TaskSpec, TaskState};
+use protocol::{AgentId, QueueName, WorkerId};
+use runtime::system::tasks::new_task;
+use runtime::system::worker::WorkerSettings;
+use runtime::{ActorSystem, NatsSettings};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Echoes the task text after `delay`, counting runs per task id.
+struct Echo {
+    delay: Duration,
+    runs: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for Echo {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(task.task_id.to_string())
+            .or_default() += 1;
+        tokio::time::sleep(self.delay).await;
+        Outcome::Completed(serde_json::json!({"echo": task.text, "worker": ctx.worker_id.as_str()}))
+    }
+}
+
+async fn system(url: &str) -> ActorSystem {
+    ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(true)
+        .delivery_config(DeliveryConfig {
+            ack_wait_secs: 1,
+            ..Default::default()
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn worker(
+    system: &ActorSystem,
+    id: &str,
+    queue: &QueueName,
+    concurrency: usize,
+    handler: Echo,
+    journal: &tempfile::TempDir,
+) {
+    system
+        .start_worker(WorkerSettings {
+            worker_id: WorkerId::new(id).unwrap(),
+            queue: queue.clone(),
+            concurrency,
+            journal_dir: journal.path().to_path_buf(),
+            handler: Arc::new(handler),
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both_took_part() {
+    let server = harness::run_server().await.unwrap();
+    let hub = system(&server.url()).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("builds").unwrap();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let journal = tempfile::tempdir().unwrap();
+    for id in ["w1", "w2"] {
+        let echo = Echo {
+            delay: Duration::from_millis(200),
+            runs: runs.clone(),
+        };
+        worker(&hub, id, &queue, 2, echo, &journal).await;
+    }
+    let alice = AgentId::new("alice").unwrap();
+    let mut trackings = Vec::new();
+    for i in 0..12 {
+        let spec = new_task(format!("task {i}"), vec![]);
+        let tracking = hub.track(&spec.task_id).await.unwrap();
+        hub.delegate(&alice, &queue, None, &spec).await.unwrap();
+        trackings.push((spec, tracking));
+    }
+    let mut by_worker = HashMap::<String, u32>::new();
+    for (spec, tracking) in trackings {
+        let result = tokio::time::timeout(DEADLINE, tracking.result)
+            .await
+            .expect("result in time")
+            .unwrap();
+        assert_eq!(result.task_id, spec.task_id);
+        assert_eq!(result.state, TaskState::Completed);
+        assert_eq!(result.response.as_ref().unwrap()["echo"], spec.text);
+        *by_worker.entry(result.worker_id.to_string()).or_default() += 1;
+    }
+    assert_eq!(by_worker.values().sum::<u32>(), 12);
+    assert_eq!(by_worker.len(), 2, "both workers took part: {by_worker:?}");
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 12);
+    assert!(
+        runs.values().all(|n| *n == 1),
+        "each task ran once: {runs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_later() {
+    let server = harness::run_server().await.unwrap();
+    let hub = system(&server.url()).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("backlog").unwrap();
+    let alice = AgentId::new("alice").unwrap();
+    let mut specs = Vec::new();
+    for i in 0..8 {
+        let spec = new_task(format!("early {i}"), vec![]);
+        hub.delegate(&alice, &queue, None, &spec).await.unwrap();
+        specs.push(spec);
+    }
+    // Routed and waiting in the queue before any worker exists.
+    harness::wait_until_async("tasks routed", DEADLINE, || async {
+        hub.snapshot()
+            .await
+            .unwrap()
+            .router
+            .unwrap()
+            .counters
+            .stored
+            >= 8
+    })
+    .await
+    .unwrap();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let journal = tempfile::tempdir().unwrap();
+    let echo = Echo {
+        delay: Duration::ZERO,
+        runs: runs.clone(),
+    };
+    worker(&hub, "late", &queue, 4, echo, &journal).await;
+    for spec in &specs {
+        let tracking = hub.track(&spec.task_id).await.unwrap();
+        let result = tokio::time::timeout(DEADLINE, tracking.result)
+            .await
+            .expect("result in time")
+            .unwrap();
+        assert_eq!(result.state, TaskState::Completed);
+        assert_eq!(result.worker_id.as_str(), "late");
+    }
+    assert!(runs.lock().unwrap().values().all(|n| *n == 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
+    let server = harness::run_server().await.unwrap();
+    let hub = system(&server.url()).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("long").unwrap();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let journal = tempfile::tempdir().unwrap();
+    let echo = Echo {
+        delay: Duration::from_secs(3), // ack wait is 1 s
+        runs: runs.clone(),
+    };
+    worker(&hub, "w-long", &queue, 1, echo, &journal).await;
+    let spec = new_task("long work", vec![]);
+    let tracking = hub.track(&spec.task_id).await.unwrap();
+    hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("result in time")
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(runs.lock().unwrap()[spec.task_id.as_str()], 1, "ran once");
+    let snap = hub
+        .worker_snapshot(&WorkerId::new("w-long").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(snap.counters.redelivered, 0, "never redelivered");
+    assert!(
+        snap.counters.heartbeats >= 3,
+        "heartbeats at ack_wait/3: {snap:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_targeted_task_runs_only_on_the_named_worker() {
+    let server = harness::run_server().await.unwrap();
+    let hub = system(&server.url()).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("targeted").unwrap();
+    let runs = Arc::new(Mutex::new(HashMap::new()));
+    let journal = tempfile::tempdir().unwrap();
+    for id in ["t1", "t2"] {
+        let echo = Echo {
+            delay: Duration::ZERO,
+            runs: runs.clone(),
+        };
+        worker(&hub, id, &queue, 2, echo, &journal).await;
+    }
+    let t2 = WorkerId::new("t2").unwrap();
+    for i in 0..6 {
+        let spec = new_task(format!("for t2 {i}"), vec![]);
+        let tracking = hub.track(&spec.task_id).await.unwrap();
+        hub.delegate(&AgentId::new("alice").unwrap(), &queue, Some(&t2), &spec)
+            .await
+            .unwrap();
+        let result = tokio::time::timeout(DEADLINE, tracking.result)
+            .await
+            .expect("result in time")
+            .unwrap();
+        assert_eq!(result.worker_id, t2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_idempotency_key_twice_gives_one_task() {
+    let server = harness::run_server().await.unwrap();
+    let hub = system(&server.url()).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("idem").unwrap();
+    let alice = AgentId::new("alice").unwrap();
+    let mut first = new_task("once", vec![]);
+    first.idempotency_key = Some("order-42".into());
+    let mut second = new_task("once again", vec![]);
+    second.idempotency_key = Some("order-42".into());
+    let a = hub.delegate(&alice, &queue, None, &first).await.unwrap();
+    let b = hub.delegate(&alice, &queue, None, &second).await.unwrap();
+    assert!(!a.existing && a.ingress_seq.is_some());
+    assert!(b.existing && b.ingress_seq.is_none());
+    assert_eq!(
+        b.task_id, first.task_id,
+        "the second sender learns the existing task id"
+    );
+    // Another queue: another task.
+    let c = hub
+        .delegate(&alice, &QueueName::new("other").unwrap(), None, &second)
+        .await
+        .unwrap();
+    assert!(!c.existing);
+}

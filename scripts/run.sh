@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: start a local nats-server with JetStream (installed by scripts/setup.sh into
-# .tools/, store in .nats-data/), then `runtime start --role router --durable` against it, and
-# check that the router created its streams and answers `runtime status`.
+# .tools/, store in .nats-data/), then `runtime start --role router --durable` and a worker
+# (`--role worker` running deploy/worker-echo.py per task) against it; check that the router
+# created its streams and answers `runtime status`, then delegate a demo task and print its
+# result.
 #   scripts/run.sh           keep running until Ctrl-C (stops both)
 #   scripts/run.sh --smoke   exit 0 right after the check (non-zero when it fails)
 # Env: NATS_PORT (default 4222), RUST_LOG, NATS_HUB_DELIVERY_CONFIG, OTEL_EXPORTER_OTLP_ENDPOINT.
@@ -37,6 +39,9 @@ trap 'exit 130' INT TERM
 pids+=($!)
 "$bin" start --role router --durable &
 pids+=($!)
+"$bin" start --role worker --durable --worker-id demo-worker --queue demo \
+  --exec "python3 $root/deploy/worker-echo.py" --journal-dir "$data/journal" &
+pids+=($!)
 
 snapshot=""
 for _ in $(seq 1 100); do
@@ -56,6 +61,16 @@ for stream in HUB_INGRESS HUB_INBOX HUB_TASKS; do
   fi
 done
 echo "run: router is up on $NATS_URL with streams HUB_INGRESS, HUB_INBOX, HUB_TASKS" >&2
+echo "run: delegating a demo task to queue demo" >&2
+if ! result="$("$bin" delegate --as demo-user --queue demo "hello from scripts/run.sh" --wait --timeout-secs 60)"; then
+  echo "run: the demo task did not complete" >&2
+  exit 1
+fi
+echo "$result"
+if ! grep -q '"state":"completed"' <<<"$result"; then
+  echo "run: the demo task did not complete" >&2
+  exit 1
+fi
 if [ "$smoke" = 1 ]; then exit 0; fi
 echo "run: Ctrl-C stops the router and nats-server" >&2
 wait

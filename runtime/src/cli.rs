@@ -42,6 +42,60 @@ pub enum Command {
     Inbox(InboxArgs),
     /// Submit a task to a work queue, or find a task's result again with `--resume`.
     Delegate(DelegateArgs),
+    /// Query or cancel a running task.
+    Task(TaskArgs),
+    /// Answer a task that is waiting for an answer.
+    Answer(AnswerArgs),
+}
+
+/// `runtime task`.
+#[derive(Debug, Args)]
+pub struct TaskArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: TaskAction,
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// `runtime task status|cancel`.
+#[derive(Debug, Subcommand)]
+pub enum TaskAction {
+    /// Ask the task's worker for its state, whether it is active, and its question.
+    Status {
+        /// The task id.
+        task_id: String,
+    },
+    /// Ask the task's worker to cancel it (the handler gets a cancellation signal).
+    Cancel {
+        /// The task id.
+        task_id: String,
+    },
+}
+
+/// `runtime answer`.
+#[derive(Debug, Args)]
+pub struct AnswerArgs {
+    /// The task id.
+    pub task_id: String,
+
+    /// The answer text.
+    #[arg(long)]
+    pub text: String,
+
+    /// Who answers.
+    #[arg(
+        long = "as",
+        value_name = "ID",
+        env = "RUNTIME_AGENT_ID",
+        default_value = "operator"
+    )]
+    pub as_id: String,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// `runtime delegate`.

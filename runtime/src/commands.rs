@@ -144,7 +144,7 @@ pub struct DelegateOutcome {
 
 /// `runtime delegate`: submits a task (and waits for its result with `--wait`), or finds a
 /// task's result from its stored channel with `--resume`. A timeout does not cancel the task;
-/// Ctrl-C while waiting sends nothing (cancel arrives with the worker's control subjects).
+/// Ctrl-C while waiting sends a cancel to the task's worker.
 ///
 /// # Errors
 /// [`SystemError::InvalidSetting`] for invalid ids; [`SystemError::Timeout`] when no result
@@ -197,9 +197,29 @@ pub async fn delegate(
     };
     let mut result = None;
     if args.wait || args.resume.is_some() {
+        let signals = crate::shutdown::Signals::install().map_err(|e| {
+            SystemError::InvalidSetting(format!("cannot install signal handlers: {e}"))
+        })?;
         let tracking = system.track(&task_id).await?;
         let limit = Duration::from_secs(args.timeout_secs);
-        match tokio::time::timeout(limit, tracking.result).await {
+        let waited = tokio::select! {
+            waited = tokio::time::timeout(limit, tracking.result) => waited,
+            _ = signals.recv() => {
+                // Ctrl-C while waiting cancels the task (a timeout does not).
+                let cancel = crate::task_commands::control(
+                    system.client(),
+                    &task_id,
+                    protocol::subjects::ControlKind::Cancel,
+                )
+                .await;
+                let _ = system.shutdown(Duration::from_secs(5)).await;
+                return Err(SystemError::Request(match cancel {
+                    Ok(reply) => format!("interrupted; cancel of task {task_id} sent: {reply}"),
+                    Err(e) => format!("interrupted; cancel of task {task_id} not delivered: {e}"),
+                }));
+            }
+        };
+        match waited {
             Ok(Ok(r)) => {
                 print(&serde_json::to_string(&r).unwrap_or_default());
                 result = Some(r);

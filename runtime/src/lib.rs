@@ -30,6 +30,7 @@ pub mod config;
 pub mod connect;
 pub mod shutdown;
 pub mod system;
+pub mod task_commands;
 pub mod telemetry;
 
 pub use connect::{ConnectError, NatsSettings};

@@ -56,6 +56,8 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Status(args) => status(args).await,
         Command::Send(args) => send(args).await,
         Command::Inbox(args) => runtime::commands::inbox(args).await.map_err(Into::into),
+        Command::Task(args) => task(args).await,
+        Command::Answer(args) => answer(args).await,
         Command::Delegate(args) => runtime::commands::delegate(args, |line| println!("{line}"))
             .await
             .map(|_| ())
@@ -141,6 +143,47 @@ fn worker_settings(
             grace: Duration::from_secs(5),
         }),
     })
+}
+
+async fn task(args: cli::TaskArgs) -> anyhow::Result<()> {
+    use protocol::subjects::ControlKind;
+    let (id, kind) = match &args.action {
+        cli::TaskAction::Status { task_id } => (task_id, ControlKind::Query),
+        cli::TaskAction::Cancel { task_id } => (task_id, ControlKind::Cancel),
+    };
+    let task_id = protocol::TaskId::new(id.as_str())
+        .map_err(|e| SystemError::InvalidSetting(format!("TASK_ID: {e}")))?;
+    let client = args
+        .nats
+        .settings()
+        .connect("runtime-task")
+        .await
+        .map_err(SystemError::from)?;
+    let reply = runtime::task_commands::control(&client, &task_id, kind).await?;
+    println!("{reply}");
+    Ok(())
+}
+
+async fn answer(args: cli::AnswerArgs) -> anyhow::Result<()> {
+    let task_id = protocol::TaskId::new(args.task_id.as_str())
+        .map_err(|e| SystemError::InvalidSetting(format!("TASK_ID: {e}")))?;
+    let from = protocol::AgentId::new(args.as_id.as_str())
+        .map_err(|e| SystemError::InvalidSetting(format!("--as: {e}")))?;
+    let client = args
+        .nats
+        .settings()
+        .connect("runtime-answer")
+        .await
+        .map_err(SystemError::from)?;
+    let answer = runtime::task_commands::answer(
+        &client,
+        &from,
+        &task_id,
+        vec![serde_json::Value::String(args.text)],
+    )
+    .await?;
+    println!("{}", serde_json::to_string(&answer)?);
+    Ok(())
 }
 
 async fn send(args: cli::SendArgs) -> anyhow::Result<()> {

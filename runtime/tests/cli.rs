@@ -827,3 +827,94 @@ async fn send_with_an_invalid_identity_is_a_usage_error() {
     let line = one_stderr_line(&out, "invalid --as");
     assert!(line.contains("--as") && line.contains('.'), "{line}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tasks from the command line: worker, delegate, task status, answer, resume
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
+    let server = server().await;
+    let url = server.url();
+    let journal = tempfile::tempdir().unwrap();
+    let script = harness::workspace_root().join("deploy/worker-echo.py");
+    let exec = format!("python3 {}", script.display());
+    let journal_dir = journal.path().display().to_string();
+    let mut all = spawn_runtime(&[
+        "start",
+        "--role",
+        "all",
+        "--durable",
+        "--worker-id",
+        "w9",
+        "--queue",
+        "q",
+        "--exec",
+        &exec,
+        "--journal-dir",
+        &journal_dir,
+        "--nats-url",
+        &url,
+    ]);
+    wait_for_status(&url, &mut all).await;
+
+    let out = run_cli(&[
+        "delegate",
+        "--as",
+        "alice",
+        "--queue",
+        "q",
+        "why?",
+        "--nats-url",
+        &url,
+    ])
+    .await;
+    assert_exit(&out, 0, "delegate");
+    let receipt: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let task_id = receipt["task_id"].as_str().unwrap().to_string();
+
+    // The worker asks its question: status says waiting and active.
+    let waiting = std::cell::RefCell::new(Value::Null);
+    harness::wait_until_async("task waiting", DEADLINE, || async {
+        let out = run_cli(&["task", "--nats-url", &url, "status", &task_id]).await;
+        let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap_or(Value::Null);
+        let done = reply["state"] == "waiting";
+        *waiting.borrow_mut() = reply;
+        done
+    })
+    .await
+    .unwrap();
+    assert_eq!(waiting.borrow()["active"], true);
+    assert_eq!(waiting.borrow()["suspend"]["tool_call_id"], "ask-1");
+
+    let out = run_cli(&["answer", &task_id, "--text", "because", "--nats-url", &url]).await;
+    assert_exit(&out, 0, "answer");
+    let answer: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+
+    let out = run_cli(&[
+        "delegate",
+        "--resume",
+        &task_id,
+        "--timeout-secs",
+        "30",
+        "--nats-url",
+        &url,
+    ])
+    .await;
+    assert_exit(&out, 0, "delegate --resume");
+    let result: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(result["state"], "completed");
+    assert_eq!(result["response"]["echo"], "why?");
+    assert_eq!(result["response"]["answers"][0]["responses"][0], "because");
+    // The waiting attempt was resumed, not a new one.
+    assert_eq!(result["attempt_id"], answer["attempt_id"]);
+
+    // Finished: status comes from the task channel.
+    let out = run_cli(&["task", "--nats-url", &url, "status", &task_id]).await;
+    let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(
+        (reply["state"].as_str(), reply["active"].as_bool()),
+        (Some("completed"), Some(false))
+    );
+    all.kill9().await;
+}

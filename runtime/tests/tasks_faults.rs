@@ -191,7 +191,10 @@ async fn burst_of_43_tasks_to_2_workers_with_concurrency_1_each_longer_than_the_
     let runs = runs.lock().unwrap();
     assert_eq!(runs.len(), N, "every task ran");
     let repeated: Vec<_> = runs.iter().filter(|(_, w)| w.len() != 1).collect();
-    assert!(repeated.is_empty(), "tasks that ran more than once: {repeated:?}");
+    assert!(
+        repeated.is_empty(),
+        "tasks that ran more than once: {repeated:?}"
+    );
     assert_eq!(by_worker.len(), 2, "both workers took part: {by_worker:?}");
 }
 
@@ -362,9 +365,7 @@ async fn oversize_result_becomes_result_too_large() {
     hub.start_router().await.unwrap();
     let queue = QueueName::new("huge").unwrap();
     let journal = tempfile::tempdir().unwrap();
-    let handler = Huge {
-        size: 1_200 * 1024,
-    };
+    let handler = Huge { size: 1_200 * 1024 };
     worker(&hub, "h1", &queue, 1, Arc::new(handler), &journal).await;
     let (spec, tracking) = delegate_tracked(&hub, &queue, "too much").await;
     let result = final_result(tracking).await;

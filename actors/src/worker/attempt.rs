@@ -115,6 +115,8 @@ pub struct AttemptState {
     last_seq: u32,
     heartbeat: Option<AbortOnDrop>,
     run: Option<AbortOnDrop>,
+    /// The attempt's span, a child of the task's trace (from the input's headers).
+    span: tracing::Span,
     cancel: watch::Sender<bool>,
     state: TaskState,
     suspend: Option<Suspend>,
@@ -202,6 +204,7 @@ pub async fn publish_task_channel(
     task_id: &protocol::TaskId,
     msg_id: &str,
     body: &TaskChannelBody,
+    trace: Option<&tracing::Span>,
 ) -> Result<bool, AttemptError> {
     let what = msg_id.to_owned();
     let fail = |reason: String| AttemptError::Publish {
@@ -220,6 +223,15 @@ pub async fn publish_task_channel(
         protocol::headers::CONTENT_TYPE,
         protocol::headers::CONTENT_TYPE_JSON,
     );
+    // The task's trace continues through its results: delegator -> router -> attempt ->
+    // router -> tracker is one trace.
+    if let Some((tp, state)) = trace.and_then(crate::trace_context::traceparent_of) {
+        protocol::trace::inject(
+            &tp,
+            state.as_deref(),
+            &mut crate::trace_context::NatsHeaders(&mut headers),
+        );
+    }
     let js = jetstream::new(client.clone());
     let ack = js
         .publish_with_headers(subject, headers, payload.into())
@@ -355,7 +367,15 @@ impl Actor for Attempt {
             .collect();
         let answered = answers.iter().map(|a| a.message_id.clone()).collect();
         let (cancel, _) = watch::channel(false);
+        let span = tracing::info_span!(
+            "attempt",
+            task_id = %task.task_id,
+            attempt_id = %attempt_id,
+            worker_id = %self.worker_id
+        );
+        crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         Ok(AttemptState {
+            span,
             msg,
             seq,
             task,
@@ -398,6 +418,7 @@ impl Actor for Attempt {
             &state.task.task_id,
             &msg_id,
             &TaskChannelBody::Status(event),
+            Some(&state.span),
         )
         .await?;
         match &state.plan {
@@ -479,6 +500,7 @@ impl Actor for Attempt {
                             &state.task.task_id,
                             &result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq),
                             &TaskChannelBody::Result(saved.result),
+                            Some(&state.span),
                         )
                         .await?;
                     }
@@ -580,6 +602,7 @@ impl Attempt {
             &state.task.task_id,
             &msg_id,
             &TaskChannelBody::Result(saved.result.clone()),
+            Some(&state.span),
         )
         .await;
         if let Err(e) = publish {

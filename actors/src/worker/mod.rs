@@ -639,6 +639,7 @@ impl Worker {
                 &task_id,
                 &result_msg_id(&task_id, &attempt_id, 1),
                 &TaskChannelBody::Result(result),
+                None,
             )
             .await
             {

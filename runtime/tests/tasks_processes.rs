@@ -1,0 +1,353 @@
+//! Tasks across real `runtime` processes killed with SIGKILL: a worker mid-task, a waiting
+//! delegator, and the router between a worker's result and the delegator.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actors::worker::{AttemptContext, Outcome, TaskHandler};
+use harness::RuntimeProcess;
+use protocol::config::DeliveryConfig;
+use protocol::task::{TaskResult, TaskSpec, TaskState};
+use protocol::{AgentId, QueueName, WorkerId};
+use runtime::system::tasks::new_task;
+use runtime::system::worker::WorkerSettings;
+use runtime::{ActorSystem, NatsSettings};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// A temp dir with the delivery config (1 s ack wait), a marker dir and an exec script that
+/// touches `<markers>/<WORKER_ID>`, sleeps `sleep_secs` and answers with its worker id.
+struct Scene {
+    dir: tempfile::TempDir,
+}
+
+impl Scene {
+    fn new(sleep_secs: u32) -> Scene {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("delivery.json"), r#"{"ack_wait_secs": 1}"#).unwrap();
+        std::fs::create_dir(dir.path().join("markers")).unwrap();
+        let script = format!(
+            "cat > /dev/null\n\
+             touch '{markers}'/\"$WORKER_ID\"\n\
+             sleep {sleep_secs}\n\
+             printf '{{\"response\": \"%s\"}}\\n' \"$WORKER_ID\"\n",
+            markers = dir.path().join("markers").display()
+        );
+        std::fs::write(dir.path().join("task.sh"), script).unwrap();
+        Scene { dir }
+    }
+
+    fn config(&self) -> String {
+        self.dir.path().join("delivery.json").display().to_string()
+    }
+
+    fn exec(&self) -> String {
+        format!("sh {}", self.dir.path().join("task.sh").display())
+    }
+
+    fn journal(&self, worker: &str) -> PathBuf {
+        self.dir.path().join(format!("journal-{worker}"))
+    }
+
+    /// Worker ids whose script started, in no particular order.
+    fn started(&self) -> Vec<String> {
+        std::fs::read_dir(self.dir.path().join("markers"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn router(&self, url: &str) -> RuntimeProcess {
+        RuntimeProcess::spawn(
+            [
+                "start",
+                "--role",
+                "router",
+                "--durable",
+                "--nats-url",
+                url,
+                "--delivery-config",
+                &self.config(),
+            ],
+            &[("RUST_LOG", "warn")],
+        )
+        .unwrap()
+    }
+
+    fn worker(&self, url: &str, id: &str, queue: &str) -> RuntimeProcess {
+        let journal = self.journal(id).display().to_string();
+        RuntimeProcess::spawn(
+            [
+                "start",
+                "--role",
+                "worker",
+                "--worker-id",
+                id,
+                "--queue",
+                queue,
+                "--concurrency",
+                "1",
+                "--exec",
+                &self.exec(),
+                "--journal-dir",
+                &journal,
+                "--durable",
+                "--nats-url",
+                url,
+                "--delivery-config",
+                &self.config(),
+            ],
+            &[("RUST_LOG", "warn")],
+        )
+        .unwrap()
+    }
+}
+
+async fn wait_router(client: &async_nats::Client) {
+    harness::wait_until_async("a router answers status", DEADLINE, || async {
+        runtime::request_status(client, Duration::from_millis(500))
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap();
+}
+
+/// `runtime <args>` without the NATS_*/RUNTIME_* environment of the test run.
+fn one_shot(args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_runtime"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("NATS_") || key.starts_with("RUNTIME_") {
+            cmd.env_remove(key.as_ref());
+        }
+    }
+    cmd
+}
+
+async fn system(url: &str) -> ActorSystem {
+    ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(true)
+        .delivery_config(DeliveryConfig {
+            ack_wait_secs: 1,
+            ..Default::default()
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
+fn logs(processes: &[(&str, &RuntimeProcess)]) -> String {
+    processes
+        .iter()
+        .map(|(name, p)| format!("--- {name}:\n{}", p.log()))
+        .collect()
+}
+
+#[tokio::test]
+async fn worker_killed_with_sigkill_mid_task_the_task_is_redelivered_and_completed_by_the_other_worker(
+) {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(3);
+    let router = scene.router(&url);
+    wait_router(&server.client().await.unwrap()).await;
+    let mut w1 = scene.worker(&url, "pw1", "procs");
+    let mut w2 = scene.worker(&url, "pw2", "procs");
+
+    let hub = system(&url).await;
+    let spec = new_task("survive a kill", vec![]);
+    let tracking = hub.track(&spec.task_id).await.unwrap();
+    hub.delegate(
+        &AgentId::new("alice").unwrap(),
+        &QueueName::new("procs").unwrap(),
+        None,
+        &spec,
+    )
+    .await
+    .unwrap();
+    let started = harness::wait_until("a worker started the task", DEADLINE, || {
+        !scene.started().is_empty()
+    })
+    .await;
+    if let Err(e) = started {
+        panic!(
+            "{e}\n{}",
+            logs(&[("router", &router), ("pw1", &w1), ("pw2", &w2)])
+        );
+    }
+    let victim = scene.started().remove(0);
+    let other = if victim == "pw1" { "pw2" } else { "pw1" };
+    if victim == "pw1" {
+        w1.kill9().await;
+    } else {
+        w2.kill9().await;
+    }
+    let result = match tokio::time::timeout(DEADLINE, tracking.result).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!(
+            "no result\n{}",
+            logs(&[("router", &router), ("pw1", &w1), ("pw2", &w2)])
+        ),
+    };
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(result.worker_id.as_str(), other, "{result:?}");
+    assert_eq!(result.response, Some(serde_json::json!(other)));
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn delegator_killed_while_its_task_runs_resume_still_gets_the_result() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(2);
+    let router = scene.router(&url);
+    wait_router(&server.client().await.unwrap()).await;
+    let worker = scene.worker(&url, "dw1", "dq");
+
+    let mut delegator = one_shot(&[
+        "delegate",
+        "--as",
+        "alice",
+        "--queue",
+        "dq",
+        "do it",
+        "--wait",
+        "--timeout-secs",
+        "60",
+        "--nats-url",
+        &url,
+    ])
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(delegator.stdout.take().unwrap()).lines();
+    let receipt = tokio::time::timeout(DEADLINE, lines.next_line())
+        .await
+        .expect("a receipt in time")
+        .unwrap()
+        .expect("a receipt line");
+    let receipt: serde_json::Value = serde_json::from_str(&receipt).unwrap();
+    let task_id = receipt["task_id"].as_str().unwrap().to_string();
+
+    let started = harness::wait_until("the worker started the task", DEADLINE, || {
+        !scene.started().is_empty()
+    })
+    .await;
+    if let Err(e) = started {
+        panic!("{e}\n{}", logs(&[("router", &router), ("worker", &worker)]));
+    }
+    delegator.kill().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), lines.next_line())
+            .await
+            .map_or(true, |line| line.unwrap().is_none()),
+        "the delegator printed no result before the kill"
+    );
+
+    let out = tokio::time::timeout(
+        DEADLINE,
+        one_shot(&[
+            "delegate",
+            "--resume",
+            &task_id,
+            "--timeout-secs",
+            "60",
+            "--nats-url",
+            &url,
+        ])
+        .output(),
+    )
+    .await
+    .expect("resume in time")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "resume failed: {stdout}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        logs(&[("router", &router), ("worker", &worker)])
+    );
+    let line = stdout.lines().rfind(|l| !l.trim().is_empty()).unwrap();
+    let result: TaskResult = serde_json::from_str(line).unwrap();
+    assert_eq!(result.task_id.as_str(), task_id);
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(result.response, Some(serde_json::json!("dw1")));
+}
+
+/// Counts runs, signals the start, sleeps `delay`, completes.
+struct Slow {
+    delay: Duration,
+    runs: Arc<AtomicU32>,
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for Slow {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        Outcome::Completed(serde_json::json!({"text": task.text, "worker": ctx.worker_id.as_str()}))
+    }
+}
+
+fn journal_dir(dir: &Path) -> PathBuf {
+    dir.join("journal")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_killed_between_a_workers_result_and_the_delegator_the_result_still_arrives() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(0);
+    let mut first = scene.router(&url);
+    let client = server.client().await.unwrap();
+    wait_router(&client).await;
+
+    let hub = system(&url).await;
+    let queue = QueueName::new("rq").unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    hub.start_worker(WorkerSettings {
+        worker_id: WorkerId::new("rw1").unwrap(),
+        queue: queue.clone(),
+        concurrency: 1,
+        journal_dir: journal_dir(scene.dir.path()),
+        handler: Arc::new(Slow {
+            delay: Duration::from_secs(2),
+            runs: runs.clone(),
+        }),
+    })
+    .await
+    .unwrap();
+    let spec = new_task("across a router crash", vec![]);
+    let tracking = hub.track(&spec.task_id).await.unwrap();
+    hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
+        .await
+        .unwrap();
+    harness::wait_until("the task started", DEADLINE, || {
+        runs.load(Ordering::SeqCst) >= 1
+    })
+    .await
+    .unwrap();
+    first.kill9().await;
+
+    let second = scene.router(&url);
+    wait_router(&client).await;
+    let result = match tokio::time::timeout(DEADLINE, tracking.result).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!("no result\n{}", logs(&[("second router", &second)])),
+    };
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(result.task_id, spec.task_id);
+    assert_eq!(result.worker_id.as_str(), "rw1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -248,3 +248,44 @@ async fn the_same_idempotency_key_twice_gives_one_task() {
         .unwrap();
     assert!(!c.existing);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_events_report_acceptance_then_each_state_change_once() {
+    use actors::tracker::TrackerEvent;
+    use protocol::task::StatusKind;
+    let server = harness::run_server().await.unwrap();
+    let hub = system(&server.url()).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("status").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let echo = Echo {
+        delay: Duration::from_millis(100),
+        runs: Arc::default(),
+    };
+    worker(&hub, "w-status", &queue, 1, echo, &journal).await;
+    let spec = new_task("report", vec![]);
+    let mut tracking = hub.track(&spec.task_id).await.unwrap();
+    hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("result in time")
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed);
+    let mut events = Vec::new();
+    while let Ok(event) = tracking.events.try_recv() {
+        if let TrackerEvent::Status(status) = event {
+            events.push((status.kind, status.seq, status.state, status.event_id));
+        }
+    }
+    assert_eq!(
+        events.len(),
+        2,
+        "acceptance and completion, each once: {events:?}"
+    );
+    assert_eq!(events[0].0, StatusKind::TaskAccepted);
+    assert_eq!(events[0].1, 0);
+    assert_eq!(events[1].2, TaskState::Completed);
+    assert_ne!(events[0].3, events[1].3, "stable, distinct event ids");
+}

@@ -595,6 +595,29 @@ impl Attempt {
         state: &mut AttemptState,
         saved: SavedResult,
     ) -> Result<(), AttemptError> {
+        // One status event per state change, with a stable id (the result's seq), published
+        // before the result so that a tracker that stops at the final result has seen it.
+        let event = StatusEvent::new(
+            state.task.task_id.clone(),
+            state.attempt_id.clone(),
+            self.worker_id.clone(),
+            saved.seq.max(1),
+            saved.result.state,
+            now_ms(),
+        );
+        let status = publish_task_channel(
+            &self.client,
+            &self.worker_id,
+            &state.task.task_id,
+            &status_msg_id(&event.event_id),
+            &TaskChannelBody::Status(event),
+            Some(&state.span),
+        )
+        .await;
+        if let Err(e) = status {
+            state.heartbeat = None;
+            return Err(e);
+        }
         let msg_id = result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq);
         let publish = publish_task_channel(
             &self.client,

@@ -1,5 +1,4 @@
-//! The worker role: joins a work queue, fetches tasks one at a time while a concurrency slot
-//! is free, and runs each admitted task as an [`attempt::Attempt`] actor linked to the
+//! The worker role: joins a work queue, fetches one task per free concurrency slot, and runs each admitted task as an [`attempt::Attempt`] actor linked to the
 //! [`Worker`] actor (its supervisor).
 //!
 //! - [`handler`]: the [`TaskHandler`] trait the tasks run through, and its [`Outcome`].
@@ -14,11 +13,12 @@
 //! targeted and queue consumers it names after checking them with [`compat::check_consumer`],
 //! subscribe to the control subjects, and start the fetch loop.
 //!
-//! Fetching: the loop holds a semaphore of `concurrency` slots. It fetches exactly one
-//! message at a time (never prefetching), an answer first (answers need no slot, so they are
-//! never starved), then, when a slot is free, one task, alternating which of the targeted
-//! and queue consumers is asked first. The slot travels with the task and is released when
-//! its attempt actor stops or fails.
+//! Fetching: answers have their own waiting pull (they need no slot, so a task backlog never
+//! starves them). Tasks: the loop holds a semaphore of `concurrency` slots; it waits for one
+//! free slot, takes every other free slot, and pulls exactly that many messages (never more:
+//! no prefetch), first from the targeted consumer (no wait), the rest from the queue consumer
+//! (a waiting pull of up to [`FETCH_WAIT`] that hands over each task as it arrives). The slot
+//! travels with the task and is released when its attempt actor stops or fails.
 //!
 //! Decisions:
 //! - Bad input (undecodable envelope or task) is acked after publishing a failed result when
@@ -77,8 +77,6 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a journal locked by this same process is retried at start-up.
 pub const JOURNAL_LOCK_RETRY: Duration = Duration::from_secs(1);
-/// How long the fetch loop sleeps when a round fetched nothing.
-pub const IDLE_POLL: Duration = Duration::from_millis(100);
 /// How long the worker waits for an attempt to take an answer or a control request.
 pub const ATTEMPT_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// The nak delay of an answer whose attempt is not running yet.
@@ -884,68 +882,132 @@ async fn bind(
         .map_err(|e| fail(e.to_string()))
 }
 
-/// Fetches at most one message (no wait). Transient errors are logged and yield `None`.
-async fn fetch_one(
-    consumer: &Consumer<pull::Config>,
-) -> Result<Option<jetstream::Message>, WorkerError> {
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .messages()
-        .await
-        .map_err(|e| WorkerError::Pump(e.to_string()))?;
-    match batch.next().await {
-        Some(Ok(msg)) => Ok(Some(msg)),
-        Some(Err(e)) => {
-            tracing::warn!(error = %e, "fetch error; trying again");
-            Ok(None)
-        }
-        None => Ok(None),
-    }
-}
+/// How long a waiting pull on the queue (or answers) consumer stays open when nothing comes.
+pub const FETCH_WAIT: Duration = Duration::from_millis(500);
 
-/// The fetch loop: see the [module documentation](self).
+/// The fetch loop: answers on their own (they need no slot), tasks one per free slot.
 async fn fetch_loop(
     me: ActorRef<WorkerMsg>,
     answers: Consumer<pull::Config>,
     targeted: Consumer<pull::Config>,
     queue: Consumer<pull::Config>,
     slots: Arc<Semaphore>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), WorkerError> {
+    let answer_side = answer_loop(me.clone(), answers, stop.clone());
+    let task_side = task_loop(me, targeted, queue, slots, stop);
+    tokio::try_join!(answer_side, task_side).map(|_| ())
+}
+
+/// Answers are fetched by their own waiting pull, so a backlog of tasks never delays them.
+async fn answer_loop(
+    me: ActorRef<WorkerMsg>,
+    answers: Consumer<pull::Config>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), WorkerError> {
-    let mut targeted_first = true;
     loop {
         if *stop.borrow() {
             return Ok(());
         }
-        let mut got = false;
-        if let Some(msg) = fetch_one(&answers).await? {
-            got = true;
-            if me.cast(WorkerMsg::Answer(msg)).is_err() {
-                return Ok(());
+        let mut batch = answers
+            .batch()
+            .max_messages(16)
+            .expires(FETCH_WAIT)
+            .messages()
+            .await
+            .map_err(|e| WorkerError::Pump(e.to_string()))?;
+        loop {
+            let next = tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                next = batch.next() => next,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    if me.cast(WorkerMsg::Answer(msg)).is_err() {
+                        return Ok(());
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "answer fetch error; pulling again");
+                    break;
+                }
+                None => break,
             }
         }
-        if let Ok(permit) = slots.clone().try_acquire_owned() {
-            let order = if targeted_first {
-                [&targeted, &queue]
-            } else {
-                [&queue, &targeted]
-            };
-            targeted_first = !targeted_first;
-            for consumer in order {
-                if let Some(msg) = fetch_one(consumer).await? {
-                    got = true;
+    }
+}
+
+/// Tasks: wait for a free slot, take every other free slot, then pull exactly that many
+/// messages: first from the targeted consumer (no wait), the rest from the queue consumer (a
+/// waiting pull that hands over each task as it arrives). Never more than the free slots: no
+/// prefetch.
+async fn task_loop(
+    me: ActorRef<WorkerMsg>,
+    targeted: Consumer<pull::Config>,
+    queue: Consumer<pull::Config>,
+    slots: Arc<Semaphore>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), WorkerError> {
+    let pump = |e: &dyn std::fmt::Display| WorkerError::Pump(e.to_string());
+    loop {
+        if *stop.borrow() {
+            return Ok(());
+        }
+        let first = tokio::select! {
+            _ = stop.changed() => return Ok(()),
+            permit = slots.clone().acquire_owned() => permit.map_err(|e| pump(&e))?,
+        };
+        let mut permits = vec![first];
+        while let Ok(permit) = slots.clone().try_acquire_owned() {
+            permits.push(permit);
+        }
+        let mut targeted_batch = targeted
+            .fetch()
+            .max_messages(permits.len())
+            .messages()
+            .await
+            .map_err(|e| pump(&e))?;
+        while let Some(next) = targeted_batch.next().await {
+            match next {
+                Ok(msg) => {
+                    let permit = permits.pop().expect("at most one message per permit");
                     if me.cast(WorkerMsg::Task { msg, permit }).is_err() {
                         return Ok(());
                     }
-                    break;
                 }
+                Err(e) => tracing::warn!(error = %e, "targeted fetch error"),
             }
         }
-        if !got {
-            tokio::select! {
-                _ = stop.changed() => {}
-                () = tokio::time::sleep(IDLE_POLL) => {}
+        if permits.is_empty() {
+            continue;
+        }
+        let mut queue_batch = queue
+            .batch()
+            .max_messages(permits.len())
+            .expires(FETCH_WAIT)
+            .messages()
+            .await
+            .map_err(|e| pump(&e))?;
+        loop {
+            let next = tokio::select! {
+                _ = stop.changed() => return Ok(()),
+                next = queue_batch.next() => next,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let permit = permits.pop().expect("at most one message per permit");
+                    if me.cast(WorkerMsg::Task { msg, permit }).is_err() {
+                        return Ok(());
+                    }
+                    if permits.is_empty() {
+                        break;
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "queue fetch error; pulling again");
+                    break;
+                }
+                None => break,
             }
         }
     }

@@ -329,71 +329,26 @@ impl Actor for Attempt {
                 }
             })
         };
-        // (b) admission.
-        let fresh = fresh_attempt_id();
-        let task_id = task.task_id.to_string();
-        let admission = match with_journal(&self.journal, move |j| {
-            let admission = j.admit(seq, &task_id, fresh.as_str())?;
-            let answers = j.lookup(seq).map(|r| r.answers.clone()).unwrap_or_default();
-            Ok((admission, answers))
-        })
-        .await
-        {
-            Ok(admission) => admission,
-            Err(e) => {
-                heartbeat.abort();
-                return Err(e.into());
-            }
-        };
-        let (admission, journalled_answers) = admission;
-        let saved: Option<SavedResult> = admission
-            .result
-            .as_ref()
-            .and_then(|v| serde_json::from_value(v.clone()).ok());
-        let attempt_id = AttemptId::new(&admission.attempt_id).map_err(|e| {
-            heartbeat.abort();
-            AttemptError::Id(e.to_string())
-        })?;
-        let plan = on_delivery(JournalView {
-            admitted: (!admission.new).then(|| attempt_id.clone()),
-            saved_result: saved.is_some(),
-        });
-        if !admission.new {
-            self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
-        }
-        let answers: Vec<Answer> = journalled_answers
-            .iter()
-            .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
-            .collect();
-        let answered = answers.iter().map(|a| a.message_id.clone()).collect();
+        // (b) admission happens in `post_start`, off the worker's critical path (spawning an
+        // actor waits for its `pre_start`; the journal's fsync must not serialize admissions).
         let (cancel, _) = watch::channel(false);
-        let span = tracing::info_span!(
-            "attempt",
-            task_id = %task.task_id,
-            attempt_id = %attempt_id,
-            worker_id = %self.worker_id
-        );
-        crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         Ok(AttemptState {
-            span,
+            span: tracing::Span::none(),
             msg,
             seq,
             task,
-            rerun: admission.is_rerun(),
-            attempt_id,
-            plan,
-            last_seq: saved.as_ref().map_or_else(
-                || u32::try_from(answers.len()).unwrap_or(u32::MAX / 2),
-                |s| s.seq,
-            ),
-            saved,
+            rerun: false,
+            attempt_id: fresh_attempt_id(),
+            plan: DeliveryPlan::FreshAttempt,
+            last_seq: 0,
+            saved: None,
             heartbeat: Some(AbortOnDrop(heartbeat)),
             run: None,
             cancel,
             state: TaskState::Running,
             suspend: None,
-            answers,
-            answered,
+            answers: Vec::new(),
+            answered: BTreeSet::new(),
         })
     }
 
@@ -402,6 +357,7 @@ impl Actor for Attempt {
         myself: ActorRef<AttemptMsg>,
         state: &mut AttemptState,
     ) -> Result<(), ActorProcessingErr> {
+        self.admit(state).await?;
         // (c) acceptance.
         let event = StatusEvent::new(
             state.task.task_id.clone(),
@@ -585,6 +541,56 @@ impl Attempt {
                 };
             let _ = me.cast(AttemptMsg::Finished(outcome));
         })));
+    }
+
+    /// (b) Records the admission in the journal (or finds the earlier one) and decides what to
+    /// do with this delivery.
+    async fn admit(&self, state: &mut AttemptState) -> Result<(), AttemptError> {
+        let seq = state.seq;
+        let fresh = state.attempt_id.clone();
+        let task_id = state.task.task_id.to_string();
+        let (admission, journalled_answers) = with_journal(&self.journal, move |j| {
+            let admission = j.admit(seq, &task_id, fresh.as_str())?;
+            let answers = j.lookup(seq).map(|r| r.answers.clone()).unwrap_or_default();
+            Ok((admission, answers))
+        })
+        .await?;
+        let saved: Option<SavedResult> = admission
+            .result
+            .as_ref()
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
+        let attempt_id =
+            AttemptId::new(&admission.attempt_id).map_err(|e| AttemptError::Id(e.to_string()))?;
+        let plan = on_delivery(JournalView {
+            admitted: (!admission.new).then(|| attempt_id.clone()),
+            saved_result: saved.is_some(),
+        });
+        if !admission.new {
+            self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
+        }
+        let answers: Vec<Answer> = journalled_answers
+            .iter()
+            .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
+            .collect();
+        state.answered = answers.iter().map(|a| a.message_id.clone()).collect();
+        let span = tracing::info_span!(
+            "attempt",
+            task_id = %state.task.task_id,
+            attempt_id = %attempt_id,
+            worker_id = %self.worker_id
+        );
+        crate::trace_context::set_parent_from(&span, state.msg.headers.as_ref());
+        state.span = span;
+        state.rerun = admission.is_rerun();
+        state.last_seq = saved.as_ref().map_or_else(
+            || u32::try_from(answers.len()).unwrap_or(u32::MAX / 2),
+            |s| s.seq,
+        );
+        state.attempt_id = attempt_id;
+        state.plan = plan;
+        state.saved = saved;
+        state.answers = answers;
+        Ok(())
     }
 
     /// (f)+(g): publishes a saved result; on a final one, marks it published, acks the input,

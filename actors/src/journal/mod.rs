@@ -8,8 +8,10 @@
 //!   [`JournalError::Locked`], which names the holder's pid.
 //! - `journal.log`: an append-only log, one record per line:
 //!   `<crc32 as 8 hex digits> <JSON record>\n`, where the JSON record is tagged by `kind`:
-//!   `admitted`, `result`, `answer`, `published`, or `done`. Every append is `write_all` plus
-//!   `sync_data` before it returns, so an acknowledged record survives a crash or power loss.
+//!   `admitted`, `result`, `answer`, `published`, or `done`. An admission, result or answer is
+//!   `write_all` plus `sync_data` before the call returns, so it survives a crash or power
+//!   loss; the `published` and `done` hints are appended without
+//!   their own fsync, since losing them only republishes a result the stream dedupes.
 //!
 //! On [`Journal::open`] the log is replayed to rebuild the in-memory index. A damaged or
 //! incomplete *last* line is the torn write of a crash: it was never acknowledged, so it is
@@ -271,7 +273,9 @@ impl Journal {
     /// Marks the current result of the attempt of `input_seq` as confirmed by the broker.
     pub fn mark_published(&mut self, input_seq: u64) -> Result<(), JournalError> {
         self.require(input_seq)?;
-        self.write(Record::Published { seq: input_seq })
+        // A hint, not a promise: lost in a crash, it only means the saved result is published
+        // again (the stream dedupes it), so it is not fsync'd on its own.
+        self.write_lazy(Record::Published { seq: input_seq })
     }
 
     /// Marks the attempt of `input_seq` finished (its input was acknowledged). Returns
@@ -281,7 +285,9 @@ impl Journal {
         if !self.attempts.contains_key(&input_seq) {
             return Ok(false);
         }
-        self.write(Record::Done { seq: input_seq })?;
+        // Written after the input was acked: lost in a crash, the entry merely stays open in
+        // the journal (nothing can redeliver an acked input), so it is not fsync'd on its own.
+        self.write_lazy(Record::Done { seq: input_seq })?;
         Ok(true)
     }
 
@@ -352,13 +358,25 @@ impl Journal {
             .ok_or(JournalError::Unknown { input_seq })
     }
 
-    /// Appends `record` durably, then applies it to the index.
+    /// Appends `record` durably (fsync), then applies it to the index.
     fn write(&mut self, record: Record) -> Result<(), JournalError> {
+        self.append(record, true)
+    }
+
+    /// Appends `record` without its own fsync (the next durable write, or the OS, syncs it).
+    fn write_lazy(&mut self, record: Record) -> Result<(), JournalError> {
+        self.append(record, false)
+    }
+
+    fn append(&mut self, record: Record, durable: bool) -> Result<(), JournalError> {
         let line = record::encode(&record);
-        let appended = self
-            .log
-            .write_all(&line)
-            .and_then(|()| self.log.sync_data());
+        let appended = self.log.write_all(&line).and_then(|()| {
+            if durable {
+                self.log.sync_data()
+            } else {
+                Ok(())
+            }
+        });
         if let Err(e) = appended {
             // Cut a partial write off so that later appends do not follow garbage.
             let _ = self.log.set_len(self.len);

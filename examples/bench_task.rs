@@ -1,0 +1,674 @@
+//! Task benchmark: tasks through the runtime (delegator -> router -> worker attempt -> router ->
+//! tracker) against the raw JetStream limit of the same hops, side by side in one run against
+//! one local nats-server (started here, file storage, default sync).
+//!
+//! ```sh
+//! cargo build --release -p examples --example bench_task
+//! NATS_SERVER_BIN=$PWD/.tools/bin/nats-server RUST_LOG=warn \
+//!     ./target/release/examples/bench_task [N] [PACED_SECS] [ROUNDS]
+//! ```
+//!
+//! Defaults: N = 2,000 tasks per throughput run, PACED_SECS = 5 (latency at 200 tasks/s),
+//! ROUNDS = 3 (medians are printed). Queue names, worker ids, task ids and raw stream names are
+//! unique per run, so runs never see each other's messages.
+//!
+//! (a) raw: plain async-nats over the same four routed hops:
+//!     - the delegator publishes each task (256 bytes, send time inside) to `rawa<tag>.task`
+//!       in stream A (work-queue retention, like `HUB_INGRESS`), up to 256 publish acks in flight;
+//!     - a relay pulls A (batches of 500) and republishes: tasks to stream W (work queue, like
+//!       `HUB_WORK`), results to stream R (limits, like `HUB_TASKS`), each with a `Nats-Msg-Id`,
+//!       pipelined, acking A after the store ack of W/R;
+//!     - worker(s): one fetch loop per worker takes a free slot (16 per worker), fetches one
+//!       message from W's shared durable consumer (an expiring 1-message pull, i.e. long poll),
+//!       "runs" it (no-op), publishes the result to `rawa<tag>.result` in A, and acks W after
+//!       the result's publish ack;
+//!     - the delegator side pulls R (batches of 500) and acks.
+//!     Two routed hops there and two back; no journal.
+//! (b) runtime: an `ActorSystem` (durable) with `start_router()` and one or two workers
+//!     (`start_worker`, concurrency 16 each, a no-op handler returning `Completed("ok")`; the
+//!     worker fsyncs its journal per attempt result). Tasks are submitted with `delegate()`,
+//!     up to 256 at once. The end is measured two ways:
+//!     - (b-track) `track(task_id)` for every task (started right before its `delegate`, inside
+//!       the timed window): one tracker actor per task (a supervisor, a core subscription of
+//!       `channel.task.<id>` and one stored read through an ephemeral consumer). This is the
+//!       honest end-to-end figure of the API;
+//!     - (b-sub) one raw core subscription of `channel.task.>` counting final results (decoded,
+//!       per task id once): the pipeline without the per-task trackers.
+//!
+//! Prints tasks/s for raw and both runtime variants with 1 worker and with 2 workers, the
+//! ratios b/a, and p50/p99 round-trip latency (submit -> final result seen) at a paced
+//! 200 tasks/s with 1 worker. Last, a diagnostic split of (b): the router alone (tasks
+//! delegated with no worker, timed until the router stored them all), then one worker alone
+//! on the pre-filled queue (timed until every final result was seen), with the worker's mean
+//! number of attempts in flight sampled every 10 ms (16 would mean the slots are the limit;
+//! far fewer means the fetch loop does not keep them busy).
+
+use std::collections::{HashMap, HashSet};
+use std::future::IntoFuture;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use actors::worker::{AttemptContext, Outcome, TaskHandler};
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use protocol::task::{TaskChannelBody, TaskSpec};
+use protocol::{AgentId, Codec, QueueName, WorkerId};
+use runtime::system::tasks::new_task;
+use runtime::system::worker::WorkerSettings;
+use runtime::{ActorSystem, NatsSettings};
+use tokio::sync::Semaphore;
+
+const PAYLOAD: usize = 256;
+const WINDOW: usize = 256;
+const CONCURRENCY: usize = 16;
+const PACED_RATE: u64 = 200;
+const DEADLINE: Duration = Duration::from_secs(300);
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A 256-byte raw payload starting with the send time in microseconds.
+fn raw_payload(sent_us: u64) -> Vec<u8> {
+    let mut p = format!("{sent_us:020}").into_bytes();
+    p.resize(PAYLOAD, b'x');
+    p
+}
+
+fn raw_sent_us(payload: &[u8]) -> u64 {
+    std::str::from_utf8(&payload[..20])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx] as f64 / 1000.0
+}
+
+struct Run {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run {
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_unstable();
+    Run {
+        rate: n as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile(&l, 0.50),
+        p99_ms: percentile(&l, 0.99),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Sleeps until task `i` is due when paced.
+async fn pace(start: Instant, i: u64, rate: Option<u64>) {
+    if let Some(rate) = rate {
+        let due = start + Duration::from_micros(i * 1_000_000 / rate);
+        tokio::time::sleep_until(due.into()).await;
+    }
+}
+
+fn pull_config(name: &str) -> pull::Config {
+    pull::Config {
+        durable_name: Some(name.into()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        max_ack_pending: 10_000,
+        ..Default::default()
+    }
+}
+
+/// (a) The raw four-hop round trip. Returns when `n` results reached the delegator side.
+async fn raw(
+    client: async_nats::Client,
+    tag: &str,
+    n: u64,
+    workers: usize,
+    paced: Option<u64>,
+) -> Run {
+    let js = jetstream::new(client.clone());
+    let (a, w, r) = (
+        format!("RAWA_{tag}"),
+        format!("RAWW_{tag}"),
+        format!("RAWR_{tag}"),
+    );
+    for (name, subject, retention) in [
+        (
+            &a,
+            format!("rawa{tag}.>"),
+            stream::RetentionPolicy::WorkQueue,
+        ),
+        (
+            &w,
+            format!("raww{tag}.>"),
+            stream::RetentionPolicy::WorkQueue,
+        ),
+        (&r, format!("rawr{tag}.>"), stream::RetentionPolicy::Limits),
+    ] {
+        js.create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![subject],
+            retention,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    }
+    let relay_consumer = js
+        .get_stream(&a)
+        .await
+        .unwrap()
+        .create_consumer(pull_config("relay"))
+        .await
+        .unwrap();
+    let work_consumer = js
+        .get_stream(&w)
+        .await
+        .unwrap()
+        .create_consumer(pull_config("queue"))
+        .await
+        .unwrap();
+    let sink_consumer = js
+        .get_stream(&r)
+        .await
+        .unwrap()
+        .create_consumer(pull_config("sink"))
+        .await
+        .unwrap();
+
+    // The relay (router): A -> W for tasks, A -> R for results, ack A after the store ack.
+    let relay_js = js.clone();
+    let task_subject = format!("rawa{tag}.task");
+    let (w_subject, r_subject) = (format!("raww{tag}.q"), format!("rawr{tag}.t"));
+    let relay = tokio::spawn(async move {
+        let mut messages = relay_consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .unwrap();
+        let mut pending = FuturesOrdered::new();
+        let mut moved = 0u64;
+        while moved < 2 * n {
+            tokio::select! {
+                biased;
+                Some((msg, ack)) = pending.next(), if !pending.is_empty() => {
+                    let ack: Result<(), _> = ack;
+                    ack.expect("store ack of the routed copy");
+                    let msg: jetstream::Message = msg;
+                    msg.ack().await.unwrap();
+                    moved += 1;
+                }
+                Some(Ok(msg)) = messages.next(), if pending.len() < 1000 => {
+                    let id = msg.info().map(|i| i.stream_sequence).unwrap_or(0).to_string();
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert("Nats-Msg-Id", id.as_str());
+                    let out = if msg.subject.as_str() == task_subject { &w_subject } else { &r_subject };
+                    let ack = relay_js
+                        .publish_with_headers(out.clone(), h, msg.payload.clone())
+                        .await
+                        .unwrap()
+                        .into_future();
+                    pending.push_back(async move { (msg, ack.await.map(|_| ())) });
+                }
+            }
+        }
+    });
+
+    // The workers: one fetch loop each, one message per free slot.
+    let mut worker_loops = Vec::new();
+    for _ in 0..workers {
+        let consumer = work_consumer.clone();
+        let wjs = js.clone();
+        let result_subject = format!("rawa{tag}.result");
+        worker_loops.push(tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(CONCURRENCY));
+            loop {
+                let permit = slots.clone().acquire_owned().await.unwrap();
+                let mut batch = consumer
+                    .batch()
+                    .max_messages(1)
+                    .expires(Duration::from_millis(500))
+                    .messages()
+                    .await
+                    .unwrap();
+                let Some(Ok(msg)) = batch.next().await else {
+                    continue;
+                };
+                let (wjs, subject) = (wjs.clone(), result_subject.clone());
+                tokio::spawn(async move {
+                    // The attempt: a no-op; its result carries the task's send time.
+                    let result = raw_payload(raw_sent_us(&msg.payload));
+                    wjs.publish(subject, result.into())
+                        .await
+                        .unwrap()
+                        .await
+                        .expect("result ack");
+                    msg.ack().await.unwrap();
+                    drop(permit);
+                });
+            }
+        }));
+    }
+
+    // The delegator side's result consumer.
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
+    let lat = latencies.clone();
+    let sink = tokio::spawn(async move {
+        let mut messages = sink_consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .unwrap();
+        let mut got = 0u64;
+        while got < n {
+            let msg = messages.next().await.unwrap().unwrap();
+            lat.lock()
+                .unwrap()
+                .push(now_us().saturating_sub(raw_sent_us(&msg.payload)));
+            msg.ack().await.unwrap();
+            got += 1;
+        }
+    });
+
+    let start = Instant::now();
+    let mut acks = FuturesOrdered::new();
+    let subject = format!("rawa{tag}.task");
+    for i in 0..n {
+        pace(start, i, paced).await;
+        let ack = js
+            .publish(subject.clone(), raw_payload(now_us()).into())
+            .await
+            .expect("publish");
+        acks.push_back(ack.into_future());
+        if acks.len() >= WINDOW {
+            acks.next().await.unwrap().expect("publish ack");
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.expect("publish ack");
+    }
+    tokio::time::timeout(DEADLINE, sink)
+        .await
+        .expect("raw results in time")
+        .unwrap();
+    let elapsed = start.elapsed();
+    relay.await.unwrap();
+    for l in worker_loops {
+        l.abort();
+    }
+    for s in [&a, &w, &r] {
+        let _ = js.delete_stream(s).await;
+    }
+    summarize(n, elapsed, &latencies)
+}
+
+/// The no-op handler.
+struct Noop;
+
+#[async_trait::async_trait]
+impl TaskHandler for Noop {
+    async fn run(&self, _task: TaskSpec, _ctx: AttemptContext) -> Outcome {
+        Outcome::Completed(serde_json::json!("ok"))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum End {
+    /// `track()` per task.
+    Track,
+    /// One core subscription of `channel.task.>`.
+    Sub,
+}
+
+/// (b) The same round trip through the runtime.
+async fn hub(
+    url: &str,
+    tag: &str,
+    n: u64,
+    workers: usize,
+    paced: Option<u64>,
+    end: End,
+    journal_root: &PathBuf,
+) -> Run {
+    let system = ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(true)
+        .build()
+        .await
+        .unwrap();
+    system.start_router().await.unwrap();
+    let queue = QueueName::new(format!("bench-{tag}")).unwrap();
+    let journal_dir = journal_root.join(tag);
+    std::fs::create_dir_all(&journal_dir).unwrap();
+    for k in 0..workers {
+        system
+            .start_worker(WorkerSettings {
+                worker_id: WorkerId::new(format!("w{k}-{tag}")).unwrap(),
+                queue: queue.clone(),
+                concurrency: CONCURRENCY,
+                journal_dir: journal_dir.clone(),
+                handler: Arc::new(Noop),
+            })
+            .await
+            .unwrap();
+    }
+    let specs: Vec<TaskSpec> = (0..n)
+        .map(|i| new_task(format!("bench {i}"), vec![]))
+        .collect();
+    let sent: Arc<Mutex<HashMap<String, u64>>> =
+        Arc::new(Mutex::new(HashMap::with_capacity(n as usize)));
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
+    let got = Arc::new(AtomicU64::new(0));
+
+    // End (b-sub): one core subscription of every task channel.
+    let sub_task = if end == End::Sub {
+        let mut sub = system.client().subscribe("channel.task.>").await.unwrap();
+        system.client().flush().await.unwrap();
+        let (sent, lat, got) = (sent.clone(), latencies.clone(), got.clone());
+        Some(tokio::spawn(async move {
+            let mut seen = HashSet::new();
+            while let Some(msg) = sub.next().await {
+                let t = now_us();
+                let Ok(env) = protocol::decode(&msg.payload, Codec::Json) else {
+                    continue;
+                };
+                let Ok(TaskChannelBody::Result(result)) = serde_json::from_value(env.body) else {
+                    continue;
+                };
+                if !result.state.is_final() || !seen.insert(result.task_id.to_string()) {
+                    continue;
+                }
+                if let Some(s) = sent.lock().unwrap().get(result.task_id.as_str()) {
+                    lat.lock().unwrap().push(t.saturating_sub(*s));
+                    got.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }))
+    } else {
+        None
+    };
+
+    let alice = AgentId::new("alice").unwrap();
+    let start = Instant::now();
+    let system_ref = &system;
+    let (queue_ref, alice_ref) = (&queue, &alice);
+    futures::stream::iter(specs.iter().enumerate())
+        .map(|(i, spec)| {
+            let (sent, lat, got) = (sent.clone(), latencies.clone(), got.clone());
+            async move {
+                pace(start, i as u64, paced).await;
+                let t0 = now_us();
+                sent.lock().unwrap().insert(spec.task_id.to_string(), t0);
+                if end == End::Track {
+                    let tracking = system_ref.track(&spec.task_id).await.unwrap();
+                    system_ref
+                        .delegate(alice_ref, queue_ref, None, spec)
+                        .await
+                        .unwrap();
+                    tokio::spawn(async move {
+                        if let Ok(Ok(_)) = tokio::time::timeout(DEADLINE, tracking.result).await {
+                            lat.lock().unwrap().push(now_us().saturating_sub(t0));
+                            got.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                } else {
+                    system_ref
+                        .delegate(alice_ref, queue_ref, None, spec)
+                        .await
+                        .unwrap();
+                }
+            }
+        })
+        .buffer_unordered(WINDOW)
+        .for_each(|()| async {})
+        .await;
+    let deadline = Instant::now() + DEADLINE;
+    while got.load(Ordering::Relaxed) < n {
+        if Instant::now() > deadline {
+            panic!(
+                "runtime: {} of {n} results in time",
+                got.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let elapsed = start.elapsed();
+    if let Some(t) = sub_task {
+        t.abort();
+    }
+    system.shutdown(Duration::from_secs(10)).await.unwrap();
+    summarize(n, elapsed, &latencies)
+}
+
+/// Diagnostic split of (b), 1 worker, one subscription: first `n` tasks are delegated with no
+/// worker running and timed until the router stored them all in the work stream (hop one
+/// alone); then the worker starts and is timed until all `n` final results were seen (the
+/// worker's attempts plus the result's routed hop, with no task routing at the same time).
+async fn split(url: &str, tag: &str, n: u64, journal_root: &PathBuf) -> (f64, f64) {
+    let system = ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(true)
+        .build()
+        .await
+        .unwrap();
+    system.start_router().await.unwrap();
+    let queue = QueueName::new(format!("bench-{tag}")).unwrap();
+    let journal_dir = journal_root.join(tag);
+    std::fs::create_dir_all(&journal_dir).unwrap();
+    let mut sub = system.client().subscribe("channel.task.>").await.unwrap();
+    system.client().flush().await.unwrap();
+    let got = Arc::new(AtomicU64::new(0));
+    let count = got.clone();
+    let sub_task = tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        while let Some(msg) = sub.next().await {
+            let Ok(env) = protocol::decode(&msg.payload, Codec::Json) else {
+                continue;
+            };
+            let Ok(TaskChannelBody::Result(result)) = serde_json::from_value(env.body) else {
+                continue;
+            };
+            if result.state.is_final() && seen.insert(result.task_id.to_string()) {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    let specs: Vec<TaskSpec> = (0..n)
+        .map(|i| new_task(format!("bench {i}"), vec![]))
+        .collect();
+    let alice = AgentId::new("alice").unwrap();
+    let stored0 = system
+        .snapshot()
+        .await
+        .unwrap()
+        .router
+        .unwrap()
+        .counters
+        .stored;
+    let start = Instant::now();
+    futures::stream::iter(specs.iter())
+        .map(|spec| system.delegate(&alice, &queue, None, spec))
+        .buffer_unordered(WINDOW)
+        .for_each(|r| async move {
+            r.unwrap();
+        })
+        .await;
+    while system
+        .snapshot()
+        .await
+        .unwrap()
+        .router
+        .unwrap()
+        .counters
+        .stored
+        < stored0 + n
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let route = n as f64 / start.elapsed().as_secs_f64();
+    system
+        .start_worker(WorkerSettings {
+            worker_id: WorkerId::new(format!("w-{tag}")).unwrap(),
+            queue: queue.clone(),
+            concurrency: CONCURRENCY,
+            journal_dir,
+            handler: Arc::new(Noop),
+        })
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let wid = WorkerId::new(format!("w-{tag}")).unwrap();
+    let (mut samples, mut in_flight) = (0u64, 0u64);
+    while got.load(Ordering::Relaxed) < n {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(snap) = system.worker_snapshot(&wid).await {
+            let c = snap.counters;
+            in_flight += c
+                .admitted
+                .saturating_sub(c.completed + c.failed + c.cancelled);
+            samples += 1;
+        }
+    }
+    let work = n as f64 / start.elapsed().as_secs_f64();
+    if let Some(snap) = system.worker_snapshot(&wid).await {
+        println!(
+            "  worker: mean attempts in flight {:.1} of {CONCURRENCY} (sampled every 10 ms), redelivered {}",
+            in_flight as f64 / samples.max(1) as f64,
+            snap.counters.redelivered
+        );
+    }
+    sub_task.abort();
+    system.shutdown(Duration::from_secs(10)).await.unwrap();
+    (route, work)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2_000);
+    let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
+    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
+    let server = harness::run_server().await?;
+    let client = server.client().await?;
+    let nonce = format!("{:x}", now_us());
+    let journal_root = std::env::temp_dir().join(format!("bench_task-{nonce}"));
+    println!(
+        "nats-server {} (file storage, default sync); {n} tasks, concurrency {CONCURRENCY} per worker; {rounds} rounds, medians",
+        server.url()
+    );
+
+    for workers in [1usize, 2] {
+        let (mut ra, mut rt, mut rs) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let tag = format!("{nonce}{workers}{round}");
+            let a = raw(client.clone(), &format!("T{tag}"), n, workers, None).await;
+            let t = hub(
+                &server.url(),
+                &format!("t{tag}"),
+                n,
+                workers,
+                None,
+                End::Track,
+                &journal_root,
+            )
+            .await;
+            let s = hub(
+                &server.url(),
+                &format!("s{tag}"),
+                n,
+                workers,
+                None,
+                End::Sub,
+                &journal_root,
+            )
+            .await;
+            println!(
+                "  {workers} worker(s) round {round}: raw {:>7.0} tasks/s, runtime+track {:>7.0} tasks/s, runtime+sub {:>7.0} tasks/s",
+                a.rate, t.rate, s.rate
+            );
+            ra.push(a.rate);
+            rt.push(t.rate);
+            rs.push(s.rate);
+        }
+        let (a, t, s) = (median(ra), median(rt), median(rs));
+        println!("throughput, {workers} worker(s) x {CONCURRENCY}, {n} tasks:");
+        println!("  (a) raw four hops                 {a:>8.0} tasks/s");
+        println!(
+            "  (b) runtime, track() per task     {t:>8.0} tasks/s   ratio b/a {:>5.2}",
+            t / a
+        );
+        println!(
+            "  (b) runtime, one subscription     {s:>8.0} tasks/s   ratio b/a {:>5.2}",
+            s / a
+        );
+    }
+
+    let paced = PACED_RATE * paced_secs;
+    let tag = format!("{nonce}p");
+    let a = raw(
+        client.clone(),
+        &format!("P{tag}"),
+        paced,
+        1,
+        Some(PACED_RATE),
+    )
+    .await;
+    let t = hub(
+        &server.url(),
+        &format!("pt{tag}"),
+        paced,
+        1,
+        Some(PACED_RATE),
+        End::Track,
+        &journal_root,
+    )
+    .await;
+    let s = hub(
+        &server.url(),
+        &format!("ps{tag}"),
+        paced,
+        1,
+        Some(PACED_RATE),
+        End::Sub,
+        &journal_root,
+    )
+    .await;
+    println!("round-trip latency at {PACED_RATE} tasks/s for {paced_secs} s, 1 worker:");
+    println!(
+        "  (a) raw four hops                 p50 {:>7.2} ms  p99 {:>7.2} ms",
+        a.p50_ms, a.p99_ms
+    );
+    println!(
+        "  (b) runtime, track() per task     p50 {:>7.2} ms  p99 {:>7.2} ms",
+        t.p50_ms, t.p99_ms
+    );
+    println!(
+        "  (b) runtime, one subscription     p50 {:>7.2} ms  p99 {:>7.2} ms",
+        s.p50_ms, s.p99_ms
+    );
+    let (route, work) = split(&server.url(), &format!("d{nonce}"), n, &journal_root).await;
+    println!("diagnostic split of (b), 1 worker, {n} tasks:");
+    println!("  router alone, tasks to the work stream (no worker)      {route:>8.0} tasks/s");
+    println!("  then worker alone + routed results (queue pre-filled)  {work:>8.0} tasks/s");
+    let _ = std::fs::remove_dir_all(&journal_root);
+    Ok(())
+}

@@ -45,7 +45,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -347,7 +346,7 @@ async fn hub(
     workers: usize,
     paced: Option<u64>,
     end: End,
-    journal_root: &PathBuf,
+    journal_root: &std::path::Path,
 ) -> Run {
     let system = ActorSystem::builder()
         .nats(NatsSettings::new(url))
@@ -463,7 +462,7 @@ async fn hub(
 /// worker running and timed until the router stored them all in the work stream (hop one
 /// alone); then the worker starts and is timed until all `n` final results were seen (the
 /// worker's attempts plus the result's routed hop, with no task routing at the same time).
-async fn split(url: &str, tag: &str, n: u64, journal_root: &PathBuf) -> (f64, f64) {
+async fn split(url: &str, tag: &str, n: u64, journal_root: &std::path::Path) -> (f64, f64) {
     let system = ActorSystem::builder()
         .nats(NatsSettings::new(url))
         .durable(true)

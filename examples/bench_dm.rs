@@ -13,10 +13,14 @@
 //! Prints msgs/s for both with the producer live, the ratio b/a, and p50/p99 end-to-end latency
 //! at a paced 1,000 msgs/s.
 
+#[path = "bench_common.rs"]
+mod bench_common;
+
+use bench_common::{median, now_us, raw_payload, raw_sent_us, summarize, Run, PAYLOAD};
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::pull, stream};
 use futures::stream::FuturesOrdered;
@@ -24,29 +28,7 @@ use futures::StreamExt;
 use protocol::{AgentId, Codec, Envelope, MessageId, Meta};
 use runtime::{ActorSystem, NatsSettings};
 
-const PAYLOAD: usize = 256;
 const WINDOW: usize = 256;
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-/// A 256-byte raw payload starting with the send time in microseconds.
-fn raw_payload(sent_us: u64) -> Vec<u8> {
-    let mut p = format!("{sent_us:020}").into_bytes();
-    p.resize(PAYLOAD, b'x');
-    p
-}
-
-fn raw_sent_us(payload: &[u8]) -> u64 {
-    std::str::from_utf8(&payload[..20])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
 
 /// An envelope of about 256 bytes whose body is `"<send time us>:<padding>"`.
 fn envelope(i: u64, sent_us: u64, to: &AgentId) -> Vec<u8> {
@@ -100,20 +82,6 @@ async fn produce(
     while let Some(ack) = acks.next().await {
         ack.expect("publish ack");
     }
-}
-
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx] as f64 / 1000.0
-}
-
-struct Run {
-    rate: f64,
-    p50_ms: f64,
-    p99_ms: f64,
 }
 
 /// (a) The raw two-hop relay. Returns when `n` messages reached the end of hop two.
@@ -264,21 +232,6 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
     let elapsed = start.elapsed();
     system.shutdown(Duration::from_secs(10)).await.unwrap();
     summarize(n, elapsed, &latencies)
-}
-
-fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run {
-    let mut l = latencies.lock().unwrap().clone();
-    l.sort_unstable();
-    Run {
-        rate: n as f64 / elapsed.as_secs_f64(),
-        p50_ms: percentile(&l, 0.50),
-        p99_ms: percentile(&l, 0.99),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 #[tokio::main]

@@ -43,11 +43,15 @@
 //! number of attempts in flight sampled every 10 ms (16 would mean the slots are the limit;
 //! far fewer means the fetch loop does not keep them busy).
 
+#[path = "bench_common.rs"]
+mod bench_common;
+
+use bench_common::{median, now_us, raw_payload, raw_sent_us, summarize, Run};
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
 use async_nats::jetstream::{self, consumer::pull, stream};
@@ -60,61 +64,10 @@ use runtime::system::worker::WorkerSettings;
 use runtime::{ActorSystem, NatsSettings};
 use tokio::sync::Semaphore;
 
-const PAYLOAD: usize = 256;
 const WINDOW: usize = 256;
 const CONCURRENCY: usize = 16;
 const PACED_RATE: u64 = 200;
 const DEADLINE: Duration = Duration::from_secs(300);
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-/// A 256-byte raw payload starting with the send time in microseconds.
-fn raw_payload(sent_us: u64) -> Vec<u8> {
-    let mut p = format!("{sent_us:020}").into_bytes();
-    p.resize(PAYLOAD, b'x');
-    p
-}
-
-fn raw_sent_us(payload: &[u8]) -> u64 {
-    std::str::from_utf8(&payload[..20])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx] as f64 / 1000.0
-}
-
-struct Run {
-    rate: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
-fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run {
-    let mut l = latencies.lock().unwrap().clone();
-    l.sort_unstable();
-    Run {
-        rate: n as f64 / elapsed.as_secs_f64(),
-        p50_ms: percentile(&l, 0.50),
-        p99_ms: percentile(&l, 0.99),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// Sleeps until task `i` is due when paced.
 async fn pace(start: Instant, i: u64, rate: Option<u64>) {

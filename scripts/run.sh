@@ -39,9 +39,6 @@ trap 'exit 130' INT TERM
 pids+=($!)
 "$bin" start --role router --durable &
 pids+=($!)
-"$bin" start --role worker --durable --worker-id demo-worker --queue demo \
-  --exec "python3 $root/deploy/worker-echo.py" --journal-dir "$data/journal" &
-pids+=($!)
 
 snapshot=""
 for _ in $(seq 1 100); do
@@ -61,6 +58,10 @@ for stream in HUB_INGRESS HUB_INBOX HUB_TASKS; do
   fi
 done
 echo "run: router is up on $NATS_URL with streams HUB_INGRESS, HUB_INBOX, HUB_TASKS" >&2
+# The worker joins its queue through the router, so it starts once the router answers.
+"$bin" start --role worker --durable --worker-id demo-worker --queue demo \
+  --exec "python3 $root/deploy/worker-echo.py" --journal-dir "$data/journal" &
+pids+=($!)
 echo "run: delegating a demo task to queue demo" >&2
 if ! result="$("$bin" delegate --as demo-user --queue demo "hello from scripts/run.sh" --wait --timeout-secs 60)"; then
   echo "run: the demo task did not complete" >&2

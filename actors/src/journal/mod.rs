@@ -37,6 +37,7 @@
 //! fsync on the actor's thread.
 
 mod error;
+mod group_sync;
 mod lock;
 mod record;
 #[cfg(test)]
@@ -46,11 +47,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use error::JournalError;
+use group_sync::GroupSync;
+pub use group_sync::SyncToken;
 use record::Record;
 
 /// File name of the lock file inside the worker's journal directory.
@@ -119,6 +123,13 @@ pub struct Journal {
     attempts: BTreeMap<u64, AttemptRecord>,
     by_task: HashMap<String, BTreeSet<u64>>,
     forgotten: usize,
+    /// Group commit of the log.
+    sync: Arc<GroupSync>,
+    /// While true (inside [`Journal::deferring`]), durable appends leave their fsync to the
+    /// returned [`SyncToken`] instead of doing it before they return.
+    defer: bool,
+    /// The token of the last durable append made while deferring.
+    pending: Option<SyncToken>,
     /// Holds the exclusive lock until the journal is dropped.
     _lock: File,
 }
@@ -157,9 +168,17 @@ impl Journal {
             sync_dir(&journal_dir)?;
         }
 
+        let sync = GroupSync::new(
+            log.try_clone()
+                .map_err(|e| JournalError::io(&log_path, e))?,
+            0,
+        );
         let mut journal = Journal {
             dir: journal_dir,
             log_path,
+            sync,
+            defer: false,
+            pending: None,
             log,
             len: 0,
             attempts: BTreeMap::new(),
@@ -170,6 +189,7 @@ impl Journal {
         if let Some(data) = data {
             journal.replay(&data)?;
         }
+        journal.reset_sync()?;
         Ok(journal)
     }
 
@@ -349,7 +369,33 @@ impl Journal {
             .map_err(|e| JournalError::io(&self.log_path, e))?;
         self.len = data.len() as u64;
         self.forgotten = 0;
+        self.reset_sync()?;
         Ok(())
+    }
+
+    /// A fresh group-sync handle on the current log, everything in it durable.
+    fn reset_sync(&mut self) -> Result<(), JournalError> {
+        let file = self
+            .log
+            .try_clone()
+            .map_err(|e| JournalError::io(&self.log_path, e))?;
+        self.sync = GroupSync::new(file, self.len);
+        self.pending = None;
+        Ok(())
+    }
+
+    /// Runs `op` with durable appends deferred: they are written but not fsync'd, and the
+    /// returned [`SyncToken`] (when `op` made one) must be waited on — typically after the
+    /// caller released its lock on the journal, so that concurrent attempts share one fsync
+    /// (group commit). A record is durable only once its token's `wait` returned.
+    pub fn deferring<T>(
+        &mut self,
+        op: impl FnOnce(&mut Journal) -> Result<T, JournalError>,
+    ) -> (Result<T, JournalError>, Option<SyncToken>) {
+        self.defer = true;
+        let out = op(self);
+        self.defer = false;
+        (out, self.pending.take())
     }
 
     fn require(&self, input_seq: u64) -> Result<&AttemptRecord, JournalError> {
@@ -371,10 +417,14 @@ impl Journal {
     fn append(&mut self, record: Record, durable: bool) -> Result<(), JournalError> {
         let line = record::encode(&record);
         let appended = self.log.write_all(&line).and_then(|()| {
-            if durable {
-                self.log.sync_data()
-            } else {
-                Ok(())
+            let token = self.sync.appended(self.len + line.len() as u64);
+            match (durable, self.defer) {
+                (true, false) => token.wait(),
+                (true, true) => {
+                    self.pending = Some(token);
+                    Ok(())
+                }
+                (false, _) => Ok(()),
             }
         });
         if let Err(e) = appended {

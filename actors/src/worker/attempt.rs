@@ -187,8 +187,22 @@ pub(crate) async fn with_journal<T: Send + 'static>(
 ) -> Result<T, AttemptError> {
     let journal = journal.clone();
     tokio::task::spawn_blocking(move || {
-        let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
-        op(&mut guard)
+        // Write under the lock, fsync after releasing it: attempts finishing together share
+        // one fsync (group commit); the record is durable when this returns.
+        let (out, token) = {
+            let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
+            guard.deferring(op)
+        };
+        if let Some(token) = token {
+            let path = journal
+                .lock()
+                .map(|j| j.dir().to_path_buf())
+                .unwrap_or_default();
+            token
+                .wait()
+                .map_err(|e| crate::journal::JournalError::Io { path, source: e })?;
+        }
+        out
     })
     .await
     .map_err(|e| AttemptError::Journal(e.to_string()))?

@@ -114,7 +114,7 @@ pub fn parse_router_msg_id(msg_id: &str) -> Result<(AgentId, MessageId), Subject
     Ok((from, id))
 }
 
-fn strip<'a>(subject: &'a str, prefix: &'static str) -> Result<&'a str, SubjectError> {
+pub(super) fn strip<'a>(subject: &'a str, prefix: &'static str) -> Result<&'a str, SubjectError> {
     subject
         .strip_prefix(prefix)
         .ok_or_else(|| SubjectError::WrongPrefix {
@@ -131,14 +131,14 @@ fn single_token<'a>(subject: &'a str, prefix: &'static str) -> Result<&'a str, S
     }
 }
 
-fn token<T>(subject: &str, parsed: Result<T, IdError>) -> Result<T, SubjectError> {
+pub(super) fn token<T>(subject: &str, parsed: Result<T, IdError>) -> Result<T, SubjectError> {
     parsed.map_err(|source| SubjectError::InvalidToken {
         subject: subject.to_owned(),
         source,
     })
 }
 
-fn unexpected(subject: &str, expected: &'static str, found: &str) -> SubjectError {
+pub(super) fn unexpected(subject: &str, expected: &'static str, found: &str) -> SubjectError {
     SubjectError::UnexpectedToken {
         subject: subject.to_owned(),
         expected,
@@ -146,7 +146,7 @@ fn unexpected(subject: &str, expected: &'static str, found: &str) -> SubjectErro
     }
 }
 
-fn token_count(subject: &str, expected: &'static str, found: usize) -> SubjectError {
+pub(super) fn token_count(subject: &str, expected: &'static str, found: usize) -> SubjectError {
     SubjectError::WrongTokenCount {
         subject: subject.to_owned(),
         expected,

@@ -30,8 +30,9 @@
 
 use std::fmt;
 
+use super::parse::{strip, token, token_count, unexpected};
 use super::{SubjectError, INGRESS_PREFIX};
-use crate::ids::{AgentId, IdError, QueueName, WorkerId};
+use crate::ids::{AgentId, QueueName, WorkerId};
 
 /// The stream that stores submitted tasks, untargeted and targeted.
 pub const WORK_STREAM: &str = "HUB_WORK";
@@ -294,37 +295,5 @@ fn work_tokens(subject: &str, rest: &str) -> Result<(QueueName, Option<WorkerId>
             Some(token(subject, WorkerId::new(*worker))?),
         )),
         _ => Err(token_count(subject, "1 or 2", tokens.len())),
-    }
-}
-
-fn strip<'a>(subject: &'a str, prefix: &'static str) -> Result<&'a str, SubjectError> {
-    subject
-        .strip_prefix(prefix)
-        .ok_or_else(|| SubjectError::WrongPrefix {
-            expected: prefix,
-            subject: subject.to_owned(),
-        })
-}
-
-fn token<T>(subject: &str, parsed: Result<T, IdError>) -> Result<T, SubjectError> {
-    parsed.map_err(|source| SubjectError::InvalidToken {
-        subject: subject.to_owned(),
-        source,
-    })
-}
-
-fn unexpected(subject: &str, expected: &'static str, found: &str) -> SubjectError {
-    SubjectError::UnexpectedToken {
-        subject: subject.to_owned(),
-        expected,
-        found: found.to_owned(),
-    }
-}
-
-fn token_count(subject: &str, expected: &'static str, found: usize) -> SubjectError {
-    SubjectError::WrongTokenCount {
-        subject: subject.to_owned(),
-        expected,
-        found,
     }
 }

@@ -1,17 +1,17 @@
 //! Tasks end to end through the embedded runtime: delegator -> router -> worker attempt ->
 //! router -> tracker, against a real nats-server.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
-use protocol::config::DeliveryConfig;
+use protocol::attach::DurableInboxMode;
 use protocol::task::{TaskSpec, TaskState};
 use protocol::{AgentId, QueueName, WorkerId};
 use runtime::system::tasks::new_task;
-use runtime::system::worker::WorkerSettings;
-use runtime::{ActorSystem, NatsSettings};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -35,43 +35,10 @@ impl TaskHandler for Echo {
     }
 }
 
-async fn system(url: &str) -> ActorSystem {
-    ActorSystem::builder()
-        .nats(NatsSettings::new(url))
-        .durable(true)
-        .delivery_config(DeliveryConfig {
-            ack_wait_secs: 1,
-            ..Default::default()
-        })
-        .build()
-        .await
-        .unwrap()
-}
-
-async fn worker(
-    system: &ActorSystem,
-    id: &str,
-    queue: &QueueName,
-    concurrency: usize,
-    handler: Echo,
-    journal: &tempfile::TempDir,
-) {
-    system
-        .start_worker(WorkerSettings {
-            worker_id: WorkerId::new(id).unwrap(),
-            queue: queue.clone(),
-            concurrency,
-            journal_dir: journal.path().to_path_buf(),
-            handler: Arc::new(handler),
-        })
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both_took_part() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("builds").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
@@ -81,7 +48,7 @@ async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both
             delay: Duration::from_millis(200),
             runs: runs.clone(),
         };
-        worker(&hub, id, &queue, 2, echo, &journal).await;
+        support::start_worker(&hub, id, &queue, 2, Arc::new(echo), journal.path()).await;
     }
     let alice = AgentId::new("alice").unwrap();
     let mut trackings = Vec::new();
@@ -115,7 +82,7 @@ async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_later() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("backlog").unwrap();
     let alice = AgentId::new("alice").unwrap();
@@ -144,7 +111,7 @@ async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_la
         delay: Duration::ZERO,
         runs: runs.clone(),
     };
-    worker(&hub, "late", &queue, 4, echo, &journal).await;
+    support::start_worker(&hub, "late", &queue, 4, Arc::new(echo), journal.path()).await;
     for spec in &specs {
         let tracking = hub.track(&spec.task_id).await.unwrap();
         let result = tokio::time::timeout(DEADLINE, tracking.result)
@@ -160,7 +127,7 @@ async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_la
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("long").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
@@ -169,7 +136,7 @@ async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
         delay: Duration::from_secs(3), // ack wait is 1 s
         runs: runs.clone(),
     };
-    worker(&hub, "w-long", &queue, 1, echo, &journal).await;
+    support::start_worker(&hub, "w-long", &queue, 1, Arc::new(echo), journal.path()).await;
     let spec = new_task("long work", vec![]);
     let tracking = hub.track(&spec.task_id).await.unwrap();
     hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
@@ -195,7 +162,7 @@ async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_targeted_task_runs_only_on_the_named_worker() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("targeted").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
@@ -205,7 +172,7 @@ async fn a_targeted_task_runs_only_on_the_named_worker() {
             delay: Duration::ZERO,
             runs: runs.clone(),
         };
-        worker(&hub, id, &queue, 2, echo, &journal).await;
+        support::start_worker(&hub, id, &queue, 2, Arc::new(echo), journal.path()).await;
     }
     let t2 = WorkerId::new("t2").unwrap();
     for i in 0..6 {
@@ -225,7 +192,7 @@ async fn a_targeted_task_runs_only_on_the_named_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_idempotency_key_twice_gives_one_task() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("idem").unwrap();
     let alice = AgentId::new("alice").unwrap();
@@ -254,7 +221,7 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
     use actors::tracker::TrackerEvent;
     use protocol::task::StatusKind;
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("status").unwrap();
     let journal = tempfile::tempdir().unwrap();
@@ -262,7 +229,7 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
         delay: Duration::from_millis(100),
         runs: Arc::default(),
     };
-    worker(&hub, "w-status", &queue, 1, echo, &journal).await;
+    support::start_worker(&hub, "w-status", &queue, 1, Arc::new(echo), journal.path()).await;
     let spec = new_task("report", vec![]);
     let mut tracking = hub.track(&spec.task_id).await.unwrap();
     hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)

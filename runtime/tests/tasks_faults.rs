@@ -2,6 +2,8 @@
 //! ack wait, a crash between journalling a result and publishing it, answers (stale, right,
 //! duplicate), an oversize result and invalid task envelopes.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,14 +15,12 @@ use actors::tracker::TrackerEvent;
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
 use async_nats::jetstream;
 use protocol::attach::DurableInboxMode;
-use protocol::config::DeliveryConfig;
 use protocol::task::{Answer, TaskResult, TaskSpec, TaskState};
 use protocol::{
     subjects, AgentId, Codec, Envelope, MessageId, Meta, QueueName, WireErrorKind, WorkerId,
 };
 use runtime::system::tasks::{new_task, Tracking};
-use runtime::system::worker::WorkerSettings;
-use runtime::{ActorSystem, NatsSettings};
+use runtime::ActorSystem;
 
 const DEADLINE: Duration = Duration::from_secs(90);
 
@@ -99,40 +99,6 @@ impl TaskHandler for Huge {
     }
 }
 
-async fn system(url: &str) -> ActorSystem {
-    ActorSystem::builder()
-        .nats(NatsSettings::new(url))
-        .durable(true)
-        .inbox_mode(DurableInboxMode::On)
-        .delivery_config(DeliveryConfig {
-            ack_wait_secs: 1,
-            ..Default::default()
-        })
-        .build()
-        .await
-        .unwrap()
-}
-
-async fn worker(
-    system: &ActorSystem,
-    id: &str,
-    queue: &QueueName,
-    concurrency: usize,
-    handler: Arc<dyn TaskHandler>,
-    journal: &tempfile::TempDir,
-) {
-    system
-        .start_worker(WorkerSettings {
-            worker_id: WorkerId::new(id).unwrap(),
-            queue: queue.clone(),
-            concurrency,
-            journal_dir: journal.path().to_path_buf(),
-            handler,
-        })
-        .await
-        .unwrap();
-}
-
 fn alice() -> AgentId {
     AgentId::new("alice").unwrap()
 }
@@ -167,14 +133,14 @@ async fn burst_of_43_tasks_to_2_workers_with_concurrency_1_each_longer_than_the_
 ) {
     const N: usize = 43;
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("burst").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
     for id in ["b1", "b2"] {
         let handler = Sleeper::new(Duration::from_millis(1300), &runs);
-        worker(&hub, id, &queue, 1, Arc::new(handler), &journal).await;
+        support::start_worker(&hub, id, &queue, 1, Arc::new(handler), journal.path()).await;
     }
     let mut trackings = Vec::new();
     for i in 0..N {
@@ -201,7 +167,7 @@ async fn burst_of_43_tasks_to_2_workers_with_concurrency_1_each_longer_than_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_worker_takes_the_next_task_while_another_runs_a_long_one() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("idle").unwrap();
     let runs = Runs::default();
@@ -212,7 +178,7 @@ async fn an_idle_worker_takes_the_next_task_while_another_runs_a_long_one() {
             long_delay: Duration::from_secs(10),
             runs: runs.clone(),
         };
-        worker(&hub, id, &queue, 1, Arc::new(handler), &journal).await;
+        support::start_worker(&hub, id, &queue, 1, Arc::new(handler), journal.path()).await;
     }
     let (long, long_tracking) = delegate_tracked(&hub, &queue, "long").await;
     harness::wait_until("the long task started", DEADLINE, || {
@@ -243,14 +209,22 @@ async fn an_idle_worker_takes_the_next_task_while_another_runs_a_long_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_after_journalling_the_result_before_publishing_republishes_without_rerunning() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("crashy").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
     let id = WorkerId::new("c1").unwrap();
     let handler = Sleeper::new(Duration::from_millis(100), &runs);
-    worker(&hub, id.as_str(), &queue, 1, Arc::new(handler), &journal).await;
+    support::start_worker(
+        &hub,
+        id.as_str(),
+        &queue,
+        1,
+        Arc::new(handler),
+        journal.path(),
+    )
+    .await;
 
     let spec = new_task("crash me", vec![]);
     let attempt = format!("{}.attempt.{}", hub.worker_name(&id), spec.task_id);
@@ -294,12 +268,20 @@ async fn publish_acked(js: &jetstream::Context, subject: &str, payload: Vec<u8>)
 async fn answers_wrong_tool_call_id_is_stale_right_answer_completes_with_the_same_attempt_id_and_a_duplicate_is_not_resumed_twice(
 ) {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("asks").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let asker = Asker::default();
-    worker(&hub, "a1", &queue, 1, Arc::new(asker.clone()), &journal).await;
+    support::start_worker(
+        &hub,
+        "a1",
+        &queue,
+        1,
+        Arc::new(asker.clone()),
+        journal.path(),
+    )
+    .await;
     let (spec, mut tracking) = delegate_tracked(&hub, &queue, "ask me").await;
 
     // The waiting result arrives as a progress event.
@@ -361,12 +343,12 @@ async fn answers_wrong_tool_call_id_is_stale_right_answer_completes_with_the_sam
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oversize_result_becomes_result_too_large() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("huge").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let handler = Huge { size: 1_200 * 1024 };
-    worker(&hub, "h1", &queue, 1, Arc::new(handler), &journal).await;
+    support::start_worker(&hub, "h1", &queue, 1, Arc::new(handler), journal.path()).await;
     let (spec, tracking) = delegate_tracked(&hub, &queue, "too much").await;
     let result = final_result(tracking).await;
     assert_eq!(result.task_id, spec.task_id);
@@ -381,13 +363,13 @@ async fn oversize_result_becomes_result_too_large() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_tasks_are_rejected_and_the_next_good_task_still_runs() {
     let server = harness::run_server().await.unwrap();
-    let hub = system(&server.url()).await;
+    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
     hub.start_router().await.unwrap();
     let queue = QueueName::new("strict").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
     let handler = Sleeper::new(Duration::ZERO, &runs);
-    worker(&hub, "s1", &queue, 1, Arc::new(handler), &journal).await;
+    support::start_worker(&hub, "s1", &queue, 1, Arc::new(handler), journal.path()).await;
 
     let seen: Arc<Mutex<Vec<Delivery>>> = Arc::default();
     let sink = seen.clone();

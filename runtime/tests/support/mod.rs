@@ -217,3 +217,24 @@ pub async fn consumer_backlog(
     let info = stream.consumer_info(consumer).await.unwrap();
     (info.num_pending, info.num_ack_pending)
 }
+
+/// Starts worker `id` on `queue` in `system` with `handler`, its journal under `journal`.
+pub async fn start_worker(
+    system: &ActorSystem,
+    id: &str,
+    queue: &protocol::QueueName,
+    concurrency: usize,
+    handler: Arc<dyn actors::worker::TaskHandler>,
+    journal: &std::path::Path,
+) {
+    system
+        .start_worker(runtime::system::worker::WorkerSettings {
+            worker_id: protocol::WorkerId::new(id).unwrap(),
+            queue: queue.clone(),
+            concurrency,
+            journal_dir: journal.to_path_buf(),
+            handler,
+        })
+        .await
+        .unwrap();
+}

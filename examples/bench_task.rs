@@ -528,6 +528,21 @@ async fn main() -> anyhow::Result<()> {
         server.url()
     );
 
+    // BENCH_ONLY=track|sub|raw runs that variant alone (1 worker), for profiling.
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        let tag = format!("{nonce}o");
+        let run = match only.as_str() {
+            "raw" => raw(client.clone(), &format!("O{tag}"), n, 1, None).await,
+            "track" | "sub" => {
+                let end = if only == "track" { End::Track } else { End::Sub };
+                hub(&server.url(), &format!("o{tag}"), n, 1, None, end, &journal_root).await
+            }
+            other => anyhow::bail!("BENCH_ONLY must be raw, track or sub, not {other}"),
+        };
+        println!("{only}: {:.0} tasks/s", run.rate);
+        let _ = std::fs::remove_dir_all(&journal_root);
+        return Ok(());
+    }
     for workers in [1usize, 2] {
         let (mut ra, mut rt, mut rs) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {

@@ -8,9 +8,10 @@
 //! - the **stored** pump reads the stored channel (`HUB_TASKS`) from the start at once, then
 //!   again every `reread_every` (3 s by default) while no final result was delivered. A re-read
 //!   continues after the last stream sequence this incarnation saw (`ByStartSequence`), which
-//!   finds exactly what a re-read from the start would find that is new, for less. Each read
-//!   uses an ephemeral, unacked consumer with an inactivity threshold, deleted after the read:
-//!   no durable consumer is left behind.
+//!   finds exactly what a re-read from the start would find that is new, for less. A read is
+//!   a chain of direct gets (`next_by_subj` from the next sequence; the stream must allow
+//!   direct gets, as `HUB_TASKS` does): no consumer is created, and a read that finds nothing
+//!   new costs one request.
 //!
 //! So a result published while nobody listened is still found, and so is one published while
 //! the connection was being replaced (the client re-subscribes by itself; the next re-read
@@ -39,8 +40,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
-use async_nats::{Client, Message, Subscriber};
+use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use async_nats::{Client, HeaderMap, Subscriber};
 use futures::StreamExt;
 use protocol::task::{StatusEvent, TaskChannelBody, TaskResult};
 use protocol::{headers, subjects, Codec, TaskId, TaskKey};
@@ -53,12 +54,8 @@ use crate::fault::{self, FaultPoint};
 
 /// Default interval between two reads of the stored channel.
 pub const DEFAULT_REREAD_EVERY: Duration = Duration::from_secs(3);
-/// Inactivity threshold of the ephemeral consumers of the stored reads.
-const READ_CONSUMER_INACTIVE: Duration = Duration::from_secs(30);
-/// Upper bound of one stored read (consumer creation, fetches, deletion).
+/// Upper bound of one stored read (all its direct gets).
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Messages fetched per request during a stored read.
-const READ_BATCH: u64 = 256;
 
 /// Progress seen on the task channel (each item once).
 #[derive(Debug, Clone, PartialEq)]
@@ -432,7 +429,7 @@ impl TrackerPump {
                 }
                 next = sub.next() => next.ok_or("the live subscription of the task channel ended")?,
             };
-            if !self.forward(&msg, Source::Live) {
+            if !self.forward(msg.headers.as_ref(), &msg.payload, &msg.subject, Source::Live) {
                 return Ok(());
             }
         }
@@ -477,7 +474,10 @@ impl TrackerPump {
         }
     }
 
-    /// Reads the stored channel from `next_seq` to its end. `Ok(false)`: the actor is gone.
+    /// Reads the stored channel from `next_seq` to its end, one direct get per stored message
+    /// (`next_by_subj` from `next_seq`), until the stream says there is no further message on
+    /// the channel. No consumer is created: a read of a channel with nothing new costs one
+    /// request. `Ok(false)`: the actor is gone.
     async fn read_stored(
         &self,
         js: &jetstream::Context,
@@ -487,69 +487,36 @@ impl TrackerPump {
             .get_stream_no_info(&self.tasks_stream)
             .await
             .map_err(|e| e.to_string())?;
-        let reader: consumer::PullConsumer = stream
-            .create_consumer(consumer::pull::Config {
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: *next_seq,
-                },
-                filter_subject: self.subject.clone(),
-                ack_policy: consumer::AckPolicy::None,
-                inactive_threshold: READ_CONSUMER_INACTIVE,
-                memory_storage: true,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| e.to_string())?;
-        let name = reader.cached_info().name.clone();
-        let outcome = self.drain(&reader, next_seq).await;
-        if let Err(e) = stream.delete_consumer(&name).await {
-            tracing::debug!(error = %e, consumer = %name, "ephemeral reader not deleted; it expires");
-        }
-        outcome
-    }
-
-    async fn drain(
-        &self,
-        reader: &consumer::PullConsumer,
-        next_seq: &mut u64,
-    ) -> Result<bool, String> {
-        let mut pending = reader.cached_info().num_pending;
-        while pending > 0 {
-            let mut batch = reader
-                .fetch()
-                .max_messages(pending.min(READ_BATCH) as usize)
-                .messages()
+        loop {
+            let msg = match stream
+                .direct_get_next_for_subject(self.subject.as_str(), Some(*next_seq))
                 .await
-                .map_err(|e| e.to_string())?;
-            let mut got = 0;
-            while let Some(msg) = batch.next().await {
-                let msg = msg.map_err(|e| e.to_string())?;
-                got += 1;
-                if let Ok(info) = msg.info() {
-                    *next_seq = (*next_seq).max(info.stream_sequence + 1);
-                }
-                if !self.forward(&msg.message, Source::Stored) {
-                    return Ok(false);
-                }
+            {
+                Ok(msg) => msg,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(true),
+                Err(e) => return Err(e.to_string()),
+            };
+            *next_seq = (*next_seq).max(msg.sequence + 1);
+            if !self.forward(Some(&msg.headers), &msg.payload, &msg.subject, Source::Stored) {
+                return Ok(false);
             }
-            if got == 0 {
-                break;
-            }
-            pending = pending.saturating_sub(got);
         }
-        Ok(true)
     }
 
     /// Decodes one message and hands it to the actor; `false` when the actor is gone.
-    fn forward(&self, msg: &Message, source: Source) -> bool {
-        let content_type = msg
-            .headers
-            .as_ref()
+    fn forward(
+        &self,
+        msg_headers: Option<&HeaderMap>,
+        payload: &[u8],
+        subject: &str,
+        source: Source,
+    ) -> bool {
+        let content_type = msg_headers
             .and_then(|h| h.get(headers::CONTENT_TYPE))
             .map(|v| v.as_str());
         let body = Codec::from_content_type(content_type)
             .ok()
-            .and_then(|codec| protocol::decode(&msg.payload, codec).ok())
+            .and_then(|codec| protocol::decode(payload, codec).ok())
             .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
             .filter(|body| body_task_id(body) == &self.task_id);
         match body {
@@ -559,7 +526,7 @@ impl TrackerPump {
                 .is_ok(),
             None => {
                 bump(&self.counters.malformed);
-                tracing::debug!(task_id = %self.task_id, subject = %msg.subject, "ignored a message that is no task channel envelope of this task");
+                tracing::debug!(task_id = %self.task_id, subject = %subject, "ignored a message that is no task channel envelope of this task");
                 true
             }
         }

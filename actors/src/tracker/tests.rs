@@ -54,6 +54,7 @@ async fn tasks_stream(client: &async_nats::Client) -> jetstream::Context {
     js.create_stream(jetstream::stream::Config {
         name: subjects::TASKS_STREAM.into(),
         subjects: vec!["channel.task.>".into()],
+        allow_direct: true,
         ..Default::default()
     })
     .await

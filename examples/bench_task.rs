@@ -43,6 +43,10 @@
 //! number of attempts in flight sampled every 10 ms (16 would mean the slots are the limit;
 //! far fewer means the fetch loop does not keep them busy).
 
+// The runtime binary's allocator (runtime/src/main.rs), for both sides of the comparison.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "bench_common.rs"]
 mod bench_common;
 
@@ -534,8 +538,21 @@ async fn main() -> anyhow::Result<()> {
         let run = match only.as_str() {
             "raw" => raw(client.clone(), &format!("O{tag}"), n, 1, None).await,
             "track" | "sub" => {
-                let end = if only == "track" { End::Track } else { End::Sub };
-                hub(&server.url(), &format!("o{tag}"), n, 1, None, end, &journal_root).await
+                let end = if only == "track" {
+                    End::Track
+                } else {
+                    End::Sub
+                };
+                hub(
+                    &server.url(),
+                    &format!("o{tag}"),
+                    n,
+                    1,
+                    None,
+                    end,
+                    &journal_root,
+                )
+                .await
             }
             other => anyhow::bail!("BENCH_ONLY must be raw, track or sub, not {other}"),
         };

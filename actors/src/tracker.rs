@@ -429,7 +429,12 @@ impl TrackerPump {
                 }
                 next = sub.next() => next.ok_or("the live subscription of the task channel ended")?,
             };
-            if !self.forward(msg.headers.as_ref(), &msg.payload, &msg.subject, Source::Live) {
+            if !self.forward(
+                msg.headers.as_ref(),
+                &msg.payload,
+                &msg.subject,
+                Source::Live,
+            ) {
                 return Ok(());
             }
         }
@@ -497,7 +502,12 @@ impl TrackerPump {
                 Err(e) => return Err(e.to_string()),
             };
             *next_seq = (*next_seq).max(msg.sequence + 1);
-            if !self.forward(Some(&msg.headers), &msg.payload, &msg.subject, Source::Stored) {
+            if !self.forward(
+                Some(&msg.headers),
+                &msg.payload,
+                &msg.subject,
+                Source::Stored,
+            ) {
                 return Ok(false);
             }
         }

@@ -10,6 +10,12 @@ use anyhow::Context as _;
 use runtime::cli::{self, Cli, Command, Parsed, Role, StartArgs, StatusArgs};
 use runtime::{ActorSystem, SystemError};
 
+// mimalloc instead of the system allocator: routing, attempts and trackers allocate many small,
+// short-lived buffers across threads, where glibc's malloc showed up as 12 % of the task
+// benchmark's CPU profile (docs/PERFORMANCE.md). Embedding hosts choose their own allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match cli::parse_args(std::env::args_os()) {
         Parsed::Run(cli) => cli,

@@ -426,3 +426,71 @@ async fn bad_tasks_are_rejected_and_the_next_good_task_still_runs() {
     assert_eq!(runs.lock().unwrap().len(), 1);
     assert_eq!(seen.lock().unwrap().len(), 3, "no further notices");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_supervisor_and_delivers_once(
+) {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("crashy").unwrap();
+    let runs: Runs = Arc::default();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Sleeper::new(Duration::from_millis(300), &runs));
+    support::start_worker(&hub, "w1", &queue, 1, handler, journal.path()).await;
+    let spec = new_task("crash my tracker", vec![]);
+    // The tracker panics on the first task channel message it handles (the acceptance status),
+    // so the rest of the channel is only found by its next incarnation.
+    fault::arm(
+        &hub.tracker_name(&spec.task_id),
+        FaultPoint::Handle,
+        Fault::Panic,
+        1,
+    );
+    let tracking = hub.track(&spec.task_id).await.unwrap();
+    hub.delegate(&support::agent("alice"), &queue, None, &spec)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("result in time")
+        .expect("delivered, not given up");
+    assert_eq!(result.task_id, spec.task_id);
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(
+        fault::remaining(&hub.tracker_name(&spec.task_id), FaultPoint::Handle),
+        0,
+        "the fault fired"
+    );
+    // Restarted once, then gone from the supervisor once it delivered.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let trackers = hub.snapshot().await.unwrap().trackers.unwrap();
+        if trackers.children == 0 {
+            assert_eq!(trackers.restarts, 1);
+            assert_eq!((trackers.added, trackers.given_up), (1, 0));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tracker still supervised: {trackers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Each status event reached the caller once although two incarnations read the channel.
+    let mut events = tracking.events;
+    let mut statuses = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let TrackerEvent::Status(s) = event {
+            statuses.push(s.event_id);
+        }
+    }
+    let unique: std::collections::HashSet<_> = statuses.iter().collect();
+    assert_eq!(
+        unique.len(),
+        statuses.len(),
+        "no status event twice: {statuses:?}"
+    );
+    assert_eq!(runs.lock().unwrap().len(), 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -13,6 +13,9 @@
 //! Supervisors nest: [`ChildSpec::supervisor`] makes a supervisor the child of another, which
 //! restarts it, with its whole subtree, when it exceeds its restart intensity.
 //!
+//! A [`DynamicSupervisor`] takes children while it runs (one per tracked task): each is
+//! restarted on its own, and one that exceeds its intensity is given up, not its siblings.
+//!
 //! Every supervisor answers [`snapshot`] with a serializable [`SupervisorSnapshot`] of its
 //! children's restart counts and liveness.
 //!
@@ -47,12 +50,14 @@
 //! ```
 
 mod backoff;
+pub mod dynamic;
 mod shutdown;
 mod snapshot;
 mod spec;
 mod supervisor;
 
 pub use backoff::Backoff;
+pub use dynamic::{DynamicRef, DynamicSnapshot, DynamicSupervisor};
 pub use shutdown::shutdown;
 pub use snapshot::{
     snapshot, snapshot_within, ChildSnapshot, SnapshotError, SupervisorSnapshot, SNAPSHOT_TIMEOUT,

@@ -26,6 +26,9 @@ use crate::journal::Journal;
 
 /// How long a result or status publish may wait for its stream ack.
 pub const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The journal is compacted (rewritten with its open attempts only) once this many attempts
+/// were forgotten since the last compaction, so that a long-running worker's log stays small.
+pub const COMPACT_AFTER: usize = 4096;
 /// Room left under [`protocol::MAX_ENVELOPE_BYTES`] for the envelope meta the router adds.
 pub const ENVELOPE_HEADROOM: usize = 4096;
 
@@ -114,6 +117,8 @@ pub struct AttemptState {
     /// result's `Nats-Msg-Id`.
     last_seq: u32,
     heartbeat: Option<AbortOnDrop>,
+    /// The acceptance status, sent before the handler runs and confirmed with the result.
+    accepted: Option<PendingPublish>,
     run: Option<AbortOnDrop>,
     /// The attempt's span, a child of the task's trace (from the input's headers).
     span: tracing::Span,
@@ -209,6 +214,16 @@ pub(crate) async fn with_journal<T: Send + 'static>(
     .map_err(|e| AttemptError::Journal(e.to_string()))
 }
 
+/// Runs a journal operation that appends no durable record (`published`, `done`) right here:
+/// such an append is one `write` into the page cache, cheaper than a trip to the blocking pool.
+pub(crate) fn journal_lazy<T>(
+    journal: &Arc<Mutex<Journal>>,
+    op: impl FnOnce(&mut Journal) -> Result<T, crate::journal::JournalError>,
+) -> Result<T, AttemptError> {
+    let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
+    op(&mut guard).map_err(|e| AttemptError::Journal(e.to_string()))
+}
+
 /// Publishes `body` as an envelope through the ingress of `worker` on the task channel of
 /// `task_id`, with `Nats-Msg-Id` = `msg_id`, and awaits the stream ack. Returns whether the
 /// stream reported a duplicate.
@@ -220,6 +235,50 @@ pub async fn publish_task_channel(
     body: &TaskChannelBody,
     trace: Option<&tracing::Span>,
 ) -> Result<bool, AttemptError> {
+    start_publish(client, worker, task_id, msg_id, body, trace)
+        .await?
+        .confirmed()
+        .await
+}
+
+/// A task channel publish sent to the ingress whose stream ack is still to come.
+pub struct PendingPublish {
+    what: String,
+    ack: jetstream::context::PublishAckFuture,
+}
+
+impl PendingPublish {
+    /// Awaits the stream ack (bounded by [`PUBLISH_ACK_TIMEOUT`]); `Ok(duplicate)`.
+    ///
+    /// # Errors
+    /// [`AttemptError::Publish`] when the stream refuses or does not answer in time.
+    pub async fn confirmed(self) -> Result<bool, AttemptError> {
+        let fail = |reason: String| AttemptError::Publish {
+            what: self.what.clone(),
+            reason,
+        };
+        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
+            Ok(Ok(ack)) => Ok(ack.duplicate),
+            Ok(Err(e)) => Err(fail(e.to_string())),
+            Err(_) => Err(fail(format!(
+                "no stream ack within {PUBLISH_ACK_TIMEOUT:?}"
+            ))),
+        }
+    }
+}
+
+/// Sends `body` as an envelope through the ingress of `worker` on the task channel of
+/// `task_id`, with `Nats-Msg-Id` = `msg_id`, without waiting for the stream ack: several
+/// publishes of one attempt travel together and are confirmed with
+/// [`PendingPublish::confirmed`]. They reach the ingress in the order they were started.
+pub async fn start_publish(
+    client: &async_nats::Client,
+    worker: &WorkerId,
+    task_id: &protocol::TaskId,
+    msg_id: &str,
+    body: &TaskChannelBody,
+    trace: Option<&tracing::Span>,
+) -> Result<PendingPublish, AttemptError> {
     let what = msg_id.to_owned();
     let fail = |reason: String| AttemptError::Publish {
         what: what.clone(),
@@ -251,13 +310,7 @@ pub async fn publish_task_channel(
         .publish_with_headers(subject, headers, payload.into())
         .await
         .map_err(|e| fail(e.to_string()))?;
-    match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
-        Ok(Ok(ack)) => Ok(ack.duplicate),
-        Ok(Err(e)) => Err(fail(e.to_string())),
-        Err(_) => Err(fail(format!(
-            "no stream ack within {PUBLISH_ACK_TIMEOUT:?}"
-        ))),
-    }
+    Ok(PendingPublish { what, ack })
 }
 
 /// The result of `outcome`, replaced by [`too_large_result`] when its envelope would exceed
@@ -357,6 +410,7 @@ impl Actor for Attempt {
             last_seq: 0,
             saved: None,
             heartbeat: Some(AbortOnDrop(heartbeat)),
+            accepted: None,
             run: None,
             cancel,
             state: TaskState::Running,
@@ -372,7 +426,8 @@ impl Actor for Attempt {
         state: &mut AttemptState,
     ) -> Result<(), ActorProcessingErr> {
         self.admit(state).await?;
-        // (c) acceptance.
+        // (c) acceptance: sent now, confirmed together with the result (step f), so that the
+        // handler does not wait for a round trip to the broker.
         let event = StatusEvent::new(
             state.task.task_id.clone(),
             state.attempt_id.clone(),
@@ -382,15 +437,17 @@ impl Actor for Attempt {
             now_ms(),
         );
         let msg_id = status_msg_id(&event.event_id);
-        publish_task_channel(
-            &self.client,
-            &self.worker_id,
-            &state.task.task_id,
-            &msg_id,
-            &TaskChannelBody::Status(event),
-            Some(&state.span),
-        )
-        .await?;
+        state.accepted = Some(
+            start_publish(
+                &self.client,
+                &self.worker_id,
+                &state.task.task_id,
+                &msg_id,
+                &TaskChannelBody::Status(event),
+                Some(&state.span),
+            )
+            .await?,
+        );
         match &state.plan {
             DeliveryPlan::RepublishSaved => {
                 let saved = state.saved.clone().expect("plan says a result is saved");
@@ -515,6 +572,31 @@ impl Actor for Attempt {
 }
 
 impl Attempt {
+    /// Compacts the journal on the blocking pool once [`COMPACT_AFTER`] attempts were
+    /// forgotten (checked again under the lock, so concurrent finishers compact once).
+    fn compact_when_due(&self) {
+        let due = journal_lazy(&self.journal, |j| {
+            Ok(j.forgotten_since_compaction() >= COMPACT_AFTER)
+        })
+        .unwrap_or(false);
+        if !due {
+            return;
+        }
+        let (journal, counters) = (self.journal.clone(), self.counters.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut j = journal.lock().unwrap_or_else(|e| e.into_inner());
+            if j.forgotten_since_compaction() < COMPACT_AFTER {
+                return;
+            }
+            match j.compact() {
+                Ok(()) => {
+                    counters.compactions.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!(error = %e, "journal compaction failed; retried later"),
+            }
+        });
+    }
+
     fn names_me(&self, state: &AttemptState, request: &ControlRequest) -> bool {
         request.task_id == state.task.task_id
             && request.attempt_id == state.attempt_id
@@ -625,41 +707,51 @@ impl Attempt {
             saved.result.state,
             now_ms(),
         );
-        let status = publish_task_channel(
-            &self.client,
-            &self.worker_id,
-            &state.task.task_id,
-            &status_msg_id(&event.event_id),
-            &TaskChannelBody::Status(event),
-            Some(&state.span),
-        )
-        .await;
-        if let Err(e) = status {
-            state.heartbeat = None;
-            return Err(e);
-        }
+        // The state change and the result travel together: both are sent, then both acks
+        // (and the acceptance's, sent before the handler ran) are awaited. They reach the
+        // ingress in this order, so a tracker that stops at the final result has seen them.
         let msg_id = result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq);
-        let publish = publish_task_channel(
-            &self.client,
-            &self.worker_id,
-            &state.task.task_id,
-            &msg_id,
-            &TaskChannelBody::Result(saved.result.clone()),
-            Some(&state.span),
-        )
+        let confirmed = async {
+            let status = start_publish(
+                &self.client,
+                &self.worker_id,
+                &state.task.task_id,
+                &status_msg_id(&event.event_id),
+                &TaskChannelBody::Status(event),
+                Some(&state.span),
+            )
+            .await?;
+            let result = start_publish(
+                &self.client,
+                &self.worker_id,
+                &state.task.task_id,
+                &msg_id,
+                &TaskChannelBody::Result(saved.result.clone()),
+                Some(&state.span),
+            )
+            .await?;
+            if let Some(accepted) = state.accepted.take() {
+                accepted.confirmed().await?;
+            }
+            status.confirmed().await?;
+            result.confirmed().await
+        }
         .await;
-        if let Err(e) = publish {
+        if let Err(e) = confirmed {
+            // Not acked: the input comes back after ack_wait and the saved result (and the
+            // status events, same ids) are published again.
             state.heartbeat = None;
             return Err(e);
         }
         let input_seq = state.seq;
-        with_journal(&self.journal, move |j| j.mark_published(input_seq)).await?;
         state.state = saved.result.state;
         state.suspend = saved.result.suspend.clone();
         let final_state = saved.result.state.is_final();
         state.last_seq = state.last_seq.max(saved.seq);
         state.saved = Some(saved);
         if !final_state {
+            // A hint (no fsync of its own); a final result is followed by `forget` instead.
+            journal_lazy(&self.journal, |j| j.mark_published(input_seq))?;
             return Ok(());
         }
         match state.state {
@@ -676,7 +768,8 @@ impl Attempt {
                 reason: e.to_string(),
             });
         }
-        with_journal(&self.journal, move |j| j.forget(input_seq).map(|_| ())).await?;
+        journal_lazy(&self.journal, |j| j.forget(input_seq).map(|_| ()))?;
+        self.compact_when_due();
         myself.stop(Some("finished".into()));
         Ok(())
     }

@@ -155,6 +155,8 @@ pub struct WorkerCounters {
     pub answers: AtomicU64,
     /// Answers refused (stale, unknown, undecodable).
     pub answers_refused: AtomicU64,
+    /// Journal compactions done while running.
+    pub compactions: AtomicU64,
 }
 
 /// A copy of the [`WorkerCounters`].
@@ -182,6 +184,9 @@ pub struct WorkerCountersSnapshot {
     pub answers: u64,
     /// See [`WorkerCounters::answers_refused`].
     pub answers_refused: u64,
+    /// See [`WorkerCounters::compactions`].
+    #[serde(default)]
+    pub compactions: u64,
 }
 
 impl WorkerCounters {
@@ -200,6 +205,7 @@ impl WorkerCounters {
             attempt_failures: get(&self.attempt_failures),
             answers: get(&self.answers),
             answers_refused: get(&self.answers_refused),
+            compactions: get(&self.compactions),
         }
     }
 }

@@ -26,7 +26,8 @@ use actors::attach::Attach;
 use actors::inbox::InboxSnapshot;
 use actors::router::{Router, RouterMsg, RouterSnapshot};
 use actors::supervision::{
-    self, ChildSpec, Strategy, SupervisorRef, SupervisorSnapshot, SupervisorSpec,
+    self, ChildSpec, DynamicRef, DynamicSnapshot, Strategy, SupervisorRef, SupervisorSnapshot,
+    SupervisorSpec,
 };
 use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
@@ -214,6 +215,7 @@ impl ActorSystemBuilder {
             inbox_mode,
             trees: Mutex::new(Vec::new()),
             inbox_ids: Mutex::new(Vec::new()),
+            trackers: tokio::sync::OnceCell::new(),
         })
     }
 }
@@ -234,6 +236,8 @@ pub struct ActorSystem {
     inbox_mode: DurableInboxMode,
     trees: Mutex<Vec<Tree>>,
     inbox_ids: Mutex<Vec<AgentId>>,
+    /// The dynamic supervisor of task trackers, started by the first `track`.
+    trackers: tokio::sync::OnceCell<(DynamicRef, Mutex<Option<JoinHandle<()>>>)>,
 }
 
 /// Snapshot of everything an [`ActorSystem`] runs.
@@ -249,6 +253,9 @@ pub struct SystemSnapshot {
     pub inboxes: BTreeMap<String, InboxSnapshot>,
     /// Every supervisor by name, with its children's restart counts.
     pub supervisors: BTreeMap<String, SupervisorSnapshot>,
+    /// The task trackers' dynamic supervisor, once a task was tracked.
+    #[serde(default)]
+    pub trackers: Option<DynamicSnapshot>,
 }
 
 impl ActorSystem {
@@ -382,12 +389,21 @@ impl ActorSystem {
                 inboxes.insert(id.to_string(), snap);
             }
         }
+        let trackers = match self.trackers.get() {
+            Some((sup, _)) => Some(supervision::dynamic::snapshot(sup).await.map_err(|e| {
+                SystemError::Timeout {
+                    what: format!("the trackers' supervisor: {e}"),
+                }
+            })?),
+            None => None,
+        };
         Ok(SystemSnapshot {
             system: self.id.clone(),
             durable: self.durable,
             router: self.router_snapshot().await,
             inboxes,
             supervisors,
+            trackers,
         })
     }
 
@@ -398,6 +414,12 @@ impl ActorSystem {
     /// [`SystemError::Timeout`] when the grace period ran out; everything is stopped anyway.
     pub async fn shutdown(self, grace: Duration) -> Result<(), SystemError> {
         let work = async {
+            if let Some((sup, join)) = self.trackers.get() {
+                sup.stop(Some("system shutdown".into()));
+                if let Some(join) = join.lock().await.take() {
+                    let _ = join.await;
+                }
+            }
             let trees = std::mem::take(&mut *self.trees.lock().await);
             for tree in trees.into_iter().rev() {
                 supervision::shutdown(&tree.supervisor, grace).await;

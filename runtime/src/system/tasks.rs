@@ -140,23 +140,51 @@ impl ActorSystem {
     /// that follows `task_id`'s channel live and reads its stored channel from the start, so a
     /// result published while nobody listened is still found.
     ///
+    /// Every tracker of the system is a child of one dynamic supervisor (started by the first
+    /// call): each is restarted on its own with backoff, at most 5 times within 10 s, after which
+    /// it is given up (its `result` receiver then reports the sender dropped). A tracker that
+    /// delivered leaves the supervisor, so the system keeps no trace of finished tasks.
+    ///
     /// # Errors
-    /// [`SystemError::Spawn`] when the supervisor cannot be spawned.
+    /// [`SystemError::Spawn`] when the supervisor cannot be started or refuses the tracker
+    /// (e.g. the task is already tracked by this system).
     pub async fn track(&self, task_id: &TaskId) -> Result<Tracking, SystemError> {
-        use actors::supervision::{ChildSpec, Restart, Strategy, SupervisorSpec};
+        use actors::supervision::{dynamic, ChildSpec, Restart};
         let (tracker, result, events) = actors::tracker::TaskTracker::new(
             self.tracker_name(task_id),
             self.client.clone(),
             task_id.clone(),
         );
         let tracker = tracker.with_tasks_stream(self.delivery.tasks.name.clone());
-        let spec = SupervisorSpec::new(Strategy::OneForOne).child(
-            ChildSpec::actor(self.tracker_name(task_id), tracker, || ())
-                .with_restart(Restart::Transient),
-        );
-        self.spawn_tree(format!("{}-sup", self.tracker_name(task_id)), spec)
-            .await?;
+        let supervisor = self.trackers_supervisor().await?;
+        let child = ChildSpec::actor(self.tracker_name(task_id), tracker, || ())
+            .with_restart(Restart::Transient);
+        dynamic::add_child(supervisor, child)
+            .await
+            .map_err(|e| SystemError::Spawn {
+                what: self.tracker_name(task_id),
+                reason: e.to_string(),
+            })?;
         Ok(Tracking { result, events })
+    }
+
+    /// The trackers' dynamic supervisor, started on first use.
+    async fn trackers_supervisor(&self) -> Result<&actors::supervision::DynamicRef, SystemError> {
+        use actors::supervision::{DynamicSupervisor, Intensity};
+        let name = format!("{}/trackers", self.id);
+        let (sup, _) = self
+            .trackers
+            .get_or_try_init(|| async {
+                let (sup, join) = DynamicSupervisor::spawn(name.clone(), Intensity::default())
+                    .await
+                    .map_err(|e| SystemError::Spawn {
+                        what: name.clone(),
+                        reason: e.to_string(),
+                    })?;
+                Ok::<_, SystemError>((sup, tokio::sync::Mutex::new(Some(join))))
+            })
+            .await?;
+        Ok(sup)
     }
 }
 

@@ -1,0 +1,425 @@
+//! A dynamic supervisor: children are added while it runs (one per tracked task, say), each
+//! restarted on its own (one-for-one) under its own [`Restart`] policy, [`Backoff`] and
+//! restart [`Intensity`], and forgotten once it ends for good.
+//!
+//! It differs from a static supervisor ([`spawn_supervisor`](super::spawn_supervisor)) in
+//! what happens when a child exceeds its intensity: the children of a dynamic supervisor are
+//! independent (one tracker per task), so the supervisor *gives up on that child* (it is not
+//! restarted again, its arguments are dropped, and [`DynamicSnapshot::given_up`] counts it)
+//! instead of failing with all its siblings. A child that stops normally (or fails, when
+//! [`Restart::Temporary`]) leaves the supervisor's table at once: a long-running process that
+//! adds a child per task keeps a table the size of its live children.
+//!
+//! ```ignore
+//! let (sup, _join) = DynamicSupervisor::spawn("trackers".into(), Intensity::new(5, secs(10))).await?;
+//! dynamic::add_child(&sup, ChildSpec::actor("tracker-t1", tracker, || ())
+//!     .with_restart(Restart::Transient)).await?;
+//! let snap = dynamic::snapshot(&sup).await?; // running, restarts, given_up
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use ractor::concurrency::{Instant, JoinHandle};
+use ractor::{
+    Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent,
+};
+use serde::{Deserialize, Serialize};
+
+use super::backoff::BackoffTracker;
+use super::spec::{ChildSpec, Intensity, Restart};
+
+/// How long [`add_child`] and [`snapshot`] wait for the supervisor.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reference to a running dynamic supervisor.
+pub type DynamicRef = ActorRef<DynamicMsg>;
+
+/// The dynamic supervisor actor; its argument is the per-child [`Intensity`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DynamicSupervisor;
+
+/// Messages of a [`DynamicSupervisor`].
+pub enum DynamicMsg {
+    /// Start a child; replies once its `pre_start` ran (a failing `pre_start` is not an error
+    /// here: the child is restarted like one that crashed). An id already in use is refused.
+    Add(ChildSpec, RpcReplyPort<Result<(), DynamicError>>),
+    /// Restart the child `id` (sent to itself after the child's backoff delay).
+    Restart(String),
+    /// A snapshot of the children.
+    Snapshot(RpcReplyPort<DynamicSnapshot>),
+}
+
+/// Why a child could not be added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DynamicError {
+    /// A child with this id is already supervised.
+    #[error("a child named {0} is already supervised")]
+    Duplicate(String),
+    /// The supervisor did not answer (stopped, or too slow).
+    #[error("dynamic supervisor unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Counters of a dynamic supervisor.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DynamicSnapshot {
+    /// Children currently supervised (running, or waiting for their restart).
+    pub children: usize,
+    /// Children added since start.
+    pub added: u64,
+    /// Restarts done since start (all children).
+    pub restarts: u64,
+    /// Children given up after exceeding their intensity.
+    pub given_up: u64,
+}
+
+struct Child {
+    spec: ChildSpec,
+    cell: Option<ActorCell>,
+    backoff: BackoffTracker,
+    failures: VecDeque<Instant>,
+}
+
+/// State of a dynamic supervisor.
+pub struct DynamicState {
+    intensity: Intensity,
+    children: HashMap<String, Child>,
+    stats: DynamicSnapshot,
+}
+
+impl DynamicSupervisor {
+    /// Spawns a root dynamic supervisor named `name` whose children may each be restarted
+    /// `intensity.max_restarts` times within `intensity.within`.
+    ///
+    /// # Errors
+    /// [`SpawnErr`] when `name` is taken.
+    pub async fn spawn(
+        name: String,
+        intensity: Intensity,
+    ) -> Result<(DynamicRef, JoinHandle<()>), SpawnErr> {
+        Actor::spawn(Some(name), DynamicSupervisor, intensity).await
+    }
+}
+
+/// Adds `child` to `supervisor` and starts it.
+///
+/// # Errors
+/// [`DynamicError::Duplicate`] for an id in use; [`DynamicError::Unavailable`] when the
+/// supervisor does not answer within [`CALL_TIMEOUT`].
+pub async fn add_child(supervisor: &DynamicRef, child: ChildSpec) -> Result<(), DynamicError> {
+    ractor::call_t!(
+        supervisor,
+        DynamicMsg::Add,
+        CALL_TIMEOUT.as_millis() as u64,
+        child
+    )
+    .map_err(|e| DynamicError::Unavailable(e.to_string()))?
+}
+
+/// The supervisor's counters.
+///
+/// # Errors
+/// [`DynamicError::Unavailable`] when it does not answer within [`CALL_TIMEOUT`].
+pub async fn snapshot(supervisor: &DynamicRef) -> Result<DynamicSnapshot, DynamicError> {
+    ractor::call_t!(
+        supervisor,
+        DynamicMsg::Snapshot,
+        CALL_TIMEOUT.as_millis() as u64
+    )
+    .map_err(|e| DynamicError::Unavailable(e.to_string()))
+}
+
+#[ractor::async_trait]
+impl Actor for DynamicSupervisor {
+    type Msg = DynamicMsg;
+    type State = DynamicState;
+    type Arguments = Intensity;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<DynamicMsg>,
+        intensity: Intensity,
+    ) -> Result<DynamicState, ActorProcessingErr> {
+        Ok(DynamicState {
+            intensity,
+            children: HashMap::new(),
+            stats: DynamicSnapshot::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<DynamicMsg>,
+        msg: DynamicMsg,
+        state: &mut DynamicState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            DynamicMsg::Add(spec, reply) => {
+                if state.children.contains_key(&spec.id) {
+                    let _ = reply.send(Err(DynamicError::Duplicate(spec.id)));
+                    return Ok(());
+                }
+                let id = spec.id.clone();
+                state.children.insert(
+                    id.clone(),
+                    Child {
+                        backoff: spec.backoff.tracker(),
+                        spec,
+                        cell: None,
+                        failures: VecDeque::new(),
+                    },
+                );
+                state.stats.added += 1;
+                start(&myself, state, &id).await;
+                let _ = reply.send(Ok(()));
+            }
+            DynamicMsg::Restart(id) => {
+                if state.children.contains_key(&id) {
+                    state.stats.restarts += 1;
+                    start(&myself, state, &id).await;
+                }
+            }
+            DynamicMsg::Snapshot(reply) => {
+                let mut snap = state.stats.clone();
+                snap.children = state.children.len();
+                let _ = reply.send(snap);
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<DynamicMsg>,
+        event: SupervisionEvent,
+        state: &mut DynamicState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, failed) = match event {
+            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, false),
+            SupervisionEvent::ActorFailed(cell, error) => {
+                tracing::warn!(child = ?cell.get_name(), %error, "supervised child failed");
+                (cell, true)
+            }
+            _ => return Ok(()),
+        };
+        let Some(id) = cell.get_name() else {
+            return Ok(());
+        };
+        // Only the current incarnation's exit counts (a stale one is already replaced).
+        let current = state
+            .children
+            .get(&id)
+            .and_then(|c| c.cell.as_ref())
+            .is_some_and(|c| c.get_id() == cell.get_id());
+        if !current {
+            return Ok(());
+        }
+        on_exit(&myself, state, &id, failed);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<DynamicMsg>,
+        state: &mut DynamicState,
+    ) -> Result<(), ActorProcessingErr> {
+        for child in state.children.values() {
+            if let Some(cell) = &child.cell {
+                cell.stop(Some("supervisor stopping".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Spawns (or respawns) the child `id`; a failed spawn counts as a failure.
+async fn start(myself: &ActorRef<DynamicMsg>, state: &mut DynamicState, id: &str) {
+    let Some(child) = state.children.get_mut(id) else {
+        return;
+    };
+    child.cell = None;
+    match child
+        .spec
+        .spawn
+        .call(myself.get_cell(), id.to_owned())
+        .await
+    {
+        Ok(cell) => child.cell = Some(cell),
+        Err(error) => {
+            tracing::warn!(child = id, %error, "supervised child did not start");
+            on_exit(myself, state, id, true);
+        }
+    }
+}
+
+/// Decides what follows the exit of the child `id`: forget it, give up on it, or restart it
+/// after its backoff delay.
+fn on_exit(myself: &ActorRef<DynamicMsg>, state: &mut DynamicState, id: &str, failed: bool) {
+    let intensity = state.intensity;
+    let Some(child) = state.children.get_mut(id) else {
+        return;
+    };
+    child.cell = None;
+    let restart = match child.spec.restart {
+        Restart::Permanent => true,
+        Restart::Transient => failed,
+        Restart::Temporary => false,
+    };
+    if !restart {
+        state.children.remove(id);
+        return;
+    }
+    let now = Instant::now();
+    child.failures.push_back(now);
+    while child
+        .failures
+        .front()
+        .is_some_and(|t| now.saturating_duration_since(*t) > intensity.within)
+    {
+        child.failures.pop_front();
+    }
+    if child.failures.len() > intensity.max_restarts {
+        tracing::error!(
+            child = id,
+            restarts = intensity.max_restarts,
+            within = ?intensity.within,
+            "child exceeded its restart intensity; giving up on it"
+        );
+        state.children.remove(id);
+        state.stats.given_up += 1;
+        return;
+    }
+    let delay = child.backoff.next_delay();
+    // The timer's handle is not kept: a restart due after the supervisor stopped is dropped.
+    drop(myself.send_after(delay, {
+        let id = id.to_owned();
+        move || DynamicMsg::Restart(id)
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervision::Backoff;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A child that fails its first `fail_first` starts, then runs until told to stop.
+    #[derive(Clone)]
+    struct Flaky {
+        starts: Arc<AtomicUsize>,
+        fail_first: usize,
+    }
+
+    #[ractor::async_trait]
+    impl Actor for Flaky {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+        async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+            let n = self.starts.fetch_add(1, Ordering::SeqCst) + 1;
+            if n <= self.fail_first {
+                return Err(format!("start {n} fails").into());
+            }
+            Ok(())
+        }
+        async fn handle(
+            &self,
+            myself: ActorRef<()>,
+            _: (),
+            _: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            myself.stop(None);
+            Ok(())
+        }
+    }
+
+    async fn wait_for(
+        sup: &DynamicRef,
+        what: &str,
+        ok: impl Fn(&DynamicSnapshot) -> bool,
+    ) -> DynamicSnapshot {
+        for _ in 0..10_000 {
+            let snap = snapshot(sup).await.unwrap();
+            if ok(&snap) {
+                return snap;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{what}: not reached");
+    }
+
+    fn flaky(id: &str, fail_first: usize) -> (ChildSpec, Arc<AtomicUsize>) {
+        let starts = Arc::new(AtomicUsize::new(0));
+        let child = Flaky {
+            starts: starts.clone(),
+            fail_first,
+        };
+        let spec = ChildSpec::actor(id, child, || ())
+            .with_restart(Restart::Transient)
+            .with_backoff(Backoff::constant(Duration::from_millis(100)));
+        (spec, starts)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_child_is_restarted_after_its_backoff_then_forgotten_when_it_stops() {
+        let (sup, _join) = DynamicSupervisor::spawn(
+            "dyn-restart".into(),
+            Intensity::new(5, Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        let (spec, starts) = flaky("dyn-restart-child", 2);
+        add_child(&sup, spec).await.unwrap();
+        let snap = wait_for(&sup, "two restarts", |s| s.restarts == 2).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        assert_eq!((snap.children, snap.given_up), (1, 0));
+        // A normal stop of a transient child removes it from the table.
+        let child: ActorRef<()> =
+            ractor::registry::where_is(ractor::ActorName::from("dyn-restart-child"))
+                .unwrap()
+                .into();
+        child.cast(()).unwrap();
+        wait_for(&sup, "child forgotten", |s| s.children == 0).await;
+        sup.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn child_over_its_intensity_is_given_up_and_siblings_keep_running() {
+        let (sup, join) = DynamicSupervisor::spawn(
+            "dyn-giveup".into(),
+            Intensity::new(2, Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        let (bad, bad_starts) = flaky("dyn-giveup-bad", usize::MAX);
+        let (good, _) = flaky("dyn-giveup-good", 0);
+        add_child(&sup, good).await.unwrap();
+        add_child(&sup, bad).await.unwrap();
+        let snap = wait_for(&sup, "given up", |s| s.given_up == 1).await;
+        // First start plus two restarts, then no more.
+        assert_eq!(bad_starts.load(Ordering::SeqCst), 3);
+        assert_eq!(snap.children, 1, "the good sibling is still supervised");
+        assert!(ractor::registry::where_is(ractor::ActorName::from("dyn-giveup-good")).is_some());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(bad_starts.load(Ordering::SeqCst), 3);
+        sup.stop(None);
+        join.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_duplicate_id_is_refused() {
+        let (sup, _join) = DynamicSupervisor::spawn("dyn-dup".into(), Intensity::default())
+            .await
+            .unwrap();
+        let (a, _) = flaky("dyn-dup-child", 0);
+        let (b, _) = flaky("dyn-dup-child", 0);
+        add_child(&sup, a).await.unwrap();
+        assert_eq!(
+            add_child(&sup, b).await,
+            Err(DynamicError::Duplicate("dyn-dup-child".into()))
+        );
+        sup.stop(None);
+    }
+}

@@ -36,6 +36,8 @@ pub enum WireErrorKind {
     ResultTooLarge,
     /// The task was cancelled.
     Cancelled,
+    /// The task's `expires_at` passed before a worker started it.
+    Expired,
     /// A bug or an infrastructure failure on the hub side.
     Internal,
     /// A kind this version does not know (sent by a newer peer). Serialized
@@ -46,7 +48,7 @@ pub enum WireErrorKind {
 
 impl WireErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [WireErrorKind; 13] = [
+    pub const ALL: [WireErrorKind; 14] = [
         WireErrorKind::Malformed,
         WireErrorKind::MissingField,
         WireErrorKind::InvalidRecipient,
@@ -58,6 +60,7 @@ impl WireErrorKind {
         WireErrorKind::StaleAnswer,
         WireErrorKind::ResultTooLarge,
         WireErrorKind::Cancelled,
+        WireErrorKind::Expired,
         WireErrorKind::Internal,
         WireErrorKind::Unknown,
     ];
@@ -76,6 +79,7 @@ impl WireErrorKind {
             WireErrorKind::StaleAnswer => "stale_answer",
             WireErrorKind::ResultTooLarge => "result_too_large",
             WireErrorKind::Cancelled => "cancelled",
+            WireErrorKind::Expired => "expired",
             WireErrorKind::Internal => "internal",
             WireErrorKind::Unknown => "unknown",
         }
@@ -150,6 +154,7 @@ mod tests {
             "stale_answer",
             "result_too_large",
             "cancelled",
+            "expired",
             "internal",
             "unknown",
         ];

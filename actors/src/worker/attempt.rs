@@ -9,9 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self, AckKind};
 use protocol::subjects::{self, Channel, TaskKey};
 use protocol::task::{
-    judge_answer, on_delivery, result_msg_id, status_msg_id, too_large_result, Answer,
-    AnswerVerdict, AttemptId, AttemptView, CancelStatus, ControlRequest, DeliveryPlan, JournalView,
-    QueryReply, StatusEvent, Suspend, TaskChannelBody, TaskResult, TaskSpec, TaskState,
+    expired_result, is_expired, judge_answer, on_delivery, result_msg_id, status_msg_id,
+    too_large_result, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus, ControlRequest,
+    DeliveryPlan, JournalView, QueryReply, StatusEvent, Suspend, TaskChannelBody, TaskResult,
+    TaskSpec, TaskState,
 };
 use protocol::{AgentId, Envelope, MessageId, WireError, WireErrorKind, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -39,7 +40,8 @@ pub const ENVELOPE_HEADROOM: usize = 4096;
 /// 2. journal admission of the input sequence ([`on_delivery`] decides: republish a saved
 ///    result, re-run the same attempt flagged `rerun`, or start a fresh attempt);
 /// 3. a `task_accepted` status event (seq 0) through the ingress;
-/// 4. the handler runs (unless a result is saved);
+/// 4. the handler runs (unless a result is saved, or the task's `expires_at` has passed: then
+///    the result is `failed` with error kind `expired` and the handler never sees the task);
 /// 5. the result is saved in the journal (fsync) *before* it is published (a too-large
 ///    result is replaced by [`too_large_result`]); the fault point `Handle` of the attempt's
 ///    name is checked right after saving;
@@ -67,6 +69,8 @@ pub struct Attempt {
     pub handler: Arc<dyn TaskHandler>,
     /// The consumer's ack wait (the heartbeat runs at a third of it).
     pub ack_wait: Duration,
+    /// Compact the journal once this many attempts were forgotten ([`COMPACT_AFTER`]).
+    pub compact_after: usize,
     /// Counters shared with the worker.
     pub counters: Arc<WorkerCounters>,
 }
@@ -456,6 +460,17 @@ impl Actor for Attempt {
             DeliveryPlan::RerunSameAttempt { .. } | DeliveryPlan::FreshAttempt => {
                 self.spawn_run(&myself, state);
             }
+            DeliveryPlan::Expire => {
+                // Saved and published like any result; the handler never sees the task.
+                self.counters.expired.fetch_add(1, Ordering::Relaxed);
+                let result = expired_result(
+                    state.task.task_id.clone(),
+                    state.attempt_id.clone(),
+                    self.worker_id.clone(),
+                    state.task.expires_at.unwrap_or_default(),
+                );
+                self.save_and_publish(&myself, state, result).await?;
+            }
         }
         Ok(())
     }
@@ -481,15 +496,8 @@ impl Actor for Attempt {
             AttemptMsg::Finished(outcome) => {
                 state.run = None;
                 // A cancel that raced with a normal finish: the handler's outcome stands.
-                let seq = state.last_seq.saturating_add(1);
                 let result = build_result(&state.task, &state.attempt_id, &self.worker_id, outcome);
-                let saved = SavedResult { seq, result };
-                // (e) save before publishing.
-                let value = serde_json::to_value(&saved)?;
-                let input_seq = state.seq;
-                with_journal(&self.journal, move |j| j.save_result(input_seq, &value)).await?;
-                fault::check(&self.name, FaultPoint::Handle)?;
-                self.publish_saved(&myself, state, saved).await?;
+                self.save_and_publish(&myself, state, result).await?;
             }
             AttemptMsg::Answer(answer, reply) => {
                 let view = AttemptView {
@@ -572,11 +580,12 @@ impl Actor for Attempt {
 }
 
 impl Attempt {
-    /// Compacts the journal on the blocking pool once [`COMPACT_AFTER`] attempts were
+    /// Compacts the journal on the blocking pool once `compact_after` attempts were
     /// forgotten (checked again under the lock, so concurrent finishers compact once).
     fn compact_when_due(&self) {
+        let every = self.compact_after.max(1);
         let due = journal_lazy(&self.journal, |j| {
-            Ok(j.forgotten_since_compaction() >= COMPACT_AFTER)
+            Ok(j.forgotten_since_compaction() >= every)
         })
         .unwrap_or(false);
         if !due {
@@ -585,7 +594,7 @@ impl Attempt {
         let (journal, counters) = (self.journal.clone(), self.counters.clone());
         tokio::task::spawn_blocking(move || {
             let mut j = journal.lock().unwrap_or_else(|e| e.into_inner());
-            if j.forgotten_since_compaction() < COMPACT_AFTER {
+            if j.forgotten_since_compaction() < every {
                 return;
             }
             match j.compact() {
@@ -660,6 +669,7 @@ impl Attempt {
         let plan = on_delivery(JournalView {
             admitted: (!admission.new).then(|| attempt_id.clone()),
             saved_result: saved.is_some(),
+            expired: is_expired(state.task.expires_at, now_ms()),
         });
         if !admission.new {
             self.counters.redelivered.fetch_add(1, Ordering::Relaxed);
@@ -686,6 +696,24 @@ impl Attempt {
         state.plan = plan;
         state.saved = saved;
         state.answers = answers;
+        Ok(())
+    }
+
+    /// (e) saves `result` under the next state-change sequence (fsync) *before* publishing it,
+    /// then (f)+(g).
+    async fn save_and_publish(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        result: TaskResult,
+    ) -> Result<(), ActorProcessingErr> {
+        let seq = state.last_seq.saturating_add(1);
+        let saved = SavedResult { seq, result };
+        let value = serde_json::to_value(&saved)?;
+        let input_seq = state.seq;
+        with_journal(&self.journal, move |j| j.save_result(input_seq, &value)).await?;
+        fault::check(&self.name, FaultPoint::Handle)?;
+        self.publish_saved(myself, state, saved).await?;
         Ok(())
     }
 

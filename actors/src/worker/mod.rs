@@ -104,6 +104,9 @@ pub struct Worker {
     pub ack_wait: Duration,
     /// How long to wait for the router's join reply.
     pub join_timeout: Duration,
+    /// The journal is compacted once this many attempts were forgotten since the last
+    /// compaction (default [`attempt::COMPACT_AFTER`]).
+    pub compact_after: usize,
 }
 
 impl Worker {
@@ -126,6 +129,7 @@ impl Worker {
             handler,
             ack_wait: DEFAULT_ACK_WAIT,
             join_timeout: DEFAULT_JOIN_TIMEOUT,
+            compact_after: attempt::COMPACT_AFTER,
         }
     }
 }
@@ -157,6 +161,8 @@ pub struct WorkerCounters {
     pub answers_refused: AtomicU64,
     /// Journal compactions done while running.
     pub compactions: AtomicU64,
+    /// Tasks not run because their `expires_at` had passed (failed, kind `expired`).
+    pub expired: AtomicU64,
 }
 
 /// A copy of the [`WorkerCounters`].
@@ -187,6 +193,9 @@ pub struct WorkerCountersSnapshot {
     /// See [`WorkerCounters::compactions`].
     #[serde(default)]
     pub compactions: u64,
+    /// See [`WorkerCounters::expired`].
+    #[serde(default)]
+    pub expired: u64,
 }
 
 impl WorkerCounters {
@@ -206,6 +215,7 @@ impl WorkerCounters {
             answers: get(&self.answers),
             answers_refused: get(&self.answers_refused),
             compactions: get(&self.compactions),
+            expired: get(&self.expired),
         }
     }
 }
@@ -578,6 +588,7 @@ impl Worker {
             journal: state.journal.clone(),
             handler: self.handler.clone(),
             ack_wait: self.ack_wait,
+            compact_after: self.compact_after,
             counters: state.counters.clone(),
         };
         let task_id = task.task_id.clone();

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
 use async_nats::jetstream::stream::{Config as StreamConfig, RetentionPolicy};
@@ -758,4 +758,89 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     .expect_err("incompatible consumer refused");
     let text = err.to_string();
     assert!(text.contains("max_deliver"), "{text}");
+}
+
+#[tokio::test]
+async fn expired_task_is_not_run_and_fails_as_expired_while_a_live_one_runs() {
+    let env = env("expiry").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-expiry", handler.clone(), 1).await;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    env.submit_raw(
+        serde_json::json!({ "version": 1, "task_id": "t-late", "text": "too late",
+            "expires_at": now - 1_000 }),
+        "m-late",
+    )
+    .await;
+    env.submit_raw(
+        serde_json::json!({ "version": 1, "task_id": "t-live", "text": "in time",
+            "expires_at": now + 600_000 }),
+        "m-live",
+    )
+    .await;
+    let late = results.result(Duration::from_secs(10)).await;
+    assert_eq!(late.task_id.as_str(), "t-late");
+    assert_eq!(late.state, TaskState::Failed);
+    assert_eq!(late.error.unwrap().kind, protocol::WireErrorKind::Expired);
+    let live = results.result(Duration::from_secs(10)).await;
+    assert_eq!(live.task_id.as_str(), "t-live");
+    assert_eq!(live.state, TaskState::Completed);
+    assert_eq!(
+        handler.calls.load(Ordering::SeqCst),
+        1,
+        "only the live task ran"
+    );
+    env.wait_work_empty().await;
+    assert_eq!(snapshot(&worker).await.counters.expired, 1);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn journal_is_compacted_while_running_and_reopens_without_finished_attempts() {
+    let env = env("compact").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = Worker {
+        compact_after: 3,
+        ..env.worker("worker-compact", handler.clone(), 2)
+    };
+    let (worker, _) = Actor::spawn(Some("worker-compact".into()), worker, ())
+        .await
+        .unwrap();
+    for i in 0..12 {
+        env.submit(&format!("t-c{i}")).await;
+    }
+    for _ in 0..12 {
+        assert_eq!(
+            results.result(Duration::from_secs(10)).await.state,
+            TaskState::Completed
+        );
+    }
+    env.wait_work_empty().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while snapshot(&worker).await.counters.compactions < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not compacted twice"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop(worker).await;
+    // The compacted log replays to no open attempt, and is short: only the attempts finished
+    // since the last compaction (at most 3 + the 2 that may finish meanwhile), 3 lines each.
+    let journal = crate::journal::Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+    assert!(journal.open_attempts().is_empty());
+    let log = env
+        .dir
+        .join(env.worker_id.as_str())
+        .join(crate::journal::LOG_FILE);
+    let lines = std::fs::read_to_string(log).unwrap().lines().count();
+    assert!(
+        lines <= 5 * 3,
+        "log not compacted: {lines} lines for 12 attempts"
+    );
 }

@@ -103,6 +103,8 @@ pub struct JournalView {
     pub admitted: Option<AttemptId>,
     /// Whether a result of that attempt is saved.
     pub saved_result: bool,
+    /// Whether the task's `expires_at` has passed (see [`is_expired`]).
+    pub expired: bool,
 }
 
 /// What to do with a (re)delivered task.
@@ -118,14 +120,50 @@ pub enum DeliveryPlan {
     },
     /// Nothing journalled: start a fresh attempt.
     FreshAttempt,
+    /// No result saved and the task expired: do not run it; publish
+    /// [`expired_result`] instead.
+    Expire,
 }
 
-/// Plans a task delivery from the journal.
+/// Whether a task with `expires_at` (unix milliseconds) has expired at `now_ms`: the deadline
+/// itself is already too late. A task without `expires_at` never expires.
+pub fn is_expired(expires_at: Option<u64>, now_ms: u64) -> bool {
+    expires_at.is_some_and(|deadline| now_ms >= deadline)
+}
+
+/// The error detail of an expired task's result.
+pub const EXPIRED: &str = "task expired before it started";
+
+/// The `failed` result of a task whose `expires_at` passed before it ran.
+pub fn expired_result(
+    task_id: TaskId,
+    attempt_id: AttemptId,
+    worker_id: WorkerId,
+    expires_at: u64,
+) -> TaskResult {
+    TaskResult {
+        task_id,
+        attempt_id,
+        worker_id,
+        state: TaskState::Failed,
+        response: None,
+        error: Some(WireError::new(
+            WireErrorKind::Expired,
+            format!("{EXPIRED} (expires_at {expires_at})"),
+        )),
+        suspend: None,
+        answer_route: None,
+    }
+}
+
+/// Plans a task delivery from the journal: a saved result is always republished (even after
+/// the deadline: the work was done); otherwise an expired task is not run (again).
 pub fn on_delivery(journal: JournalView) -> DeliveryPlan {
     match journal {
         JournalView {
             saved_result: true, ..
         } => DeliveryPlan::RepublishSaved,
+        JournalView { expired: true, .. } => DeliveryPlan::Expire,
         JournalView {
             admitted: Some(attempt_id),
             ..

@@ -79,16 +79,27 @@ proptest! {
     }
 
     #[test]
-    fn on_delivery_never_reruns_a_saved_result(admitted in proptest::option::of(token()), saved in any::<bool>()) {
+    fn on_delivery_never_reruns_a_saved_result(admitted in proptest::option::of(token()), saved in any::<bool>(), expired in any::<bool>()) {
         let admitted = admitted.map(|a| aid(&a));
-        let plan = on_delivery(JournalView { admitted: admitted.clone(), saved_result: saved });
+        let plan = on_delivery(JournalView { admitted: admitted.clone(), saved_result: saved, expired });
         match plan {
             DeliveryPlan::RepublishSaved => prop_assert!(saved),
             DeliveryPlan::RerunSameAttempt { attempt_id } => {
-                prop_assert!(!saved);
+                prop_assert!(!saved && !expired);
                 prop_assert_eq!(Some(attempt_id), admitted);
             }
-            DeliveryPlan::FreshAttempt => prop_assert!(!saved && admitted.is_none()),
+            DeliveryPlan::FreshAttempt => prop_assert!(!saved && !expired && admitted.is_none()),
+            DeliveryPlan::Expire => prop_assert!(!saved && expired),
+        }
+    }
+
+    #[test]
+    fn expiry_is_the_deadline_or_later(deadline in proptest::option::of(any::<u64>()), now in any::<u64>()) {
+        let expired = is_expired(deadline, now);
+        prop_assert_eq!(expired, deadline.is_some_and(|d| now >= d));
+        if let Some(d) = deadline {
+            prop_assert!(is_expired(Some(d), d), "the deadline itself is too late");
+            prop_assert!(d == 0 || !is_expired(Some(d), d - 1));
         }
     }
 

@@ -324,22 +324,27 @@ fn judge_answer_table() {
 #[test]
 fn on_delivery_table() {
     let cases = [
-        (None, false, DeliveryPlan::FreshAttempt),
-        (None, true, DeliveryPlan::RepublishSaved),
-        (Some(aid("a")), true, DeliveryPlan::RepublishSaved),
+        (None, false, false, DeliveryPlan::FreshAttempt),
+        (None, true, false, DeliveryPlan::RepublishSaved),
+        (Some(aid("a")), true, false, DeliveryPlan::RepublishSaved),
         (
             Some(aid("a")),
+            false,
             false,
             DeliveryPlan::RerunSameAttempt {
                 attempt_id: aid("a"),
             },
         ),
+        (None, false, true, DeliveryPlan::Expire),
+        (Some(aid("a")), false, true, DeliveryPlan::Expire),
+        (Some(aid("a")), true, true, DeliveryPlan::RepublishSaved),
     ];
-    for (admitted, saved_result, plan) in cases {
+    for (admitted, saved_result, expired, plan) in cases {
         assert_eq!(
             on_delivery(JournalView {
                 admitted,
-                saved_result
+                saved_result,
+                expired,
             }),
             plan
         );

@@ -188,8 +188,10 @@ pub enum Source {
 
 /// Messages of the tracker.
 pub enum TrackerMsg {
-    /// A task channel body read by a pump.
-    Seen(Box<TaskChannelBody>, Source),
+    /// A task channel body read by a pump, with the span it is handled in (for a result: a
+    /// `tracker.result` span, child of the context in the message's headers, so that the
+    /// task's trace ends at the delegator; else no span).
+    Seen(Box<TaskChannelBody>, Source, tracing::Span),
     /// Snapshot for a local caller.
     Snapshot(RpcReplyPort<TrackerSnapshot>),
     /// The caller dropped its result receiver: stop (the task is not cancelled).
@@ -340,11 +342,12 @@ impl Actor for TaskTracker {
     ) -> Result<(), ActorProcessingErr> {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
-            TrackerMsg::Seen(body, source) => {
+            TrackerMsg::Seen(body, source, span) => {
                 bump(match source {
                     Source::Live => &state.counters.live_seen,
                     Source::Stored => &state.counters.stored_seen,
                 });
+                let _entered = span.enter();
                 self.on_body(&myself, *body);
             }
             TrackerMsg::Snapshot(port) => {
@@ -530,10 +533,24 @@ impl TrackerPump {
             .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
             .filter(|body| body_task_id(body) == &self.task_id);
         match body {
-            Some(body) => self
-                .myself
-                .cast(TrackerMsg::Seen(Box::new(body), source))
-                .is_ok(),
+            Some(body) => {
+                let span = match &body {
+                    TaskChannelBody::Result(result) => {
+                        let span = tracing::info_span!(
+                            "tracker.result",
+                            task_id = %self.task_id,
+                            state = result.state.as_str(),
+                            source = ?source,
+                        );
+                        crate::trace_context::set_parent_from(&span, msg_headers);
+                        span
+                    }
+                    TaskChannelBody::Status(_) => tracing::Span::none(),
+                };
+                self.myself
+                    .cast(TrackerMsg::Seen(Box::new(body), source, span))
+                    .is_ok()
+            }
             None => {
                 bump(&self.counters.malformed);
                 tracing::debug!(task_id = %self.task_id, subject = %subject, "ignored a message that is no task channel envelope of this task");

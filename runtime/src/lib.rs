@@ -34,4 +34,7 @@ pub mod task_commands;
 pub mod telemetry;
 
 pub use connect::{ConnectError, NatsSettings};
-pub use system::{request_status, ActorSystem, ActorSystemBuilder, SystemError, SystemSnapshot};
+pub use system::{
+    request_status, request_worker_status, ActorSystem, ActorSystemBuilder, SystemError,
+    SystemSnapshot,
+};

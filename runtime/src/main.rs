@@ -16,6 +16,9 @@ use runtime::{ActorSystem, SystemError};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long `runtime status` collects worker snapshots.
+const WORKER_STATUS_WINDOW: Duration = Duration::from_millis(500);
+
 fn main() -> ExitCode {
     let cli = match cli::parse_args(std::env::args_os()) {
         Parsed::Run(cli) => cli,
@@ -206,6 +209,13 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
         .await
         .map_err(SystemError::from)?;
     let snapshot = runtime::request_status(&client, Duration::from_secs(args.timeout_secs)).await?;
-    println!("{}", serde_json::to_string_pretty(&snapshot)?);
+    // The router's snapshot, plus `workers`: the snapshot of every worker that answered
+    // within the window.
+    let workers = runtime::request_worker_status(&client, WORKER_STATUS_WINDOW).await?;
+    let mut out = serde_json::to_value(&snapshot)?;
+    if let Some(object) = out.as_object_mut() {
+        object.insert("workers".into(), serde_json::to_value(workers)?);
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
 }

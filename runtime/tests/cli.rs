@@ -916,5 +916,17 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
         (reply["state"].as_str(), reply["active"].as_bool()),
         (Some("completed"), Some(false))
     );
+
+    // `runtime status` lists the worker with its counters beside the router's snapshot.
+    let out = status(&url).await;
+    assert_exit(&out, 0, "status");
+    let snapshot: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(snapshot["durable"], Value::Bool(true), "{snapshot}");
+    let workers = snapshot["workers"].as_array().expect("a workers array");
+    assert_eq!(workers.len(), 1, "{snapshot}");
+    assert_eq!(workers[0]["worker_id"], "w9");
+    assert_eq!(workers[0]["queue"], "q");
+    assert_eq!(workers[0]["counters"]["completed"], 1, "{snapshot}");
+    assert_eq!(workers[0]["counters"]["answers"], 1, "{snapshot}");
     all.kill9().await;
 }

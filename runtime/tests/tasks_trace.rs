@@ -48,7 +48,15 @@ async fn delegators_trace_id_reaches_the_attempt_and_the_trackers_result_span() 
     system.start_router().await.unwrap();
     let queue = QueueName::new("traced").unwrap();
     let journal = tempfile::tempdir().unwrap();
-    start_worker(&system, "w-trace", &queue, 1, Arc::new(Done), journal.path()).await;
+    start_worker(
+        &system,
+        "w-trace",
+        &queue,
+        1,
+        Arc::new(Done),
+        journal.path(),
+    )
+    .await;
 
     let spec = new_task("traced task", vec![]);
     let tracking = system.track(&spec.task_id).await.unwrap();
@@ -89,7 +97,10 @@ async fn delegators_trace_id_reaches_the_attempt_and_the_trackers_result_span() 
                 trace,
                 "{name} joins the delegator's trace"
             );
-            assert!(span.parent_span_is_remote, "{name} continues a remote parent");
+            assert!(
+                span.parent_span_is_remote,
+                "{name} continues a remote parent"
+            );
         }
     }
     system.shutdown(GRACE).await.unwrap();

@@ -259,6 +259,8 @@ pub enum WorkerMsg {
     },
     /// Snapshot for a local caller.
     Snapshot(RpcReplyPort<WorkerSnapshot>),
+    /// Snapshot for a remote caller (`runtime status`): published to this reply subject.
+    StatusRequest(async_nats::Subject),
     /// The fetch loop or a subscription failed: fail so that the supervisor restarts.
     PumpFailed(String),
 }
@@ -391,6 +393,25 @@ impl Actor for Worker {
                 }
             })));
         }
+        // Every worker answers the scatter-gather status request of `runtime status`.
+        let mut status = self
+            .client
+            .subscribe(subjects::WORKER_STATUS_SUBJECT)
+            .await
+            .map_err(|e| WorkerError::Subscribe {
+                subject: subjects::WORKER_STATUS_SUBJECT.into(),
+                reason: e.to_string(),
+            })?;
+        let me = myself.clone();
+        control.push(AbortOnDrop(tokio::spawn(async move {
+            while let Some(msg) = status.next().await {
+                if let Some(reply) = msg.reply {
+                    if me.cast(WorkerMsg::StatusRequest(reply)).is_err() {
+                        break;
+                    }
+                }
+            }
+        })));
         let (stop, stop_rx) = watch::channel(false);
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let me = myself.clone();
@@ -445,6 +466,12 @@ impl Actor for Worker {
             WorkerMsg::Control { kind, msg } => self.on_control(state, kind, msg).await,
             WorkerMsg::Snapshot(port) => {
                 let _ = port.send(self.snapshot(state));
+            }
+            WorkerMsg::StatusRequest(reply) => {
+                let body = serde_json::to_value(self.snapshot(state))?;
+                if let Err(e) = publish_json(&self.client, reply, &body).await {
+                    tracing::debug!(error = %e, "status reply not sent");
+                }
             }
             WorkerMsg::PumpFailed(reason) => return Err(WorkerError::Pump(reason).into()),
         }

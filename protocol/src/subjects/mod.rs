@@ -65,6 +65,9 @@ pub const ATTACH_QUEUE_GROUP: &str = "hub-delivery";
 pub const ATTACH_FILTER: &str = "hub.delivery.*.inbox";
 /// Core request/reply subject; a router answers with a JSON status snapshot.
 pub const STATUS_SUBJECT: &str = "hub.admin.status";
+/// Core scatter-gather subject: every worker answers a request with its JSON snapshot (no
+/// queue group; `runtime status` collects the answers for a short window).
+pub const WORKER_STATUS_SUBJECT: &str = "hub.admin.workers";
 /// Prefix of the `Nats-Msg-Id` of every message the router stores.
 pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 

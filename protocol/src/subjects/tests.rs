@@ -58,6 +58,7 @@ fn constants_are_valid_names_and_filters() {
     assert!(task(&key("t")).starts_with(TASKS_FILTER.trim_end_matches('>')));
     assert_eq!(ATTACH_FILTER.replace('*', "alice"), attach_request(&alice));
     assert_eq!(STATUS_SUBJECT, "hub.admin.status");
+    assert_eq!(WORKER_STATUS_SUBJECT, "hub.admin.workers");
     assert_eq!(ROUTER_MSG_ID_PREFIX, "hub-router:");
 }
 

@@ -435,6 +435,37 @@ impl ActorSystem {
     }
 }
 
+/// Asks every running worker for its snapshot over NATS (`runtime status`): one request on
+/// [`subjects::WORKER_STATUS_SUBJECT`], answers collected for `window` (there is no knowing
+/// how many workers run), sorted by worker id.
+///
+/// # Errors
+/// [`SystemError::Request`] when the request cannot be sent.
+pub async fn request_worker_status(
+    client: &async_nats::Client,
+    window: Duration,
+) -> Result<Vec<actors::worker::WorkerSnapshot>, SystemError> {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut replies = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| SystemError::Request(e.to_string()))?;
+    client
+        .publish_with_reply(subjects::WORKER_STATUS_SUBJECT, inbox, Vec::new().into())
+        .await
+        .map_err(|e| SystemError::Request(e.to_string()))?;
+    let mut workers = Vec::new();
+    let deadline = tokio::time::Instant::now() + window;
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, replies.next()).await {
+        if let Ok(snapshot) = serde_json::from_slice(&msg.payload) {
+            workers.push(snapshot);
+        }
+    }
+    workers.sort_by(|a: &actors::worker::WorkerSnapshot, b| a.worker_id.cmp(&b.worker_id));
+    Ok(workers)
+}
+
 /// Asks a running router for its snapshot over NATS (`runtime status`).
 ///
 /// # Errors

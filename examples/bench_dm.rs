@@ -13,6 +13,10 @@
 //! Prints msgs/s for both with the producer live, the ratio b/a, and p50/p99 end-to-end latency
 //! at a paced 1,000 msgs/s.
 
+// The runtime binary's allocator (runtime/src/main.rs), for both sides of the comparison.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "bench_common.rs"]
 mod bench_common;
 

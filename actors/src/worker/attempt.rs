@@ -83,6 +83,10 @@ pub struct AttemptArgs {
     pub seq: u64,
     /// The decoded task.
     pub task: TaskSpec,
+    /// The worker's concurrency slot this attempt holds: released as soon as the input is
+    /// acked (or the attempt ends otherwise), so that the next task is fetched without
+    /// waiting for this actor to stop.
+    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// Messages of an attempt.
@@ -121,6 +125,8 @@ pub struct AttemptState {
     /// result's `Nats-Msg-Id`.
     last_seq: u32,
     heartbeat: Option<AbortOnDrop>,
+    /// The concurrency slot (see [`AttemptArgs::slot`]).
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The acceptance status, sent before the handler runs and confirmed with the result.
     accepted: Option<PendingPublish>,
     run: Option<AbortOnDrop>,
@@ -380,7 +386,12 @@ impl Actor for Attempt {
         args: AttemptArgs,
     ) -> Result<AttemptState, ActorProcessingErr> {
         fault::check(&self.name, FaultPoint::PreStart)?;
-        let AttemptArgs { msg, seq, task } = args;
+        let AttemptArgs {
+            msg,
+            seq,
+            task,
+            slot,
+        } = args;
         // (a) heartbeat from admission on.
         let heartbeat = {
             let msg = msg.clone();
@@ -414,6 +425,7 @@ impl Actor for Attempt {
             last_seq: 0,
             saved: None,
             heartbeat: Some(AbortOnDrop(heartbeat)),
+            slot,
             accepted: None,
             run: None,
             cancel,
@@ -796,6 +808,8 @@ impl Attempt {
                 reason: e.to_string(),
             });
         }
+        // Acked: the slot is free for the next task while this actor winds down.
+        state.slot = None;
         journal_lazy(&self.journal, |j| j.forget(input_seq).map(|_| ()))?;
         self.compact_when_due();
         myself.stop(Some("finished".into()));

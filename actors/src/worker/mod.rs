@@ -269,7 +269,6 @@ struct Running {
     actor: ActorRef<AttemptMsg>,
     task_id: TaskId,
     seq: u64,
-    _permit: OwnedSemaphorePermit,
 }
 
 /// Mutable state of one incarnation.
@@ -623,7 +622,12 @@ impl Worker {
         match Actor::spawn_linked(
             Some(name),
             attempt,
-            AttemptArgs { msg, seq, task },
+            AttemptArgs {
+                msg,
+                seq,
+                task,
+                slot: Some(permit),
+            },
             myself.get_cell(),
         )
         .await
@@ -638,7 +642,6 @@ impl Worker {
                         actor,
                         task_id,
                         seq,
-                        _permit: permit,
                     },
                 );
             }

@@ -78,6 +78,26 @@ impl CorePump {
             let pairs = header_pairs(msg.headers.as_ref());
             let decision = route(&view(msg.subject.as_str(), &pairs, &msg.payload, seq));
             let (subject, payload, codec) = match decision {
+                RouteDecision::StoreAll {
+                    subject,
+                    items,
+                    codec,
+                    ..
+                } => {
+                    // Core mode stores nothing: the items go out live, in order.
+                    for item in items {
+                        self.counters.add_stored(false);
+                        let headers = routed_headers(None, codec);
+                        if let Err(e) = self
+                            .client
+                            .publish_with_headers(subject.clone(), headers, item.payload.into())
+                            .await
+                        {
+                            tracing::warn!(error = %e, "core publish failed");
+                        }
+                    }
+                    return;
+                }
                 RouteDecision::Store {
                     subject,
                     payload,

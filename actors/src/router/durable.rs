@@ -56,6 +56,8 @@ pub struct DurablePump {
 enum Done {
     /// Store (or rejection notice) acked by the stream: ack (or terminate) the ingress message.
     Stored { duplicate: bool, terminate: bool },
+    /// Every item of a bundle acked by the stream (`duplicates` of them were duplicates).
+    StoredAll { stored: u64, duplicates: u64 },
     /// Nothing to wait for: ack or terminate now.
     Immediate { terminate: bool },
     /// The store failed or timed out: nak with a delay.
@@ -173,6 +175,34 @@ impl DurablePump {
                     let headers = routed_headers(Some(&msg_id), codec);
                     store(js, subject, headers, payload, false).await
                 }
+                RouteDecision::StoreAll {
+                    subject,
+                    items,
+                    codec,
+                    ..
+                } => {
+                    // Every item is sent now, in order; the ingress message is acked once all
+                    // are stored (a failed item naks it: the retry dedupes the stored ones).
+                    let mut acks = Vec::with_capacity(items.len());
+                    for item in items {
+                        let headers = routed_headers(Some(&item.msg_id), codec);
+                        acks.push(store(js, subject.clone(), headers, item.payload, false).await);
+                    }
+                    Box::pin(async move {
+                        let (mut stored, mut duplicates) = (0, 0);
+                        for ack in acks {
+                            match ack.await {
+                                Done::Stored { duplicate, .. } => {
+                                    stored += 1;
+                                    duplicates += u64::from(duplicate);
+                                }
+                                Done::Failed(reason) => return Done::Failed(reason),
+                                other => return other,
+                            }
+                        }
+                        Done::StoredAll { stored, duplicates }
+                    })
+                }
                 RouteDecision::Broadcast {
                     subject,
                     payload,
@@ -273,6 +303,12 @@ impl DurablePump {
                     self.counters.add_stored(duplicate);
                     msg.ack().await
                 }
+            }
+            Done::StoredAll { stored, duplicates } => {
+                for i in 0..stored {
+                    self.counters.add_stored(i < duplicates);
+                }
+                msg.ack().await
             }
             Done::Immediate { terminate: true } => msg.ack_with(AckKind::Term).await,
             Done::Immediate { terminate: false } => msg.ack().await,

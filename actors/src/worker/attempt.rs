@@ -7,20 +7,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, AckKind};
-use protocol::subjects::{self, Channel, TaskKey};
+use protocol::subjects;
 use protocol::task::{
-    expired_result, is_expired, judge_answer, on_delivery, result_msg_id, status_msg_id,
-    too_large_result, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus, ControlRequest,
-    DeliveryPlan, JournalView, QueryReply, StatusEvent, Suspend, TaskChannelBody, TaskResult,
-    TaskSpec, TaskState,
+    bundle_msg_id, expired_result, is_expired, judge_answer, on_delivery, result_msg_id,
+    status_msg_id, too_large_result, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus,
+    ControlRequest, DeliveryPlan, JournalView, QueryReply, StatusEvent, Suspend, TaskChannelBody,
+    TaskResult, TaskSpec, TaskState,
 };
-use protocol::{AgentId, Envelope, MessageId, WireError, WireErrorKind, WorkerId};
+use protocol::{AgentId, MessageId, WireError, WireErrorKind, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::handler::{AttemptContext, Outcome, TaskHandler};
+use super::publish::{start_publish, start_publish_bundle, PendingPublish};
 use super::WorkerCounters;
 use crate::fault::{self, FaultPoint};
 use crate::journal::Journal;
@@ -232,95 +233,6 @@ pub(crate) fn journal_lazy<T>(
 ) -> Result<T, AttemptError> {
     let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
     op(&mut guard).map_err(|e| AttemptError::Journal(e.to_string()))
-}
-
-/// Publishes `body` as an envelope through the ingress of `worker` on the task channel of
-/// `task_id`, with `Nats-Msg-Id` = `msg_id`, and awaits the stream ack. Returns whether the
-/// stream reported a duplicate.
-pub async fn publish_task_channel(
-    client: &async_nats::Client,
-    worker: &WorkerId,
-    task_id: &protocol::TaskId,
-    msg_id: &str,
-    body: &TaskChannelBody,
-    trace: Option<&tracing::Span>,
-) -> Result<bool, AttemptError> {
-    start_publish(client, worker, task_id, msg_id, body, trace)
-        .await?
-        .confirmed()
-        .await
-}
-
-/// A task channel publish sent to the ingress whose stream ack is still to come.
-pub struct PendingPublish {
-    what: String,
-    ack: jetstream::context::PublishAckFuture,
-}
-
-impl PendingPublish {
-    /// Awaits the stream ack (bounded by [`PUBLISH_ACK_TIMEOUT`]); `Ok(duplicate)`.
-    ///
-    /// # Errors
-    /// [`AttemptError::Publish`] when the stream refuses or does not answer in time.
-    pub async fn confirmed(self) -> Result<bool, AttemptError> {
-        let fail = |reason: String| AttemptError::Publish {
-            what: self.what.clone(),
-            reason,
-        };
-        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
-            Ok(Ok(ack)) => Ok(ack.duplicate),
-            Ok(Err(e)) => Err(fail(e.to_string())),
-            Err(_) => Err(fail(format!(
-                "no stream ack within {PUBLISH_ACK_TIMEOUT:?}"
-            ))),
-        }
-    }
-}
-
-/// Sends `body` as an envelope through the ingress of `worker` on the task channel of
-/// `task_id`, with `Nats-Msg-Id` = `msg_id`, without waiting for the stream ack: several
-/// publishes of one attempt travel together and are confirmed with
-/// [`PendingPublish::confirmed`]. They reach the ingress in the order they were started.
-pub async fn start_publish(
-    client: &async_nats::Client,
-    worker: &WorkerId,
-    task_id: &protocol::TaskId,
-    msg_id: &str,
-    body: &TaskChannelBody,
-    trace: Option<&tracing::Span>,
-) -> Result<PendingPublish, AttemptError> {
-    let what = msg_id.to_owned();
-    let fail = |reason: String| AttemptError::Publish {
-        what: what.clone(),
-        reason,
-    };
-    let me = AgentId::new(worker.as_str()).map_err(|e| AttemptError::Id(e.to_string()))?;
-    let subject = subjects::ingress(&me, &Channel::Task(TaskKey::from_task_id(task_id)));
-    let id = MessageId::new(msg_id).map_err(|e| AttemptError::Id(e.to_string()))?;
-    let body = serde_json::to_value(body).map_err(|e| fail(e.to_string()))?;
-    let payload = protocol::encode(&Envelope::new(id, body), protocol::Codec::Json)
-        .map_err(|e| fail(e.to_string()))?;
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert(protocol::headers::NATS_MSG_ID, msg_id);
-    headers.insert(
-        protocol::headers::CONTENT_TYPE,
-        protocol::headers::CONTENT_TYPE_JSON,
-    );
-    // The task's trace continues through its results: delegator -> router -> attempt ->
-    // router -> tracker is one trace.
-    if let Some((tp, state)) = trace.and_then(crate::trace_context::traceparent_of) {
-        protocol::trace::inject(
-            &tp,
-            state.as_deref(),
-            &mut crate::trace_context::NatsHeaders(&mut headers),
-        );
-    }
-    let js = jetstream::new(client.clone());
-    let ack = js
-        .publish_with_headers(subject, headers, payload.into())
-        .await
-        .map_err(|e| fail(e.to_string()))?;
-    Ok(PendingPublish { what, ack })
 }
 
 /// The result of `outcome`, replaced by [`too_large_result`] when its envelope would exceed
@@ -539,17 +451,9 @@ impl Actor for Attempt {
                     }
                 }
                 if verdict == AnswerVerdict::Duplicate {
-                    // Republish the saved result (same message id: the stream deduplicates).
+                    // Republish the saved state change (same ids: the streams deduplicate).
                     if let Some(saved) = state.saved.clone() {
-                        publish_task_channel(
-                            &self.client,
-                            &self.worker_id,
-                            &state.task.task_id,
-                            &result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq),
-                            &TaskChannelBody::Result(saved.result),
-                            Some(&state.span),
-                        )
-                        .await?;
+                        self.send_state_change(state, &saved, None).await?;
                     }
                 }
                 let _ = reply.send(verdict);
@@ -729,15 +633,17 @@ impl Attempt {
         Ok(())
     }
 
-    /// (f)+(g): publishes a saved result; on a final one, marks it published, acks the input,
-    /// forgets the attempt and stops.
-    async fn publish_saved(
+    /// Sends the status event of the state change of `saved` and `saved` itself (one bundle,
+    /// or two messages for a result too large to share an envelope), and awaits their stream
+    /// acks together with `accepted`'s (the acceptance sent before the handler ran). The ids
+    /// are stable, so sending the same state change again is deduplicated.
+    async fn send_state_change(
         &self,
-        myself: &ActorRef<AttemptMsg>,
-        state: &mut AttemptState,
-        saved: SavedResult,
+        state: &AttemptState,
+        saved: &SavedResult,
+        accepted: Option<PendingPublish>,
     ) -> Result<(), AttemptError> {
-        // One status event per state change, with a stable id (the result's seq), published
+        // One status event per state change, with a stable id (the result's seq), stored
         // before the result so that a tracker that stops at the final result has seen it.
         let event = StatusEvent::new(
             state.task.task_id.clone(),
@@ -747,36 +653,56 @@ impl Attempt {
             saved.result.state,
             now_ms(),
         );
-        // The state change and the result travel together: both are sent, then both acks
-        // (and the acceptance's, sent before the handler ran) are awaited. They reach the
-        // ingress in this order, so a tracker that stops at the final result has seen them.
         let msg_id = result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq);
-        let confirmed = async {
-            let status = start_publish(
-                &self.client,
-                &self.worker_id,
-                &state.task.task_id,
-                &status_msg_id(&event.event_id),
-                &TaskChannelBody::Status(event),
-                Some(&state.span),
-            )
-            .await?;
-            let result = start_publish(
-                &self.client,
-                &self.worker_id,
-                &state.task.task_id,
-                &msg_id,
-                &TaskChannelBody::Result(saved.result.clone()),
-                Some(&state.span),
-            )
-            .await?;
-            if let Some(accepted) = state.accepted.take() {
-                accepted.confirmed().await?;
-            }
-            status.confirmed().await?;
-            result.confirmed().await
+        let (task_id, worker, span) = (&state.task.task_id, &self.worker_id, &state.span);
+        let status_id = status_msg_id(&event.event_id);
+        let status = TaskChannelBody::Status(event);
+        let result = TaskChannelBody::Result(saved.result.clone());
+        // One ingress message (a bundle the router stores as two), or two when the result is
+        // too large to share an envelope.
+        let bundle = start_publish_bundle(
+            &self.client,
+            worker,
+            task_id,
+            &bundle_msg_id(task_id, &state.attempt_id, saved.seq),
+            &[(&status_id, &status), (&msg_id, &result)],
+            Some(span),
+        )
+        .await?;
+        let pending = match bundle {
+            Some(bundle) => vec![bundle],
+            None => vec![
+                start_publish(
+                    &self.client,
+                    worker,
+                    task_id,
+                    &status_id,
+                    &status,
+                    Some(span),
+                )
+                .await?,
+                start_publish(&self.client, worker, task_id, &msg_id, &result, Some(span)).await?,
+            ],
+        };
+        if let Some(accepted) = accepted {
+            accepted.confirmed().await?;
         }
-        .await;
+        for publish in pending {
+            publish.confirmed().await?;
+        }
+        Ok(())
+    }
+
+    /// (f)+(g): publishes a saved result; on a final one, marks it published, acks the input,
+    /// forgets the attempt and stops.
+    async fn publish_saved(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        saved: SavedResult,
+    ) -> Result<(), AttemptError> {
+        let accepted = state.accepted.take();
+        let confirmed = self.send_state_change(state, &saved, accepted).await;
         if let Err(e) = confirmed {
             // Not acked: the input comes back after ack_wait and the saved result (and the
             // status events, same ids) are published again.

@@ -37,6 +37,7 @@ pub mod attempt;
 pub mod compat;
 pub mod exec;
 pub mod handler;
+pub mod publish;
 #[cfg(test)]
 mod tests;
 
@@ -678,7 +679,7 @@ impl Worker {
                 suspend: None,
                 answer_route: None,
             };
-            if let Err(e) = attempt::publish_task_channel(
+            if let Err(e) = publish::publish_task_channel(
                 &self.client,
                 &self.worker_id,
                 &task_id,

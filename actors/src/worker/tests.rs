@@ -260,7 +260,7 @@ impl Env {
             })
             .await
             .unwrap();
-        Results(consumer.messages().await.unwrap())
+        Results(consumer.messages().await.unwrap(), Default::default())
     }
 
     async fn work_left(&self) -> u64 {
@@ -279,11 +279,18 @@ impl Env {
     }
 }
 
-struct Results(pull::Stream);
+struct Results(
+    pull::Stream,
+    std::collections::VecDeque<(TaskChannelBody, String)>,
+);
 
 impl Results {
-    /// The next task-channel body, with its `Nats-Msg-Id`.
+    /// The next task-channel body, with its `Nats-Msg-Id` (for an item of a bundle: its
+    /// `meta.id`, the id the router derives the stored message's id from).
     async fn next(&mut self, within: Duration) -> Option<(TaskChannelBody, String)> {
+        if let Some(item) = self.1.pop_front() {
+            return Some(item);
+        }
         let msg = tokio::time::timeout(within, self.0.next())
             .await
             .ok()??
@@ -295,6 +302,13 @@ impl Results {
             .map(|v| v.as_str().to_owned())
             .unwrap_or_default();
         let env = protocol::decode(&msg.payload, protocol::Codec::Json).unwrap();
+        if let Some(items) = protocol::routing::bundle_items(&env.body) {
+            for item in items.unwrap() {
+                let body = serde_json::from_value(item.body).unwrap();
+                self.1.push_back((body, item.meta.id.to_string()));
+            }
+            return self.1.pop_front();
+        }
         Some((serde_json::from_value(env.body).unwrap(), id))
     }
 

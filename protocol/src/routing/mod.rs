@@ -9,7 +9,8 @@
 //! 3. the codec from the `Content-Type` header (JSON when absent);
 //! 4. decoding (size limit first);
 //! 5. `meta.from` := the identity in the subject (it is authoritative);
-//! 6. the destination: `meta.to`'s inbox, the task channel, or a broadcast;
+//! 6. the destination: `meta.to`'s inbox, the task channel (a [bundle](bundle_items) there
+//!    is stored as its items, [`RouteDecision::StoreAll`]), or a broadcast;
 //! 7. re-encoding with the same codec.
 //!
 //! A failure in steps 3 to 7 is the sender's fault and gives
@@ -40,6 +41,9 @@ use crate::ids::{AgentId, MessageId, QueueName, WorkerId};
 use crate::subjects::{self, Channel};
 use crate::task;
 use crate::wire_error::{WireError, WireErrorKind};
+
+mod bundle;
+pub use bundle::{bundle_body, bundle_items, StoredItem, BUNDLE_KEY, MAX_BUNDLE_ITEMS};
 
 /// Detail of the rejection of a direct message without `meta.to`.
 pub const MISSING_RECIPIENT_DETAIL: &str = "a direct message needs meta.to";
@@ -80,6 +84,20 @@ pub enum RouteDecision {
         /// `meta.id` of the envelope.
         id: MessageId,
     },
+    /// Store several messages, in order, on one task channel (a [bundle](bundle_items)); the
+    /// ingress message is acked once all are stored.
+    StoreAll {
+        /// `channel.task.<key>`.
+        subject: String,
+        /// The items, in bundle order.
+        items: Vec<StoredItem>,
+        /// The codec of every item's payload.
+        codec: Codec,
+        /// The sender, from the ingress subject.
+        from: AgentId,
+        /// `meta.id` of the bundle envelope.
+        id: MessageId,
+    },
     /// Publish live with core NATS (broadcast `channel.<name>`).
     Broadcast {
         /// `channel.<name>`.
@@ -116,9 +134,9 @@ impl RouteDecision {
     /// [`Drop`](Self::Drop).
     pub fn subject(&self) -> Option<&str> {
         match self {
-            RouteDecision::Store { subject, .. } | RouteDecision::Broadcast { subject, .. } => {
-                Some(subject)
-            }
+            RouteDecision::Store { subject, .. }
+            | RouteDecision::StoreAll { subject, .. }
+            | RouteDecision::Broadcast { subject, .. } => Some(subject),
             RouteDecision::Reject { .. } | RouteDecision::Drop { .. } => None,
         }
     }
@@ -214,11 +232,39 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
                 ))
             }
         },
-        Target::Channel(Channel::Task(key)) => (
-            subjects::task(key),
-            true,
-            subjects::router_msg_id(&from, &id),
-        ),
+        Target::Channel(Channel::Task(key)) => {
+            if let Some(items) = bundle_items(&env.body) {
+                let items = match items {
+                    Ok(items) => items,
+                    Err(error) => return refuse(error),
+                };
+                let mut stored = Vec::with_capacity(items.len());
+                for mut item in items {
+                    item.meta.from = Some(from.clone());
+                    let payload = match encode(&item, codec) {
+                        Ok(payload) => payload,
+                        Err(err) => return reject(from, Some(id), &err),
+                    };
+                    stored.push(StoredItem {
+                        msg_id: subjects::router_msg_id(&from, &item.meta.id),
+                        payload,
+                        id: item.meta.id,
+                    });
+                }
+                return RouteDecision::StoreAll {
+                    subject: subjects::task(key),
+                    items: stored,
+                    codec,
+                    from,
+                    id,
+                };
+            }
+            (
+                subjects::task(key),
+                true,
+                subjects::router_msg_id(&from, &id),
+            )
+        }
         Target::Channel(Channel::Broadcast(name)) => {
             (subjects::broadcast(name), false, String::new())
         }

@@ -140,6 +140,15 @@ proptest! {
                 let routed = decoded(payload, *codec);
                 prop_assert_eq!(routed.meta.from.as_ref(), Some(from));
             }
+            RouteDecision::StoreAll { subject, items, codec, from, .. } => {
+                prop_assert!(subjects::parse_task(subject).is_ok());
+                prop_assert_eq!(Some(from), parsed.as_ref().map(|(from, _)| from));
+                for item in items {
+                    prop_assert_eq!(&item.msg_id, &subjects::router_msg_id(from, &item.id));
+                    let routed = decoded(&item.payload, *codec);
+                    prop_assert_eq!(routed.meta.from.as_ref(), Some(from));
+                }
+            }
             RouteDecision::Broadcast { subject, payload, codec, from, .. } => {
                 prop_assert!(subjects::parse_broadcast(subject).is_ok());
                 prop_assert_eq!(Some(from), parsed.as_ref().map(|(from, _)| from));

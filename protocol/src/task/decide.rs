@@ -13,6 +13,8 @@ pub const RESULT_MSG_ID_PREFIX: &str = "hub-result:";
 /// Prefix of the `Nats-Msg-Id` of a published
 /// [`StatusEvent`](super::StatusEvent).
 pub const STATUS_MSG_ID_PREFIX: &str = "hub-status:";
+/// Prefix of the id of a bundle (state change + result) a worker publishes.
+pub const BUNDLE_MSG_ID_PREFIX: &str = "hub-bundle:";
 /// The error detail of a result that exceeded the size limit.
 pub const RESULT_TOO_LARGE: &str = "result too large";
 
@@ -230,6 +232,12 @@ pub fn task_msg_id(task_id: &TaskId) -> String {
 /// `hub-result:<task_id>:<attempt_id>:<seq>`.
 pub fn result_msg_id(task_id: &TaskId, attempt_id: &AttemptId, seq: u32) -> String {
     format!("{RESULT_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}")
+}
+
+/// The `meta.id` and ingress `Nats-Msg-Id` of the bundle carrying the state change and the
+/// result `seq` of an attempt: `hub-bundle:<task_id>:<attempt_id>:<seq>`.
+pub fn bundle_msg_id(task_id: &TaskId, attempt_id: &AttemptId, seq: u32) -> String {
+    format!("{BUNDLE_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}")
 }
 
 /// The `Nats-Msg-Id` of a status event: `hub-status:<event_id>`.

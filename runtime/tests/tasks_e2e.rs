@@ -256,3 +256,51 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
     assert_eq!(events[1].2, TaskState::Completed);
     assert_ne!(events[0].3, events[1].3, "stable, distinct event ids");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in_order() {
+    use protocol::task::TaskChannelBody;
+    let server = harness::run_server().await.unwrap();
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("quick").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let echo = Echo {
+        delay: Duration::ZERO,
+        runs: Arc::default(),
+    };
+    support::start_worker(&hub, "w-quick", &queue, 1, Arc::new(echo), journal.path()).await;
+    let spec = new_task("quick", vec![]);
+    let tracking = hub.track(&spec.task_id).await.unwrap();
+    hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("result in time")
+        .unwrap();
+    let js = support::js(&server).await;
+    let channel = protocol::subjects::task(&protocol::TaskKey::from_task_id(&spec.task_id));
+    let stored = support::stored_on(&js, protocol::subjects::TASKS_STREAM, &channel).await;
+    let shapes: Vec<String> = stored
+        .iter()
+        .map(|m| {
+            let env = protocol::decode(&m.payload, protocol::Codec::Json).unwrap();
+            assert_eq!(
+                env.meta.from.unwrap().as_str(),
+                "w-quick",
+                "stamped per item"
+            );
+            match serde_json::from_value(env.body).unwrap() {
+                TaskChannelBody::Status(s) if s.seq == 0 => "accepted".to_string(),
+                TaskChannelBody::Status(s) => format!("status:{}", s.state.as_str()),
+                TaskChannelBody::Result(r) => format!("result:{}", r.state.as_str()),
+            }
+        })
+        .collect();
+    assert_eq!(
+        shapes,
+        ["accepted", "status:completed", "result:completed"],
+        "the bundle's items, each its own stored message, in order"
+    );
+}

@@ -26,6 +26,10 @@ use super::WorkerCounters;
 use crate::fault::{self, FaultPoint};
 use crate::journal::Journal;
 
+/// How long a handler runs before its attempt sends the acceptance status on its own; an
+/// attempt that changes state sooner sends the acceptance with that state change (one ingress
+/// message for a short task).
+pub const ACCEPTANCE_DELAY: Duration = Duration::from_millis(20);
 /// How long a result or status publish may wait for its stream ack.
 pub const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The journal is compacted (rewritten with its open attempts only) once this many attempts
@@ -40,7 +44,8 @@ pub const ENVELOPE_HEADROOM: usize = 4096;
 ///    the final ack (stopped in `post_stop`);
 /// 2. journal admission of the input sequence ([`on_delivery`] decides: republish a saved
 ///    result, re-run the same attempt flagged `rerun`, or start a fresh attempt);
-/// 3. a `task_accepted` status event (seq 0) through the ingress;
+/// 3. a `task_accepted` status event (seq 0) through the ingress, once the handler has run for
+///    [`ACCEPTANCE_DELAY`], or together with the first state change when that comes sooner;
 /// 4. the handler runs (unless a result is saved, or the task's `expires_at` has passed: then
 ///    the result is `failed` with error kind `expired` and the handler never sees the task);
 /// 5. the result is saved in the journal (fsync) *before* it is published (a too-large
@@ -97,6 +102,8 @@ pub enum AttemptMsg {
     /// An answer for this attempt; replies with the verdict once it is journalled (the
     /// answer message can then be acked).
     Answer(Answer, RpcReplyPort<AnswerVerdict>),
+    /// The handler has run for [`ACCEPTANCE_DELAY`]: send the acceptance if still due.
+    SendAcceptance,
     /// Cancel the attempt (replies with its state and the cancel status).
     Cancel(ControlRequest, RpcReplyPort<QueryReply>),
     /// The attempt's state; an error when the request does not name this attempt.
@@ -128,7 +135,9 @@ pub struct AttemptState {
     heartbeat: Option<AbortOnDrop>,
     /// The concurrency slot (see [`AttemptArgs::slot`]).
     slot: Option<tokio::sync::OwnedSemaphorePermit>,
-    /// The acceptance status, sent before the handler runs and confirmed with the result.
+    /// The acceptance status while it is not sent yet (see [`ACCEPTANCE_DELAY`]).
+    acceptance: Option<StatusEvent>,
+    /// The acceptance status once sent, until its ack is awaited with the result's.
     accepted: Option<PendingPublish>,
     run: Option<AbortOnDrop>,
     /// The attempt's span, a child of the task's trace (from the input's headers).
@@ -338,6 +347,7 @@ impl Actor for Attempt {
             saved: None,
             heartbeat: Some(AbortOnDrop(heartbeat)),
             slot,
+            acceptance: None,
             accepted: None,
             run: None,
             cancel,
@@ -354,28 +364,16 @@ impl Actor for Attempt {
         state: &mut AttemptState,
     ) -> Result<(), ActorProcessingErr> {
         self.admit(state).await?;
-        // (c) acceptance: sent now, confirmed together with the result (step f), so that the
-        // handler does not wait for a round trip to the broker.
-        let event = StatusEvent::new(
+        // (c) acceptance: due now, sent once the handler has run for ACCEPTANCE_DELAY, or with
+        // the first state change if that comes sooner (one ingress message for a short task).
+        state.acceptance = Some(StatusEvent::new(
             state.task.task_id.clone(),
             state.attempt_id.clone(),
             self.worker_id.clone(),
             0,
             TaskState::Running,
             now_ms(),
-        );
-        let msg_id = status_msg_id(&event.event_id);
-        state.accepted = Some(
-            start_publish(
-                &self.client,
-                &self.worker_id,
-                &state.task.task_id,
-                &msg_id,
-                &TaskChannelBody::Status(event),
-                Some(&state.span),
-            )
-            .await?,
-        );
+        ));
         match &state.plan {
             DeliveryPlan::RepublishSaved => {
                 let saved = state.saved.clone().expect("plan says a result is saved");
@@ -453,10 +451,26 @@ impl Actor for Attempt {
                 if verdict == AnswerVerdict::Duplicate {
                     // Republish the saved state change (same ids: the streams deduplicate).
                     if let Some(saved) = state.saved.clone() {
-                        self.send_state_change(state, &saved, None).await?;
+                        self.send_state_change(state, &saved, None, None).await?;
                     }
                 }
                 let _ = reply.send(verdict);
+            }
+            AttemptMsg::SendAcceptance => {
+                if let Some(event) = state.acceptance.take() {
+                    let msg_id = status_msg_id(&event.event_id);
+                    state.accepted = Some(
+                        start_publish(
+                            &self.client,
+                            &self.worker_id,
+                            &state.task.task_id,
+                            &msg_id,
+                            &TaskChannelBody::Status(event),
+                            Some(&state.span),
+                        )
+                        .await?,
+                    );
+                }
             }
             AttemptMsg::Cancel(request, reply) => {
                 let ids_match = self.names_me(state, &request);
@@ -555,11 +569,20 @@ impl Attempt {
                     handler.resume(task, answers, ctx).await
                 }
             };
-            let outcome =
-                match futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(run)).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => Outcome::Failed("the task handler panicked".into()),
-                };
+            let mut run = std::pin::pin!(futures::FutureExt::catch_unwind(
+                std::panic::AssertUnwindSafe(run)
+            ));
+            let finished = tokio::select! {
+                finished = &mut run => finished,
+                () = tokio::time::sleep(ACCEPTANCE_DELAY) => {
+                    let _ = me.cast(AttemptMsg::SendAcceptance);
+                    run.await
+                }
+            };
+            let outcome = match finished {
+                Ok(outcome) => outcome,
+                Err(_) => Outcome::Failed("the task handler panicked".into()),
+            };
             let _ = me.cast(AttemptMsg::Finished(outcome));
         })));
     }
@@ -641,6 +664,7 @@ impl Attempt {
         &self,
         state: &AttemptState,
         saved: &SavedResult,
+        acceptance: Option<StatusEvent>,
         accepted: Option<PendingPublish>,
     ) -> Result<(), AttemptError> {
         // One status event per state change, with a stable id (the result's seq), stored
@@ -658,32 +682,41 @@ impl Attempt {
         let status_id = status_msg_id(&event.event_id);
         let status = TaskChannelBody::Status(event);
         let result = TaskChannelBody::Result(saved.result.clone());
-        // One ingress message (a bundle the router stores as two), or two when the result is
-        // too large to share an envelope.
+        // The acceptance, when still due, goes first.
+        let acceptance = acceptance.map(|event| {
+            (
+                status_msg_id(&event.event_id),
+                TaskChannelBody::Status(event),
+            )
+        });
+        let mut items: Vec<(&str, &TaskChannelBody)> = Vec::with_capacity(3);
+        if let Some((id, body)) = &acceptance {
+            items.push((id, body));
+        }
+        items.push((&status_id, &status));
+        items.push((&msg_id, &result));
+        // One ingress message (a bundle the router stores as separate messages), or one per
+        // item when the result is too large to share an envelope.
         let bundle = start_publish_bundle(
             &self.client,
             worker,
             task_id,
             &bundle_msg_id(task_id, &state.attempt_id, saved.seq),
-            &[(&status_id, &status), (&msg_id, &result)],
+            &items,
             Some(span),
         )
         .await?;
-        let pending = match bundle {
-            Some(bundle) => vec![bundle],
-            None => vec![
-                start_publish(
-                    &self.client,
-                    worker,
-                    task_id,
-                    &status_id,
-                    &status,
-                    Some(span),
-                )
-                .await?,
-                start_publish(&self.client, worker, task_id, &msg_id, &result, Some(span)).await?,
-            ],
-        };
+        let mut pending = Vec::with_capacity(items.len());
+        match bundle {
+            Some(bundle) => pending.push(bundle),
+            None => {
+                for (id, body) in &items {
+                    pending.push(
+                        start_publish(&self.client, worker, task_id, id, body, Some(span)).await?,
+                    );
+                }
+            }
+        }
         if let Some(accepted) = accepted {
             accepted.confirmed().await?;
         }
@@ -701,8 +734,10 @@ impl Attempt {
         state: &mut AttemptState,
         saved: SavedResult,
     ) -> Result<(), AttemptError> {
-        let accepted = state.accepted.take();
-        let confirmed = self.send_state_change(state, &saved, accepted).await;
+        let (acceptance, accepted) = (state.acceptance.take(), state.accepted.take());
+        let confirmed = self
+            .send_state_change(state, &saved, acceptance, accepted)
+            .await;
         if let Err(e) = confirmed {
             // Not acked: the input comes back after ack_wait and the saved result (and the
             // status events, same ids) are published again.

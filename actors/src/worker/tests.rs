@@ -858,3 +858,78 @@ async fn journal_is_compacted_while_running_and_reopens_without_finished_attempt
         "log not compacted: {lines} lines for 12 attempts"
     );
 }
+
+/// The ingress messages the worker sent for `task_id`, each as the list of task channel
+/// bodies it carries (one for a plain message, several for a bundle), in order.
+async fn ingress_messages(env: &Env, task_id: &str) -> Vec<Vec<TaskChannelBody>> {
+    let stream = env.js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            filter_subject: format!("hub.pub.{}.task.{task_id}", env.worker_id),
+            ack_policy: AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut batch = consumer.fetch().max_messages(100).messages().await.unwrap();
+    while let Some(msg) = batch.next().await {
+        let env = protocol::decode(&msg.unwrap().payload, protocol::Codec::Json).unwrap();
+        out.push(match protocol::routing::bundle_items(&env.body) {
+            Some(items) => items
+                .unwrap()
+                .into_iter()
+                .map(|e| serde_json::from_value(e.body).unwrap())
+                .collect(),
+            None => vec![serde_json::from_value(env.body).unwrap()],
+        });
+    }
+    out
+}
+
+fn shape(message: &[TaskChannelBody]) -> Vec<String> {
+    message
+        .iter()
+        .map(|body| match body {
+            TaskChannelBody::Status(s) if s.seq == 0 => "accepted".to_string(),
+            TaskChannelBody::Status(s) => format!("status:{}", s.state.as_str()),
+            TaskChannelBody::Result(r) => format!("result:{}", r.state.as_str()),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_short_task_sends_one_ingress_message_and_a_long_one_sends_its_acceptance_first() {
+    let env = env("bundle").await;
+    let quick = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-bundle-quick", quick, 1).await;
+    env.submit("t-quick").await;
+    results.result(Duration::from_secs(10)).await;
+    env.wait_work_empty().await;
+    stop(worker).await;
+    let quick = ingress_messages(&env, "t-quick").await;
+    let shapes: Vec<_> = quick.iter().map(|m| shape(m)).collect();
+    assert_eq!(
+        shapes,
+        [["accepted", "status:completed", "result:completed"]],
+        "one bundle, acceptance first"
+    );
+
+    let slow = TestHandler::new(super::attempt::ACCEPTANCE_DELAY * 10);
+    let worker = env.start("worker-bundle-slow", slow, 1).await;
+    env.submit("t-slow").await;
+    results.result(Duration::from_secs(10)).await;
+    env.wait_work_empty().await;
+    stop(worker).await;
+    let slow = ingress_messages(&env, "t-slow").await;
+    let shapes: Vec<_> = slow.iter().map(|m| shape(m)).collect();
+    assert_eq!(
+        shapes,
+        [
+            vec!["accepted"],
+            vec!["status:completed", "result:completed"]
+        ],
+        "the acceptance is sent while the handler runs"
+    );
+}

@@ -8,10 +8,13 @@
 //!   [`JournalError::Locked`], which names the holder's pid.
 //! - `journal.log`: an append-only log, one record per line:
 //!   `<crc32 as 8 hex digits> <JSON record>\n`, where the JSON record is tagged by `kind`:
-//!   `admitted`, `result`, `answer`, `published`, or `done`. An admission, result or answer is
-//!   `write_all` plus `sync_data` before the call returns, so it survives a crash or power
-//!   loss; the `published` and `done` hints are appended without
-//!   their own fsync, since losing them only republishes a result the stream dedupes.
+//!   `admitted`, `result`, `answer`, `published`, or `done`. A result or answer is `write_all`
+//!   plus `sync_data` before the call returns, so it survives a crash or power loss. An
+//!   admission is written (it survives the process: the page cache does) and becomes durable
+//!   with the next durable record; a power loss before that may lose it, which only changes
+//!   the re-run's attempt id (the re-run itself is flagged from the broker's delivery count).
+//!   The `published` and `done` hints are appended without their own fsync, since losing them
+//!   only republishes a result the stream dedupes.
 //!
 //! On [`Journal::open`] the log is replayed to rebuild the in-memory index. A damaged or
 //! incomplete *last* line is the torn write of a crash: it was never acknowledged, so it is
@@ -224,7 +227,10 @@ impl Journal {
                 published: existing.published,
             });
         }
-        self.write(Record::Admitted {
+        // Written, not fsync'd: it survives the process (the page cache does), and the next
+        // durable record (the attempt's result) makes it durable. A power loss mid-run may lose
+        // it; the re-run is then still flagged from the broker's delivery count.
+        self.write_lazy(Record::Admitted {
             seq: input_seq,
             task_id: task_id.to_owned(),
             attempt_id: attempt_id.to_owned(),

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_nats::jetstream::{self, AckKind};
 use protocol::subjects;
 use protocol::task::{
-    bundle_msg_id, expired_result, is_expired, judge_answer, on_delivery, result_msg_id,
+    bundle_msg_id, expired_result, is_expired, is_rerun, judge_answer, on_delivery, result_msg_id,
     status_msg_id, too_large_result, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus,
     ControlRequest, DeliveryPlan, JournalView, QueryReply, StatusEvent, Suspend, TaskChannelBody,
     TaskResult, TaskSpec, TaskState,
@@ -593,12 +593,13 @@ impl Attempt {
         let seq = state.seq;
         let fresh = state.attempt_id.clone();
         let task_id = state.task.task_id.to_string();
-        let (admission, journalled_answers) = with_journal(&self.journal, move |j| {
+        // Appended here without a trip to the blocking pool: an admission is not fsync'd on its
+        // own (the result's fsync covers it; see the journal's module docs).
+        let (admission, journalled_answers) = journal_lazy(&self.journal, move |j| {
             let admission = j.admit(seq, &task_id, fresh.as_str())?;
             let answers = j.lookup(seq).map(|r| r.answers.clone()).unwrap_or_default();
             Ok((admission, answers))
-        })
-        .await?;
+        })?;
         let saved: Option<SavedResult> = admission
             .result
             .as_ref()
@@ -626,7 +627,12 @@ impl Attempt {
         );
         crate::trace_context::set_parent_from(&span, state.msg.headers.as_ref());
         state.span = span;
-        state.rerun = admission.is_rerun();
+        let delivered = state
+            .msg
+            .info()
+            .map(|i| u64::try_from(i.delivered).unwrap_or(1))
+            .unwrap_or(1);
+        state.rerun = is_rerun(admission.is_rerun(), delivered);
         state.last_seq = saved.as_ref().map_or_else(
             || u32::try_from(answers.len()).unwrap_or(u32::MAX / 2),
             |s| s.seq,

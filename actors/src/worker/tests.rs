@@ -933,3 +933,35 @@ async fn a_short_task_sends_one_ingress_message_and_a_long_one_sends_its_accepta
         "the acceptance is sent while the handler runs"
     );
 }
+
+#[tokio::test]
+async fn a_redelivery_this_journal_never_admitted_is_still_flagged_as_a_rerun() {
+    let env = env("rerun").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    // Another worker (gone, its journal with it) took the task and never acked it.
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    let consumer = work
+        .create_consumer(consumer_config(
+            subjects::queue_consumer(&env.queue),
+            subjects::work(&env.queue, None),
+        ))
+        .await
+        .unwrap();
+    env.submit("t-again").await;
+    let mut taken = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let first = taken.next().await.unwrap().unwrap();
+    assert_eq!(first.info().unwrap().delivered, 1);
+    drop(first);
+    // This worker gets the redelivery after the ack wait.
+    let worker = env.start("worker-rerun", handler.clone(), 1).await;
+    let result = results.result(Duration::from_secs(10)).await;
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(
+        result.response.unwrap()["rerun"],
+        true,
+        "the broker's delivery count flags the repeat"
+    );
+    env.wait_work_empty().await;
+    stop(worker).await;
+}

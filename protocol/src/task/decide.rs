@@ -127,6 +127,14 @@ pub enum DeliveryPlan {
     Expire,
 }
 
+/// Whether an attempt must be told it is a re-run (its effects may repeat): the journal holds
+/// its admission without a result (this worker crashed mid-run), or the broker delivered the
+/// input before (`delivered > 1`: an earlier delivery, here or on another worker, may have
+/// started it, even if no journal remembers it).
+pub fn is_rerun(admitted_without_result: bool, delivered: u64) -> bool {
+    admitted_without_result || delivered > 1
+}
+
 /// Whether a task with `expires_at` (unix milliseconds) has expired at `now_ms`: the deadline
 /// itself is already too late. A task without `expires_at` never expires.
 pub fn is_expired(expires_at: Option<u64>, now_ms: u64) -> bool {

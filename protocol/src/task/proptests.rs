@@ -94,6 +94,11 @@ proptest! {
     }
 
     #[test]
+    fn a_first_delivery_without_an_admission_is_the_only_fresh_run(admitted in any::<bool>(), delivered in 1u64..1000) {
+        prop_assert_eq!(!is_rerun(admitted, delivered), !admitted && delivered == 1);
+    }
+
+    #[test]
     fn expiry_is_the_deadline_or_later(deadline in proptest::option::of(any::<u64>()), now in any::<u64>()) {
         let expired = is_expired(deadline, now);
         prop_assert_eq!(expired, deadline.is_some_and(|d| now >= d));

@@ -72,6 +72,8 @@ pub struct TrackerSink {
     result: Arc<Mutex<Option<oneshot::Sender<TaskResult>>>>,
     events: Option<mpsc::UnboundedSender<TrackerEvent>>,
     seen: Arc<Mutex<HashSet<String>>>,
+    /// Incarnations started so far (the first one of a fresh task may skip its first read).
+    incarnations: Arc<AtomicU64>,
 }
 
 impl TrackerSink {
@@ -84,6 +86,7 @@ impl TrackerSink {
             result: Arc::new(Mutex::new(Some(result))),
             events,
             seen: Arc::new(Mutex::new(HashSet::new())),
+            incarnations: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -129,6 +132,8 @@ pub struct TaskTracker {
     pub tasks_stream: String,
     /// Interval between reads of the stored channel while no final result arrived.
     pub reread_every: Duration,
+    /// The task was not submitted before this tracker subscribed (see [`TaskTracker::fresh`]).
+    pub fresh: bool,
     /// Where results and progress go.
     pub sink: TrackerSink,
 }
@@ -153,6 +158,7 @@ impl TaskTracker {
             task_id,
             tasks_stream: subjects::TASKS_STREAM.to_string(),
             reread_every: DEFAULT_REREAD_EVERY,
+            fresh: false,
             sink: TrackerSink::new(result_tx, Some(events_tx)),
         };
         (tracker, result_rx, events_rx)
@@ -162,6 +168,16 @@ impl TaskTracker {
     #[must_use]
     pub fn with_reread_every(mut self, every: Duration) -> Self {
         self.reread_every = every;
+        self
+    }
+
+    /// Marks the task as fresh: it is submitted only after this tracker subscribed, so the
+    /// first incarnation skips its initial stored read (nothing can be stored yet; the live
+    /// subscription sees everything). The periodic re-reads still run, and a restarted
+    /// incarnation reads the stored channel from the start as always.
+    #[must_use]
+    pub fn fresh(mut self) -> Self {
+        self.fresh = true;
         self
     }
 
@@ -287,7 +303,9 @@ impl Actor for TaskTracker {
                     subject: subject.clone(),
                     reason: e.to_string(),
                 })?;
+        let first_incarnation = self.sink.incarnations.fetch_add(1, Ordering::Relaxed) == 0;
         let pump = TrackerPump {
+            skip_first_read: self.fresh && first_incarnation,
             client: self.client.clone(),
             task_id: self.task_id.clone(),
             subject,
@@ -405,6 +423,7 @@ impl TaskTracker {
 /// What the pumps need.
 #[derive(Clone)]
 struct TrackerPump {
+    skip_first_read: bool,
     client: Client,
     task_id: TaskId,
     subject: String,
@@ -463,6 +482,10 @@ impl TrackerPump {
             if self.sink.is_done() {
                 let _ = self.myself.cast(TrackerMsg::CallerGone);
                 return Ok(());
+            }
+            if first && self.skip_first_read {
+                first = false;
+                continue;
             }
             if !first {
                 bump(&self.counters.rereads);

@@ -162,10 +162,11 @@ pub async fn delegate(
         .durable(true)
         .build()
         .await?;
-    let (receipt, task_id) = match &args.resume {
+    let (receipt, task_id, tracking) = match &args.resume {
         Some(id) => (
             None,
             TaskId::new(id.as_str()).map_err(|e| invalid("--resume", &e))?,
+            None,
         ),
         None => {
             let from = agent("--as", args.as_id.as_deref().unwrap_or_default())?;
@@ -187,12 +188,21 @@ pub async fn delegate(
                     "TEXT: a task needs a non-blank text".into(),
                 ));
             }
-            let receipt = system
-                .delegate(&from, &queue, worker.as_ref(), &spec)
-                .await?;
+            // With --wait the tracker subscribes before the task is submitted.
+            let (receipt, tracking) = if args.wait {
+                let (receipt, tracking) = system
+                    .delegate_tracked(&from, &queue, worker.as_ref(), &spec)
+                    .await?;
+                (receipt, Some(tracking))
+            } else {
+                let receipt = system
+                    .delegate(&from, &queue, worker.as_ref(), &spec)
+                    .await?;
+                (receipt, None)
+            };
             print(&serde_json::to_string(&receipt).unwrap_or_default());
             let task_id = receipt.task_id.clone();
-            (Some(receipt), task_id)
+            (Some(receipt), task_id, tracking)
         }
     };
     let mut result = None;
@@ -200,7 +210,10 @@ pub async fn delegate(
         let signals = crate::shutdown::Signals::install().map_err(|e| {
             SystemError::InvalidSetting(format!("cannot install signal handlers: {e}"))
         })?;
-        let tracking = system.track(&task_id).await?;
+        let tracking = match tracking {
+            Some(tracking) => tracking,
+            None => system.track(&task_id).await?,
+        };
         let limit = Duration::from_secs(args.timeout_secs);
         let waited = tokio::select! {
             waited = tokio::time::timeout(limit, tracking.result) => waited,

@@ -308,3 +308,54 @@ async fn result_stored_during_a_nats_server_outage_is_found_after_reconnect() {
         .expect("the tracker stops after delivering")
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_fresh_tracker_skips_only_its_first_read_and_a_restarted_one_reads_the_store() {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let js = tasks_stream(&client).await;
+    // Stored before the tracker starts: a fresh tracker (whose task is submitted after it
+    // subscribed) assumes nothing is stored yet, so this is found only by a later read.
+    let done = result("t-fresh", "a1", TaskState::Completed);
+    publish_stored(&js, "t-fresh", "r1", TaskChannelBody::Result(done.clone())).await;
+
+    let name = "tracker-fresh";
+    let (t, mut rx, _events) = TaskTracker::new(name, client, task("t-fresh"));
+    let t = t.with_reread_every(Duration::from_secs(3600)).fresh();
+    let spec = SupervisorSpec::new(Strategy::OneForOne).child(
+        ChildSpec::actor(name, t, || ())
+            .with_restart(Restart::Transient)
+            .with_backoff(Backoff::constant(Duration::from_millis(50))),
+    );
+    let (sup, _join) = supervision::spawn_supervisor(Some("sup-tracker-fresh".into()), spec)
+        .await
+        .unwrap();
+    harness::wait_until("tracker registered", DEADLINE, || {
+        ractor::registry::where_is(ractor::ActorName::from(name)).is_some()
+    })
+    .await
+    .unwrap();
+    let actor: ActorRef<TrackerMsg> = ractor::registry::where_is(ractor::ActorName::from(name))
+        .unwrap()
+        .into();
+    // A non-fresh tracker finds the stored result at once (see the test above); this one
+    // does not read until its next incarnation.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut rx)
+            .await
+            .is_err(),
+        "nothing delivered by the first incarnation"
+    );
+    let first = snapshot(&actor).await;
+    assert_eq!(
+        (first.stored_seen, first.rereads),
+        (0, 0),
+        "no initial read"
+    );
+    // A crash: the next incarnation reads the stored channel from the start.
+    crate::fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
+    let _ = ractor::call_t!(actor, TrackerMsg::Snapshot, 1000);
+    assert_eq!(final_result(rx).await, done);
+    crate::fault::disarm(name, FaultPoint::Handle);
+    supervision::shutdown(&sup, Duration::from_secs(5)).await;
+}

@@ -149,13 +149,48 @@ impl ActorSystem {
     /// [`SystemError::Spawn`] when the supervisor cannot be started or refuses the tracker
     /// (e.g. the task is already tracked by this system).
     pub async fn track(&self, task_id: &TaskId) -> Result<Tracking, SystemError> {
+        self.start_tracker(task_id, false).await
+    }
+
+    /// Submits `spec` like [`delegate`](Self::delegate) and tracks it like
+    /// [`track`](Self::track), subscribing to the task channel *before* submitting. A task
+    /// without an idempotency key is new (its id was never submitted), so its tracker skips the
+    /// initial stored read: one request less per task. With an idempotency key the task may
+    /// exist already; it is then tracked after the submission, reading the stored channel.
+    ///
+    /// # Errors
+    /// As [`delegate`](Self::delegate) and [`track`](Self::track).
+    ///
+    /// # Cancel safety
+    /// Not cancel safe (see [`delegate`](Self::delegate)).
+    pub async fn delegate_tracked(
+        &self,
+        from: &AgentId,
+        queue: &QueueName,
+        worker: Option<&WorkerId>,
+        spec: &TaskSpec,
+    ) -> Result<(TaskReceipt, Tracking), SystemError> {
+        if spec.idempotency_key.is_some() {
+            let receipt = self.delegate(from, queue, worker, spec).await?;
+            let tracking = self.track(&receipt.task_id).await?;
+            return Ok((receipt, tracking));
+        }
+        let tracking = self.start_tracker(&spec.task_id, true).await?;
+        let receipt = self.delegate(from, queue, worker, spec).await?;
+        Ok((receipt, tracking))
+    }
+
+    async fn start_tracker(&self, task_id: &TaskId, fresh: bool) -> Result<Tracking, SystemError> {
         use actors::supervision::{dynamic, ChildSpec, Restart};
         let (tracker, result, events) = actors::tracker::TaskTracker::new(
             self.tracker_name(task_id),
             self.client.clone(),
             task_id.clone(),
         );
-        let tracker = tracker.with_tasks_stream(self.delivery.tasks.name.clone());
+        let mut tracker = tracker.with_tasks_stream(self.delivery.tasks.name.clone());
+        if fresh {
+            tracker = tracker.fresh();
+        }
         let supervisor = self.trackers_supervisor().await?;
         let child = ChildSpec::actor(self.tracker_name(task_id), tracker, || ())
             .with_restart(Restart::Transient);

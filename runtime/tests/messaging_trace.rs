@@ -5,28 +5,16 @@
 
 mod support;
 
-use opentelemetry::trace::{TraceId, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::TraceId;
 use serde_json::json;
 use support::*;
 use tracing::Instrument;
-use tracing_subscriber::layer::SubscriberExt;
-
-fn find<'a>(spans: &'a [SpanData], name: &str) -> Vec<&'a SpanData> {
-    spans.iter().filter(|s| s.name == name).collect()
-}
 
 /// The recipient's `inbox.handle` span belongs to the sender's trace, through the router's
 /// `route` span: send → route → inbox.handle, each the parent of the next.
 #[tokio::test]
 async fn senders_trace_id_reaches_the_recipients_handler_span_through_the_router() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let (provider, exporter) = memory_tracing();
 
     let server = harness::run_server().await.unwrap();
     let system = durable_system(server.url()).await;
@@ -48,18 +36,18 @@ async fn senders_trace_id_reaches_the_recipients_handler_span_through_the_router
     harness::wait_until("the inbox.handle span exported", DEADLINE, || {
         let _ = provider.force_flush();
         let spans = exporter.get_finished_spans().unwrap();
-        !find(&spans, "inbox.handle").is_empty() && !find(&spans, "send").is_empty()
+        !spans_named(&spans, "inbox.handle").is_empty() && !spans_named(&spans, "send").is_empty()
     })
     .await
     .unwrap();
     let spans = exporter.get_finished_spans().unwrap();
-    let [send] = find(&spans, "send")[..] else {
+    let [send] = spans_named(&spans, "send")[..] else {
         panic!("one send span: {spans:#?}")
     };
-    let [route] = find(&spans, "route")[..] else {
+    let [route] = spans_named(&spans, "route")[..] else {
         panic!("one route span: {spans:#?}")
     };
-    let [handle] = find(&spans, "inbox.handle")[..] else {
+    let [handle] = spans_named(&spans, "inbox.handle")[..] else {
         panic!("one inbox.handle span: {spans:#?}")
     };
     let trace = send.span_context.trace_id();

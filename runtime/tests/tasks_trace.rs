@@ -9,18 +9,12 @@ mod support;
 use std::sync::Arc;
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
-use opentelemetry::trace::{TraceId, TracerProvider as _};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry::trace::TraceId;
 use protocol::task::{TaskSpec, TaskState};
 use protocol::QueueName;
 use runtime::system::tasks::new_task;
 use support::*;
 use tracing::Instrument;
-use tracing_subscriber::layer::SubscriberExt;
-
-fn find<'a>(spans: &'a [SpanData], name: &str) -> Vec<&'a SpanData> {
-    spans.iter().filter(|s| s.name == name).collect()
-}
 
 struct Done;
 
@@ -35,13 +29,7 @@ impl TaskHandler for Done {
 /// share one trace id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delegators_trace_id_reaches_the_attempt_and_the_trackers_result_span() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let (provider, exporter) = memory_tracing();
 
     let server = harness::run_server().await.unwrap();
     let system = durable_system(server.url()).await;
@@ -76,20 +64,20 @@ async fn delegators_trace_id_reaches_the_attempt_and_the_trackers_result_span() 
     harness::wait_until("the tracker.result span exported", DEADLINE, || {
         let _ = provider.force_flush();
         let spans = exporter.get_finished_spans().unwrap();
-        !find(&spans, "tracker.result").is_empty()
-            && !find(&spans, "attempt").is_empty()
-            && !find(&spans, "delegate").is_empty()
+        !spans_named(&spans, "tracker.result").is_empty()
+            && !spans_named(&spans, "attempt").is_empty()
+            && !spans_named(&spans, "delegate").is_empty()
     })
     .await
     .unwrap();
     let spans = exporter.get_finished_spans().unwrap();
-    let [delegate] = find(&spans, "delegate")[..] else {
+    let [delegate] = spans_named(&spans, "delegate")[..] else {
         panic!("one delegate span: {spans:#?}")
     };
     let trace = delegate.span_context.trace_id();
     assert_ne!(trace, TraceId::INVALID);
     for name in ["attempt", "tracker.result"] {
-        let found = find(&spans, name);
+        let found = spans_named(&spans, name);
         assert!(!found.is_empty(), "no {name} span");
         for span in found {
             assert_eq!(

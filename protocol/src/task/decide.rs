@@ -151,16 +151,31 @@ pub fn expired_result(
     worker_id: WorkerId,
     expires_at: u64,
 ) -> TaskResult {
+    failed_result(
+        task_id,
+        attempt_id,
+        worker_id,
+        WireError::new(
+            WireErrorKind::Expired,
+            format!("{EXPIRED} (expires_at {expires_at})"),
+        ),
+    )
+}
+
+/// A `failed` result carrying `error`, with no response, suspension or answer route.
+pub fn failed_result(
+    task_id: TaskId,
+    attempt_id: AttemptId,
+    worker_id: WorkerId,
+    error: WireError,
+) -> TaskResult {
     TaskResult {
         task_id,
         attempt_id,
         worker_id,
         state: TaskState::Failed,
         response: None,
-        error: Some(WireError::new(
-            WireErrorKind::Expired,
-            format!("{EXPIRED} (expires_at {expires_at})"),
-        )),
+        error: Some(error),
         suspend: None,
         answer_route: None,
     }
@@ -203,19 +218,12 @@ pub fn result_too_large(encoded_len: usize, limit: usize) -> bool {
 /// The result published instead of one that was too large: state failed,
 /// error "result too large", no response, suspension or answer route.
 pub fn too_large_result(task_id: TaskId, attempt_id: AttemptId, worker_id: WorkerId) -> TaskResult {
-    TaskResult {
+    failed_result(
         task_id,
         attempt_id,
         worker_id,
-        state: TaskState::Failed,
-        response: None,
-        error: Some(WireError::new(
-            WireErrorKind::ResultTooLarge,
-            RESULT_TOO_LARGE,
-        )),
-        suspend: None,
-        answer_route: None,
-    }
+        WireError::new(WireErrorKind::ResultTooLarge, RESULT_TOO_LARGE),
+    )
 }
 
 /// The stable id of state change `seq` of an attempt:

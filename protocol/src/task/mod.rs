@@ -35,10 +35,10 @@ mod types;
 mod wire;
 
 pub use decide::{
-    bundle_msg_id, cancel_status, expired_result, is_expired, is_rerun, judge_answer, on_delivery,
-    result_msg_id, result_too_large, status_event_id, status_msg_id, task_msg_id, too_large_result,
-    AnswerVerdict, AttemptView, DeliveryPlan, JournalView, EXPIRED, RESULT_MSG_ID_PREFIX,
-    RESULT_TOO_LARGE, STATUS_MSG_ID_PREFIX, TASK_MSG_ID_PREFIX,
+    bundle_msg_id, cancel_status, expired_result, failed_result, is_expired, is_rerun,
+    judge_answer, on_delivery, result_msg_id, result_too_large, status_event_id, status_msg_id,
+    task_msg_id, too_large_result, AnswerVerdict, AttemptView, DeliveryPlan, JournalView, EXPIRED,
+    RESULT_MSG_ID_PREFIX, RESULT_TOO_LARGE, STATUS_MSG_ID_PREFIX, TASK_MSG_ID_PREFIX,
 };
 pub use decode::{decode_task, decode_task_json};
 pub use error::TaskError;

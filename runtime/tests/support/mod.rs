@@ -238,3 +238,29 @@ pub async fn start_worker(
         .await
         .unwrap();
 }
+
+/// Installs a process-wide tracing subscriber that exports spans to memory (a test binary may
+/// do this once), and returns the provider (to flush) and the exporter (to read the spans).
+pub fn memory_tracing() -> (
+    opentelemetry_sdk::trace::SdkTracerProvider,
+    opentelemetry_sdk::trace::InMemorySpanExporter,
+) {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt;
+    let exporter = opentelemetry_sdk::trace::InMemorySpanExporter::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    (provider, exporter)
+}
+
+/// The finished spans named `name`.
+pub fn spans_named<'a>(
+    spans: &'a [opentelemetry_sdk::trace::SpanData],
+    name: &str,
+) -> Vec<&'a opentelemetry_sdk::trace::SpanData> {
+    spans.iter().filter(|s| s.name == name).collect()
+}

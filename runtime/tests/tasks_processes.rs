@@ -41,6 +41,21 @@ impl Scene {
         Scene { dir }
     }
 
+    /// Replaces the exec script: a first run (`TASK_RERUN=0`) writes its attempt id to
+    /// `<markers>/<WORKER_ID>` and sleeps 20 s; a re-run answers `<attempt id>:<rerun>` at
+    /// once.
+    fn rerun_script(self) -> Scene {
+        let script = format!(
+            "cat > /dev/null\n\
+             printf '%s' \"$ATTEMPT_ID\" > '{markers}'/\"$WORKER_ID\"\n\
+             if [ \"$TASK_RERUN\" = 0 ]; then sleep 20; fi\n\
+             printf '{{\"response\": \"%s:%s\"}}\\n' \"$ATTEMPT_ID\" \"$TASK_RERUN\"\n",
+            markers = self.dir.path().join("markers").display()
+        );
+        std::fs::write(self.dir.path().join("task.sh"), script).unwrap();
+        self
+    }
+
     fn config(&self) -> String {
         self.dir.path().join("delivery.json").display().to_string()
     }
@@ -349,5 +364,58 @@ async fn router_killed_between_a_workers_result_and_the_delegator_the_result_sti
     assert_eq!(result.task_id, spec.task_id);
     assert_eq!(result.worker_id.as_str(), "rw1");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "ran once");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test]
+async fn worker_killed_with_sigkill_mid_task_and_restarted_on_its_journal_reruns_the_same_attempt()
+{
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(0).rerun_script();
+    let router = scene.router(&url);
+    wait_router(&server.client().await.unwrap()).await;
+    let mut worker = scene.worker(&url, "rw1", "rq");
+
+    let hub = system(&url).await;
+    let (_, tracking) = hub
+        .delegate_tracked(
+            &AgentId::new("alice").unwrap(),
+            &QueueName::new("rq").unwrap(),
+            None,
+            &new_task("rerun me", vec![]),
+        )
+        .await
+        .unwrap();
+    let marker = scene.dir.path().join("markers").join("rw1");
+    let started = harness::wait_until("the first run started", DEADLINE, || {
+        std::fs::read_to_string(&marker).is_ok_and(|a| !a.is_empty())
+    })
+    .await;
+    if let Err(e) = started {
+        panic!("{e}\n{}", logs(&[("router", &router), ("rw1", &worker)]));
+    }
+    let first_attempt = std::fs::read_to_string(&marker).unwrap();
+    // The admission is in the journal's page cache, not yet fsync'd: a process kill keeps it.
+    worker.kill9().await;
+    let restarted = scene.worker(&url, "rw1", "rq");
+    let result = match tokio::time::timeout(DEADLINE, tracking.result).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!(
+            "no result\n{}",
+            logs(&[("router", &router), ("rw1 again", &restarted)])
+        ),
+    };
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(
+        result.attempt_id.as_str(),
+        first_attempt,
+        "the same attempt"
+    );
+    assert_eq!(
+        result.response,
+        Some(serde_json::json!(format!("{first_attempt}:1"))),
+        "re-run flagged"
+    );
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

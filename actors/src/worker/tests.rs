@@ -965,3 +965,35 @@ async fn a_redelivery_this_journal_never_admitted_is_still_flagged_as_a_rerun() 
     env.wait_work_empty().await;
     stop(worker).await;
 }
+
+#[tokio::test]
+async fn a_worker_stopped_mid_run_reruns_the_same_attempt_from_its_journal_flagged_as_a_rerun() {
+    let env = env("same-attempt").await;
+    let mut results = env.results().await;
+    let slow = TestHandler::new(Duration::from_secs(30));
+    let worker = env.start("worker-same-1", slow.clone(), 1).await;
+    env.submit("t-same").await;
+    // The acceptance names the attempt; it is sent once the handler has run for a while.
+    let accepted = loop {
+        match results.next(Duration::from_secs(10)).await {
+            Some((TaskChannelBody::Status(s), _)) if s.seq == 0 => break s,
+            Some(_) => continue,
+            None => panic!("no acceptance"),
+        }
+    };
+    assert_eq!(slow.calls.load(Ordering::SeqCst), 1);
+    // The worker goes away mid-run without acking; its journal stays.
+    stop(worker).await;
+    let quick = TestHandler::new(Duration::ZERO);
+    let worker = env.start("worker-same-2", quick.clone(), 1).await;
+    let result = results.result(Duration::from_secs(10)).await;
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(
+        result.attempt_id, accepted.attempt_id,
+        "the same attempt, from the journal"
+    );
+    assert_eq!(result.response.unwrap()["rerun"], true);
+    assert_eq!(quick.calls.load(Ordering::SeqCst), 1);
+    env.wait_work_empty().await;
+    stop(worker).await;
+}

@@ -205,33 +205,27 @@ fn now_ms() -> u64 {
     (now_nanos() / 1_000_000) as u64
 }
 
-/// Runs a journal operation on the blocking pool.
-pub(crate) async fn with_journal<T: Send + 'static>(
+/// Runs a journal operation: its appends are written here, under the journal's lock (a
+/// `write` into the page cache each), and its durable records are fsync'd by the journal's
+/// syncer thread after the lock is released, so that attempts finishing together share one
+/// fsync (group commit). The records are durable when this returns.
+pub(crate) async fn with_journal<T>(
     journal: &Arc<Mutex<Journal>>,
-    op: impl FnOnce(&mut Journal) -> Result<T, crate::journal::JournalError> + Send + 'static,
+    op: impl FnOnce(&mut Journal) -> Result<T, crate::journal::JournalError>,
 ) -> Result<T, AttemptError> {
-    let journal = journal.clone();
-    tokio::task::spawn_blocking(move || {
-        // Write under the lock, fsync after releasing it: attempts finishing together share
-        // one fsync (group commit); the record is durable when this returns.
-        let (out, token) = {
-            let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
-            guard.deferring(op)
-        };
-        if let Some(token) = token {
-            let path = journal
-                .lock()
-                .map(|j| j.dir().to_path_buf())
-                .unwrap_or_default();
-            token
-                .wait()
-                .map_err(|e| crate::journal::JournalError::Io { path, source: e })?;
-        }
-        out
-    })
-    .await
-    .map_err(|e| AttemptError::Journal(e.to_string()))?
-    .map_err(|e| AttemptError::Journal(e.to_string()))
+    let (out, token, dir) = {
+        let mut guard = journal.lock().unwrap_or_else(|e| e.into_inner());
+        let (out, token) = guard.deferring(op);
+        (out, token, guard.dir().to_path_buf())
+    };
+    if let Some(token) = token {
+        token.synced().await.map_err(|source| {
+            AttemptError::Journal(
+                crate::journal::JournalError::Io { path: dir, source }.to_string(),
+            )
+        })?;
+    }
+    out.map_err(|e| AttemptError::Journal(e.to_string()))
 }
 
 /// Runs a journal operation that appends no durable record (`published`, `done`) right here:

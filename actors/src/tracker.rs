@@ -280,6 +280,9 @@ impl Actor for TaskTracker {
         myself: ActorRef<TrackerMsg>,
         _: (),
     ) -> Result<TrackerState, ActorProcessingErr> {
+        // Counted before anything can fail: a first incarnation that failed to start does not
+        // leave the "first" (read-skipping) role to its successor.
+        let first_incarnation = self.sink.incarnations.fetch_add(1, Ordering::Relaxed) == 0;
         fault::check(&self.name, FaultPoint::PreStart)?;
         let counters = Arc::new(Counters::default());
         let (stop, stop_rx) = watch::channel(false);
@@ -303,7 +306,6 @@ impl Actor for TaskTracker {
                     subject: subject.clone(),
                     reason: e.to_string(),
                 })?;
-        let first_incarnation = self.sink.incarnations.fetch_add(1, Ordering::Relaxed) == 0;
         let pump = TrackerPump {
             skip_first_read: self.fresh && first_incarnation,
             client: self.client.clone(),

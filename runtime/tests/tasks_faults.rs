@@ -494,3 +494,45 @@ async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_superviso
     assert_eq!(runs.lock().unwrap().len(), 1);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_trackers_supervisor_is_started_again_by_the_next_track() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("again").unwrap();
+    let runs: Runs = Arc::default();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Sleeper::new(Duration::ZERO, &runs));
+    support::start_worker(&hub, "w-again", &queue, 1, handler, journal.path()).await;
+    let alice = support::agent("alice");
+    let first = new_task("first", vec![]);
+    let (_, tracking) = hub
+        .delegate_tracked(&alice, &queue, None, &first)
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("first result in time")
+        .unwrap();
+    // The trackers' supervisor goes away (a bug, a kill): the next track starts another.
+    let name = format!("{}/trackers", hub.id());
+    let sup = ractor::registry::where_is(name.clone()).expect("trackers' supervisor");
+    sup.stop(None);
+    let deadline = Instant::now() + DEADLINE;
+    while ractor::registry::where_is(name.clone()).is_some() {
+        assert!(Instant::now() < deadline, "supervisor not stopped");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = new_task("second", vec![]);
+    let (_, tracking) = hub
+        .delegate_tracked(&alice, &queue, None, &second)
+        .await
+        .expect("tracked again");
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("second result in time")
+        .unwrap();
+    assert_eq!(result.task_id, second.task_id);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

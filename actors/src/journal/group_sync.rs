@@ -24,6 +24,11 @@ pub(crate) struct GroupSync {
     /// The syncer thread's queue, started by the first async waiter; the thread ends when this
     /// (and so its queue) is dropped.
     syncer: Mutex<Option<mpsc::Sender<Waiter>>>,
+    /// Bytes known durable, readable without waiting behind an fsync in progress.
+    durable: AtomicU64,
+    /// A directory whose fsync failed after the log was renamed into it: it must be synced
+    /// before any record counts as durable.
+    dir_pending: Mutex<Option<std::path::PathBuf>>,
 }
 
 /// A promise that the records appended up to `pos` become durable: [`SyncToken::wait`].
@@ -42,6 +47,8 @@ impl GroupSync {
             written: AtomicU64::new(len),
             synced: Mutex::new(len),
             syncer: Mutex::new(None),
+            durable: AtomicU64::new(len),
+            dir_pending: Mutex::new(None),
         })
     }
 
@@ -54,6 +61,11 @@ impl GroupSync {
         }
     }
 
+    /// Requires `dir` to be fsync'd before any later record counts as durable.
+    pub(crate) fn require_dir_sync(&self, dir: std::path::PathBuf) {
+        *self.dir_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir);
+    }
+
     fn sync_to(&self, pos: u64) -> std::io::Result<()> {
         let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
         if *synced >= pos {
@@ -61,7 +73,13 @@ impl GroupSync {
         }
         let target = self.written.load(Ordering::Acquire);
         self.file.sync_data()?;
+        let mut dir = self.dir_pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(path) = dir.as_ref() {
+            File::open(path).and_then(|d| d.sync_all())?;
+            *dir = None;
+        }
         *synced = (*synced).max(target);
+        self.durable.store(*synced, Ordering::Release);
         Ok(())
     }
 }
@@ -127,11 +145,9 @@ impl SyncToken {
     /// # Cancel safety
     /// Dropping the future does not cancel the fsync; the records become durable anyway.
     pub async fn synced(self) -> std::io::Result<()> {
-        {
-            let synced = self.sync.synced.lock().unwrap_or_else(|e| e.into_inner());
-            if *synced >= self.pos {
-                return Ok(());
-            }
+        // Lock-free: an fsync in progress holds `synced` and must not block an async thread.
+        if self.sync.durable.load(Ordering::Acquire) >= self.pos {
+            return Ok(());
         }
         let (tx, rx) = oneshot::channel();
         self.sync.submit((self.pos, tx));

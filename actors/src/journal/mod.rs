@@ -367,15 +367,32 @@ impl Journal {
             let _ = fs::remove_file(&tmp);
             return Err(JournalError::io(&tmp, e));
         }
-        fs::rename(&tmp, &self.log_path).map_err(|e| JournalError::io(&self.log_path, e))?;
-        sync_dir(&self.dir)?;
-        self.log = OpenOptions::new()
+        // Both handles on the new log are opened before it takes the log's name: once renamed,
+        // nothing that can fail stands between the rename and switching to them (appends to,
+        // or fsyncs of, the unlinked old log would be lost while reported durable).
+        let handles = OpenOptions::new()
             .append(true)
-            .open(&self.log_path)
-            .map_err(|e| JournalError::io(&self.log_path, e))?;
+            .open(&tmp)
+            .and_then(|log| Ok((log.try_clone()?, log)));
+        let (sync_handle, log) = match handles {
+            Ok(handles) => handles,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(JournalError::io(&tmp, e));
+            }
+        };
+        fs::rename(&tmp, &self.log_path).map_err(|e| JournalError::io(&self.log_path, e))?;
+        self.log = log;
         self.len = data.len() as u64;
         self.forgotten = 0;
-        self.reset_sync()?;
+        self.sync = GroupSync::new(sync_handle, self.len);
+        self.pending = None;
+        if let Err(e) = sync_dir(&self.dir) {
+            // The rename may not be durable yet: no later record counts as durable until the
+            // directory is synced (the next fsync retries it, and fails while it fails).
+            self.sync.require_dir_sync(self.dir.clone());
+            return Err(e);
+        }
         Ok(())
     }
 

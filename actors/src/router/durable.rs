@@ -77,7 +77,17 @@ impl DurablePump {
     /// [`RouterError::Consumer`] when the consumer cannot be bound or was deleted,
     /// [`RouterError::PullEnded`] when the message stream ends.
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), RouterError> {
-        let js = jetstream::new(self.client.clone());
+        let max_in_flight = usize::try_from(self.delivery.router_max_ack_pending)
+            .ok()
+            .filter(|n| *n > 0)
+            .unwrap_or(1000);
+        // Every stored message holds one of the context's publish-ack permits until its ack
+        // future is polled to the end, and the pump does not poll those futures while it waits
+        // for a permit: the budget must cover the most stores that can be in flight (a bundle
+        // stores up to MAX_BUNDLE_ITEMS), or the pump would wait for itself.
+        let js = jetstream::ContextBuilder::new()
+            .max_ack_inflight(max_in_flight * protocol::routing::MAX_BUNDLE_ITEMS + 1)
+            .build(self.client.clone());
         let consumer_err = |e: &dyn std::fmt::Display| RouterError::Consumer(e.to_string());
         let stream = js
             .get_stream(&self.delivery.ingress.name)
@@ -87,10 +97,6 @@ impl DurablePump {
             .create_consumer(crate::consumers::router_consumer(&self.delivery))
             .await
             .map_err(|e| consumer_err(&e))?;
-        let max_in_flight = usize::try_from(self.delivery.router_max_ack_pending)
-            .ok()
-            .filter(|n| *n > 0)
-            .unwrap_or(1000);
         let mut messages = consumer
             .stream()
             .max_messages_per_batch(max_in_flight.min(500))
@@ -186,7 +192,15 @@ impl DurablePump {
                     let mut acks = Vec::with_capacity(items.len());
                     for item in items {
                         let headers = routed_headers(Some(&item.msg_id), codec);
-                        acks.push(store(js, subject.clone(), headers, item.payload, false).await);
+                        match send_store(js, subject.clone(), headers, item.payload, false).await {
+                            Ok(ack) => acks.push(ack),
+                            Err(reason) => {
+                                // A send that failed stops the bundle here: no later item is
+                                // stored before it (the nak'd retry stores them all, in order).
+                                acks.push(ready(Done::Failed(reason)));
+                                break;
+                            }
+                        }
                     }
                     Box::pin(async move {
                         let (mut stored, mut duplicates) = (0, 0);
@@ -364,24 +378,33 @@ async fn store(
     payload: Vec<u8>,
     terminate: bool,
 ) -> Pending {
-    match js
+    send_store(js, subject, headers, payload, terminate)
+        .await
+        .unwrap_or_else(|reason| ready(Done::Failed(reason)))
+}
+
+/// [`store`], telling a publish that could not even be sent (`Err`) from one sent whose store
+/// ack is pending.
+async fn send_store(
+    js: &jetstream::Context,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: Vec<u8>,
+    terminate: bool,
+) -> Result<Pending, String> {
+    let ack = js
         .publish_with_headers(subject, headers, payload.into())
         .await
-    {
-        Ok(ack) => {
-            let ack = ack.into_future();
-            Box::pin(async move {
-                let done = match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
-                    Ok(Ok(ack)) => Done::Stored {
-                        duplicate: ack.duplicate,
-                        terminate,
-                    },
-                    Ok(Err(e)) => Done::Failed(e.to_string()),
-                    Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),
-                };
-                done
-            })
+        .map_err(|e| e.to_string())?
+        .into_future();
+    Ok(Box::pin(async move {
+        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
+            Ok(Ok(ack)) => Done::Stored {
+                duplicate: ack.duplicate,
+                terminate,
+            },
+            Ok(Err(e)) => Done::Failed(e.to_string()),
+            Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),
         }
-        Err(e) => ready(Done::Failed(e.to_string())),
-    }
+    }))
 }

@@ -139,6 +139,9 @@ pub struct AttemptState {
     acceptance: Option<StatusEvent>,
     /// The acceptance status once sent, until its ack is awaited with the result's.
     accepted: Option<PendingPublish>,
+    /// Whether the last state change went out in a bundle with the acceptance (a republish
+    /// then sends the same bundle, so that the ingress deduplicates it).
+    bundled_acceptance: bool,
     run: Option<AbortOnDrop>,
     /// The attempt's span, a child of the task's trace (from the input's headers).
     span: tracing::Span,
@@ -343,6 +346,7 @@ impl Actor for Attempt {
             slot,
             acceptance: None,
             accepted: None,
+            bundled_acceptance: false,
             run: None,
             cancel,
             state: TaskState::Running,
@@ -360,14 +364,7 @@ impl Actor for Attempt {
         self.admit(state).await?;
         // (c) acceptance: due now, sent once the handler has run for ACCEPTANCE_DELAY, or with
         // the first state change if that comes sooner (one ingress message for a short task).
-        state.acceptance = Some(StatusEvent::new(
-            state.task.task_id.clone(),
-            state.attempt_id.clone(),
-            self.worker_id.clone(),
-            0,
-            TaskState::Running,
-            now_ms(),
-        ));
+        state.acceptance = Some(self.acceptance_event(state));
         match &state.plan {
             DeliveryPlan::RepublishSaved => {
                 let saved = state.saved.clone().expect("plan says a result is saved");
@@ -445,7 +442,11 @@ impl Actor for Attempt {
                 if verdict == AnswerVerdict::Duplicate {
                     // Republish the saved state change (same ids: the streams deduplicate).
                     if let Some(saved) = state.saved.clone() {
-                        self.send_state_change(state, &saved, None, None).await?;
+                        let acceptance = state
+                            .bundled_acceptance
+                            .then(|| self.acceptance_event(state));
+                        self.send_state_change(state, &saved, acceptance, None)
+                            .await?;
                     }
                 }
                 let _ = reply.send(verdict);
@@ -504,6 +505,18 @@ impl Actor for Attempt {
 }
 
 impl Attempt {
+    /// The acceptance status event of this attempt (seq 0; its id is stable).
+    fn acceptance_event(&self, state: &AttemptState) -> StatusEvent {
+        StatusEvent::new(
+            state.task.task_id.clone(),
+            state.attempt_id.clone(),
+            self.worker_id.clone(),
+            0,
+            TaskState::Running,
+            now_ms(),
+        )
+    }
+
     /// Compacts the journal on the blocking pool once `compact_after` attempts were
     /// forgotten (checked again under the lock, so concurrent finishers compact once).
     fn compact_when_due(&self) {
@@ -701,7 +714,7 @@ impl Attempt {
             &self.client,
             worker,
             task_id,
-            &bundle_msg_id(task_id, &state.attempt_id, saved.seq),
+            &bundle_msg_id(task_id, &state.attempt_id, saved.seq, acceptance.is_some()),
             &items,
             Some(span),
         )
@@ -735,6 +748,7 @@ impl Attempt {
         saved: SavedResult,
     ) -> Result<(), AttemptError> {
         let (acceptance, accepted) = (state.acceptance.take(), state.accepted.take());
+        state.bundled_acceptance = acceptance.is_some();
         let confirmed = self
             .send_state_change(state, &saved, acceptance, accepted)
             .await;

@@ -251,9 +251,17 @@ pub fn result_msg_id(task_id: &TaskId, attempt_id: &AttemptId, seq: u32) -> Stri
 }
 
 /// The `meta.id` and ingress `Nats-Msg-Id` of the bundle carrying the state change and the
-/// result `seq` of an attempt: `hub-bundle:<task_id>:<attempt_id>:<seq>`.
-pub fn bundle_msg_id(task_id: &TaskId, attempt_id: &AttemptId, seq: u32) -> String {
-    format!("{BUNDLE_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}")
+/// result `seq` of an attempt: `hub-bundle:<task_id>:<attempt_id>:<seq>`, with `:a` when it
+/// also carries the acceptance. The id names the contents, so a bundle with the acceptance is
+/// never deduplicated against one without it (the acceptance would be lost).
+pub fn bundle_msg_id(
+    task_id: &TaskId,
+    attempt_id: &AttemptId,
+    seq: u32,
+    with_acceptance: bool,
+) -> String {
+    let suffix = if with_acceptance { ":a" } else { "" };
+    format!("{BUNDLE_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}{suffix}")
 }
 
 /// The `Nats-Msg-Id` of a status event: `hub-status:<event_id>`.

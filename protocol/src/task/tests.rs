@@ -405,3 +405,11 @@ fn stable_ids() {
     );
     assert!(AttemptId::new("a.b").is_err());
 }
+
+#[test]
+fn bundle_ids_name_their_contents() {
+    let (t, a) = (tid("t1"), aid("a1"));
+    assert_eq!(bundle_msg_id(&t, &a, 2, false), "hub-bundle:t1:a1:2");
+    assert_eq!(bundle_msg_id(&t, &a, 2, true), "hub-bundle:t1:a1:2:a");
+    assert!(MessageId::new(bundle_msg_id(&t, &a, u32::MAX, true)).is_ok());
+}

@@ -215,7 +215,7 @@ impl ActorSystemBuilder {
             inbox_mode,
             trees: Mutex::new(Vec::new()),
             inbox_ids: Mutex::new(Vec::new()),
-            trackers: tokio::sync::OnceCell::new(),
+            trackers: Mutex::new(None),
         })
     }
 }
@@ -237,7 +237,7 @@ pub struct ActorSystem {
     trees: Mutex<Vec<Tree>>,
     inbox_ids: Mutex<Vec<AgentId>>,
     /// The dynamic supervisor of task trackers, started by the first `track`.
-    trackers: tokio::sync::OnceCell<(DynamicRef, Mutex<Option<JoinHandle<()>>>)>,
+    trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
 }
 
 /// Snapshot of everything an [`ActorSystem`] runs.
@@ -389,8 +389,14 @@ impl ActorSystem {
                 inboxes.insert(id.to_string(), snap);
             }
         }
-        let trackers = match self.trackers.get() {
-            Some((sup, _)) => Some(supervision::dynamic::snapshot(sup).await.map_err(|e| {
+        let trackers_ref = self
+            .trackers
+            .lock()
+            .await
+            .as_ref()
+            .map(|(sup, _)| sup.clone());
+        let trackers = match trackers_ref {
+            Some(sup) => Some(supervision::dynamic::snapshot(&sup).await.map_err(|e| {
                 SystemError::Timeout {
                     what: format!("the trackers' supervisor: {e}"),
                 }
@@ -414,11 +420,9 @@ impl ActorSystem {
     /// [`SystemError::Timeout`] when the grace period ran out; everything is stopped anyway.
     pub async fn shutdown(self, grace: Duration) -> Result<(), SystemError> {
         let work = async {
-            if let Some((sup, join)) = self.trackers.get() {
+            if let Some((sup, join)) = self.trackers.lock().await.take() {
                 sup.stop(Some("system shutdown".into()));
-                if let Some(join) = join.lock().await.take() {
-                    let _ = join.await;
-                }
+                let _ = join.await;
             }
             let trees = std::mem::take(&mut *self.trees.lock().await);
             for tree in trees.into_iter().rev() {

@@ -191,7 +191,7 @@ impl ActorSystem {
         if fresh {
             tracker = tracker.fresh();
         }
-        let supervisor = self.trackers_supervisor().await?;
+        let supervisor = &self.trackers_supervisor().await?;
         let child = ChildSpec::actor(self.tracker_name(task_id), tracker, || ())
             .with_restart(Restart::Transient);
         dynamic::add_child(supervisor, child)
@@ -203,22 +203,28 @@ impl ActorSystem {
         Ok(Tracking { result, events })
     }
 
-    /// The trackers' dynamic supervisor, started on first use.
-    async fn trackers_supervisor(&self) -> Result<&actors::supervision::DynamicRef, SystemError> {
+    /// The trackers' dynamic supervisor, started on first use, and again if it ever stopped.
+    async fn trackers_supervisor(&self) -> Result<actors::supervision::DynamicRef, SystemError> {
         use actors::supervision::{DynamicSupervisor, Intensity};
+        let mut slot = self.trackers.lock().await;
+        if let Some((sup, _)) = slot.as_ref() {
+            if sup.get_status() == ractor::ActorStatus::Running {
+                return Ok(sup.clone());
+            }
+        }
         let name = format!("{}/trackers", self.id);
-        let (sup, _) = self
-            .trackers
-            .get_or_try_init(|| async {
-                let (sup, join) = DynamicSupervisor::spawn(name.clone(), Intensity::default())
-                    .await
-                    .map_err(|e| SystemError::Spawn {
-                        what: name.clone(),
-                        reason: e.to_string(),
-                    })?;
-                Ok::<_, SystemError>((sup, tokio::sync::Mutex::new(Some(join))))
-            })
-            .await?;
+        // A stopped supervisor may still hold its registry name for a moment.
+        if let Some((old, join)) = slot.take() {
+            old.stop(None);
+            let _ = join.await;
+        }
+        let (sup, join) = DynamicSupervisor::spawn(name.clone(), Intensity::default())
+            .await
+            .map_err(|e| SystemError::Spawn {
+                what: name,
+                reason: e.to_string(),
+            })?;
+        *slot = Some((sup.clone(), join));
         Ok(sup)
     }
 }

@@ -522,6 +522,11 @@ async fn main() -> anyhow::Result<()> {
     let n: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2_000);
     let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
     let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
+    // BENCH_LOG=1: the runtime's logs on stderr (RUST_LOG filters them), for diagnosis.
+    let _telemetry = match std::env::var("BENCH_LOG") {
+        Ok(_) => Some(runtime::telemetry::init(false, "warn")?),
+        Err(_) => None,
+    };
     let server = harness::run_server().await?;
     let client = server.client().await?;
     let nonce = format!("{:x}", now_us());

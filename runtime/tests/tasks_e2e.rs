@@ -304,3 +304,37 @@ async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in
         "the bundle's items, each its own stored message, in order"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tasks_tracked_at_once_on_a_fresh_system_all_get_their_result() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
+    hub.start_router().await.unwrap();
+    let queue = QueueName::new("crowd").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let echo = Echo {
+        delay: Duration::ZERO,
+        runs: Arc::default(),
+    };
+    support::start_worker(&hub, "w-crowd", &queue, 8, Arc::new(echo), journal.path()).await;
+    let alice = AgentId::new("alice").unwrap();
+    let specs: Vec<_> = (0..64)
+        .map(|i| new_task(format!("crowd {i}"), vec![]))
+        .collect();
+    // The first calls race to start the trackers' supervisor.
+    let trackings = futures::future::join_all(
+        specs
+            .iter()
+            .map(|spec| hub.delegate_tracked(&alice, &queue, None, spec)),
+    )
+    .await;
+    for (spec, tracked) in specs.iter().zip(trackings) {
+        let (_, tracking) = tracked.expect("tracked");
+        let result = tokio::time::timeout(DEADLINE, tracking.result)
+            .await
+            .expect("result in time")
+            .unwrap();
+        assert_eq!(result.task_id, spec.task_id);
+        assert_eq!(result.state, TaskState::Completed);
+    }
+}

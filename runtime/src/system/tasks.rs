@@ -208,7 +208,8 @@ impl ActorSystem {
         use actors::supervision::{DynamicSupervisor, Intensity};
         let mut slot = self.trackers.lock().await;
         if let Some((sup, _)) = slot.as_ref() {
-            if sup.get_status() == ractor::ActorStatus::Running {
+            // Alive: starting (a fresh spawn may not be `Running` yet), running or upgrading.
+            if sup.get_status() < ractor::ActorStatus::Draining {
                 return Ok(sup.clone());
             }
         }

@@ -66,3 +66,149 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
+
+// ---------------------------------------------------------------------------------------------
+// The raw side's building blocks: plain async-nats, the same in both benchmarks.
+// ---------------------------------------------------------------------------------------------
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use futures::stream::FuturesOrdered;
+use futures::StreamExt;
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Publish acks in flight at once on the producer side.
+pub const WINDOW: usize = 256;
+
+/// A durable pull consumer with explicit acks.
+pub fn pull_config(name: &str) -> pull::Config {
+    pull::Config {
+        durable_name: Some(name.into()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        max_ack_pending: 10_000,
+        ..Default::default()
+    }
+}
+
+/// Creates the stream `name` on `subject` with `retention` and a 2-minute duplicate window, and
+/// a durable pull consumer `consumer` on it.
+pub async fn stream_with_consumer(
+    js: &jetstream::Context,
+    name: &str,
+    subject: String,
+    retention: stream::RetentionPolicy,
+    consumer: &str,
+) -> jetstream::consumer::PullConsumer {
+    js.create_stream(stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subject],
+        retention,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("stream")
+    .create_consumer(pull_config(consumer))
+    .await
+    .expect("consumer")
+}
+
+/// Publishes `n` payloads `make(i, now_us)` to `subject`, paced at `rate` per second when
+/// given, with up to [`WINDOW`] publish acks in flight; returns once all are acked.
+pub async fn produce(
+    js: jetstream::Context,
+    subject: String,
+    n: u64,
+    rate: Option<u64>,
+    make: impl Fn(u64, u64) -> Vec<u8>,
+) {
+    let mut acks = FuturesOrdered::new();
+    let start = Instant::now();
+    for i in 0..n {
+        if let Some(rate) = rate {
+            let due = start + Duration::from_micros(i * 1_000_000 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let ack = js
+            .publish(subject.clone(), make(i, now_us()).into())
+            .await
+            .expect("publish");
+        acks.push_back(ack.into_future());
+        if acks.len() >= WINDOW {
+            acks.next().await.unwrap().expect("publish ack");
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.expect("publish ack");
+    }
+}
+
+/// The raw router: pulls `consumer` (batches of 500) and republishes each message to
+/// `route(subject)` with a `Nats-Msg-Id` (its stream sequence), pipelined (up to 1,000 in
+/// flight), acking the input after the store ack; ends after `total` messages.
+pub fn spawn_relay(
+    consumer: jetstream::consumer::PullConsumer,
+    js: jetstream::Context,
+    total: u64,
+    route: impl Fn(&str) -> String + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .unwrap();
+        let mut pending = FuturesOrdered::new();
+        let mut moved = 0u64;
+        while moved < total {
+            tokio::select! {
+                biased;
+                Some((msg, ack)) = pending.next(), if !pending.is_empty() => {
+                    let ack: Result<(), _> = ack;
+                    ack.expect("store ack of the relayed copy");
+                    let msg: jetstream::Message = msg;
+                    msg.ack().await.unwrap();
+                    moved += 1;
+                }
+                Some(Ok(msg)) = messages.next(), if pending.len() < 1000 => {
+                    let id = msg.info().map(|i| i.stream_sequence).unwrap_or(0).to_string();
+                    let mut h = async_nats::HeaderMap::new();
+                    h.insert("Nats-Msg-Id", id.as_str());
+                    let ack = js
+                        .publish_with_headers(route(msg.subject.as_str()), h, msg.payload.clone())
+                        .await
+                        .unwrap()
+                        .into_future();
+                    pending.push_back(async move { (msg, ack.await.map(|_| ())) });
+                }
+            }
+        }
+    })
+}
+
+/// The raw receiving end: pulls `consumer` (batches of 500), records each message's latency
+/// (from the send time in its [`raw_payload`]) in `latencies` and acks it; ends after `n`.
+pub fn spawn_sink(
+    consumer: jetstream::consumer::PullConsumer,
+    n: u64,
+    latencies: Arc<Mutex<Vec<u64>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(500)
+            .messages()
+            .await
+            .unwrap();
+        for _ in 0..n {
+            let msg = messages.next().await.unwrap().unwrap();
+            latencies
+                .lock()
+                .unwrap()
+                .push(now_us().saturating_sub(raw_sent_us(&msg.payload)));
+            msg.ack().await.unwrap();
+        }
+    })
+}

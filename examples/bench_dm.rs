@@ -20,19 +20,17 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[path = "bench_common.rs"]
 mod bench_common;
 
-use bench_common::{median, now_us, raw_payload, raw_sent_us, summarize, Run, PAYLOAD};
-use std::future::IntoFuture;
+use bench_common::{
+    median, now_us, produce, raw_payload, spawn_relay, spawn_sink, stream_with_consumer, summarize,
+    Run, PAYLOAD,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, consumer::pull, stream};
-use futures::stream::FuturesOrdered;
-use futures::StreamExt;
+use async_nats::jetstream::{self, stream};
 use protocol::{AgentId, Codec, Envelope, MessageId, Meta};
 use runtime::{ActorSystem, NatsSettings};
-
-const WINDOW: usize = 256;
 
 /// An envelope of about 256 bytes whose body is `"<send time us>:<padding>"`.
 fn envelope(i: u64, sent_us: u64, to: &AgentId) -> Vec<u8> {
@@ -58,137 +56,33 @@ fn body_sent_us(env: &Envelope) -> u64 {
         .unwrap_or(0)
 }
 
-/// Publishes `n` messages from `make(i, now)` to `subject`, paced at `rate` per second when
-/// given, with up to [`WINDOW`] publish acks in flight.
-async fn produce(
-    js: jetstream::Context,
-    subject: String,
-    n: u64,
-    rate: Option<u64>,
-    make: impl Fn(u64, u64) -> Vec<u8>,
-) {
-    let mut acks = FuturesOrdered::new();
-    let start = Instant::now();
-    for i in 0..n {
-        if let Some(rate) = rate {
-            let due = start + Duration::from_micros(i * 1_000_000 / rate);
-            tokio::time::sleep_until(due.into()).await;
-        }
-        let ack = js
-            .publish(subject.clone(), make(i, now_us()).into())
-            .await
-            .expect("publish");
-        acks.push_back(ack.into_future());
-        if acks.len() >= WINDOW {
-            acks.next().await.unwrap().expect("publish ack");
-        }
-    }
-    while let Some(ack) = acks.next().await {
-        ack.expect("publish ack");
-    }
-}
-
 /// (a) The raw two-hop relay. Returns when `n` messages reached the end of hop two.
 async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) -> Run {
     let js = jetstream::new(client.clone());
     let (a, b) = (format!("RAWA_{tag}"), format!("RAWB_{tag}"));
     // The same stream shapes as the hub's: hop one is a work queue (like HUB_INGRESS, whose
     // acked messages are removed), hop two keeps messages (like HUB_INBOX).
-    for (name, subject, retention) in [
-        (
-            &a,
-            format!("rawa{tag}.>"),
-            stream::RetentionPolicy::WorkQueue,
-        ),
-        (&b, format!("rawb{tag}.>"), stream::RetentionPolicy::Limits),
-    ] {
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![subject],
-            retention,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    }
-    let pull_config = |name: &str| pull::Config {
-        durable_name: Some(name.into()),
-        ack_policy: jetstream::consumer::AckPolicy::Explicit,
-        max_ack_pending: 10_000,
-        ..Default::default()
-    };
-    let relay_consumer = js
-        .get_stream(&a)
-        .await
-        .unwrap()
-        .create_consumer(pull_config("relay"))
-        .await
-        .unwrap();
-    let sink_consumer = js
-        .get_stream(&b)
-        .await
-        .unwrap()
-        .create_consumer(pull_config("sink"))
-        .await
-        .unwrap();
-
+    let relay_consumer = stream_with_consumer(
+        &js,
+        &a,
+        format!("rawa{tag}.>"),
+        stream::RetentionPolicy::WorkQueue,
+        "relay",
+    )
+    .await;
+    let sink_consumer = stream_with_consumer(
+        &js,
+        &b,
+        format!("rawb{tag}.>"),
+        stream::RetentionPolicy::Limits,
+        "sink",
+    )
+    .await;
     // Hop 1 -> 2: pull from A, republish to B with a message id, ack A after B's store ack.
-    let relay_js = js.clone();
     let out_subject = format!("rawb{tag}.x");
-    let relay = tokio::spawn(async move {
-        let mut messages = relay_consumer
-            .stream()
-            .max_messages_per_batch(500)
-            .messages()
-            .await
-            .unwrap();
-        let mut pending = FuturesOrdered::new();
-        let mut moved = 0u64;
-        while moved < n {
-            tokio::select! {
-                biased;
-                Some((msg, ack)) = pending.next(), if !pending.is_empty() => {
-                    let ack: Result<(), _> = ack;
-                    ack.expect("store ack of hop two");
-                    let msg: jetstream::Message = msg;
-                    msg.ack().await.unwrap();
-                    moved += 1;
-                }
-                Some(Ok(msg)) = messages.next(), if pending.len() < 1000 => {
-                    let id = msg.info().map(|i| i.stream_sequence).unwrap_or(0).to_string();
-                    let mut h = async_nats::HeaderMap::new();
-                    h.insert("Nats-Msg-Id", id.as_str());
-                    let ack = relay_js
-                        .publish_with_headers(out_subject.clone(), h, msg.payload.clone())
-                        .await
-                        .unwrap()
-                        .into_future();
-                    pending.push_back(async move { (msg, ack.await.map(|_| ())) });
-                }
-            }
-        }
-    });
-
+    let relay = spawn_relay(relay_consumer, js.clone(), n, move |_| out_subject.clone());
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
-    let lat = latencies.clone();
-    let sink = tokio::spawn(async move {
-        let mut messages = sink_consumer
-            .stream()
-            .max_messages_per_batch(500)
-            .messages()
-            .await
-            .unwrap();
-        let mut got = 0u64;
-        while got < n {
-            let msg = messages.next().await.unwrap().unwrap();
-            lat.lock()
-                .unwrap()
-                .push(now_us().saturating_sub(raw_sent_us(&msg.payload)));
-            msg.ack().await.unwrap();
-            got += 1;
-        }
-    });
+    let sink = spawn_sink(sink_consumer, n, latencies.clone());
     let start = Instant::now();
     produce(js, format!("rawa{tag}.x"), n, paced, |_, t| raw_payload(t)).await;
     sink.await.unwrap();

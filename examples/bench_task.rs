@@ -50,16 +50,17 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[path = "bench_common.rs"]
 mod bench_common;
 
-use bench_common::{median, now_us, raw_payload, raw_sent_us, summarize, Run};
+use bench_common::{
+    median, now_us, produce, raw_payload, raw_sent_us, spawn_relay, spawn_sink,
+    stream_with_consumer, summarize, Run, WINDOW,
+};
 use std::collections::{HashMap, HashSet};
-use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
-use async_nats::jetstream::{self, consumer::pull, stream};
-use futures::stream::FuturesOrdered;
+use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
 use protocol::task::{TaskChannelBody, TaskSpec};
 use protocol::{AgentId, Codec, QueueName, WorkerId};
@@ -68,7 +69,6 @@ use runtime::system::worker::WorkerSettings;
 use runtime::{ActorSystem, NatsSettings};
 use tokio::sync::Semaphore;
 
-const WINDOW: usize = 256;
 const CONCURRENCY: usize = 16;
 const PACED_RATE: u64 = 200;
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -78,15 +78,6 @@ async fn pace(start: Instant, i: u64, rate: Option<u64>) {
     if let Some(rate) = rate {
         let due = start + Duration::from_micros(i * 1_000_000 / rate);
         tokio::time::sleep_until(due.into()).await;
-    }
-}
-
-fn pull_config(name: &str) -> pull::Config {
-    pull::Config {
-        durable_name: Some(name.into()),
-        ack_policy: jetstream::consumer::AckPolicy::Explicit,
-        max_ack_pending: 10_000,
-        ..Default::default()
     }
 }
 
@@ -104,87 +95,21 @@ async fn raw(
         format!("RAWW_{tag}"),
         format!("RAWR_{tag}"),
     );
-    for (name, subject, retention) in [
-        (
-            &a,
-            format!("rawa{tag}.>"),
-            stream::RetentionPolicy::WorkQueue,
-        ),
-        (
-            &w,
-            format!("raww{tag}.>"),
-            stream::RetentionPolicy::WorkQueue,
-        ),
-        (&r, format!("rawr{tag}.>"), stream::RetentionPolicy::Limits),
-    ] {
-        js.create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![subject],
-            retention,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .expect("stream");
-    }
-    let relay_consumer = js
-        .get_stream(&a)
-        .await
-        .unwrap()
-        .create_consumer(pull_config("relay"))
-        .await
-        .unwrap();
-    let work_consumer = js
-        .get_stream(&w)
-        .await
-        .unwrap()
-        .create_consumer(pull_config("queue"))
-        .await
-        .unwrap();
-    let sink_consumer = js
-        .get_stream(&r)
-        .await
-        .unwrap()
-        .create_consumer(pull_config("sink"))
-        .await
-        .unwrap();
+    use stream::RetentionPolicy::{Limits, WorkQueue};
+    let relay_consumer =
+        stream_with_consumer(&js, &a, format!("rawa{tag}.>"), WorkQueue, "relay").await;
+    let work_consumer =
+        stream_with_consumer(&js, &w, format!("raww{tag}.>"), WorkQueue, "queue").await;
+    let sink_consumer = stream_with_consumer(&js, &r, format!("rawr{tag}.>"), Limits, "sink").await;
 
     // The relay (router): A -> W for tasks, A -> R for results, ack A after the store ack.
-    let relay_js = js.clone();
     let task_subject = format!("rawa{tag}.task");
     let (w_subject, r_subject) = (format!("raww{tag}.q"), format!("rawr{tag}.t"));
-    let relay = tokio::spawn(async move {
-        let mut messages = relay_consumer
-            .stream()
-            .max_messages_per_batch(500)
-            .messages()
-            .await
-            .unwrap();
-        let mut pending = FuturesOrdered::new();
-        let mut moved = 0u64;
-        while moved < 2 * n {
-            tokio::select! {
-                biased;
-                Some((msg, ack)) = pending.next(), if !pending.is_empty() => {
-                    let ack: Result<(), _> = ack;
-                    ack.expect("store ack of the routed copy");
-                    let msg: jetstream::Message = msg;
-                    msg.ack().await.unwrap();
-                    moved += 1;
-                }
-                Some(Ok(msg)) = messages.next(), if pending.len() < 1000 => {
-                    let id = msg.info().map(|i| i.stream_sequence).unwrap_or(0).to_string();
-                    let mut h = async_nats::HeaderMap::new();
-                    h.insert("Nats-Msg-Id", id.as_str());
-                    let out = if msg.subject.as_str() == task_subject { &w_subject } else { &r_subject };
-                    let ack = relay_js
-                        .publish_with_headers(out.clone(), h, msg.payload.clone())
-                        .await
-                        .unwrap()
-                        .into_future();
-                    pending.push_back(async move { (msg, ack.await.map(|_| ())) });
-                }
-            }
+    let relay = spawn_relay(relay_consumer, js.clone(), 2 * n, move |subject| {
+        if subject == task_subject {
+            w_subject.clone()
+        } else {
+            r_subject.clone()
         }
     });
 
@@ -226,42 +151,12 @@ async fn raw(
 
     // The delegator side's result consumer.
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
-    let lat = latencies.clone();
-    let sink = tokio::spawn(async move {
-        let mut messages = sink_consumer
-            .stream()
-            .max_messages_per_batch(500)
-            .messages()
-            .await
-            .unwrap();
-        let mut got = 0u64;
-        while got < n {
-            let msg = messages.next().await.unwrap().unwrap();
-            lat.lock()
-                .unwrap()
-                .push(now_us().saturating_sub(raw_sent_us(&msg.payload)));
-            msg.ack().await.unwrap();
-            got += 1;
-        }
-    });
-
+    let sink = spawn_sink(sink_consumer, n, latencies.clone());
     let start = Instant::now();
-    let mut acks = FuturesOrdered::new();
-    let subject = format!("rawa{tag}.task");
-    for i in 0..n {
-        pace(start, i, paced).await;
-        let ack = js
-            .publish(subject.clone(), raw_payload(now_us()).into())
-            .await
-            .expect("publish");
-        acks.push_back(ack.into_future());
-        if acks.len() >= WINDOW {
-            acks.next().await.unwrap().expect("publish ack");
-        }
-    }
-    while let Some(ack) = acks.next().await {
-        ack.expect("publish ack");
-    }
+    produce(js.clone(), format!("rawa{tag}.task"), n, paced, |_, t| {
+        raw_payload(t)
+    })
+    .await;
     tokio::time::timeout(DEADLINE, sink)
         .await
         .expect("raw results in time")

@@ -106,9 +106,9 @@ impl ActorSystem {
             reason,
         };
         let payload = protocol::encode(envelope, Codec::Json).map_err(|e| fail(e.to_string()))?;
-        let mut h = HeaderMap::new();
-        actors::trace_context::inject_current(&mut h);
         if !self.durable {
+            let mut h = HeaderMap::new();
+            actors::trace_context::inject_current(&mut h);
             self.client
                 .publish_with_headers(subject.clone(), h, payload.into())
                 .await
@@ -119,19 +119,9 @@ impl ActorSystem {
                 duplicate: false,
             });
         }
-        h.insert(
-            headers::NATS_MSG_ID,
-            format!("{from}:{}", envelope.meta.id).as_str(),
-        );
-        let js = async_nats::jetstream::new(self.client.clone());
-        let ack = js
-            .publish_with_headers(subject.clone(), h, payload.into())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let ack = tokio::time::timeout(SEND_ACK_TIMEOUT, ack)
-            .await
-            .map_err(|_| fail(format!("no ingress ack within {SEND_ACK_TIMEOUT:?}")))?
-            .map_err(|e| fail(e.to_string()))?;
+        let ack = self
+            .publish_ingress(&subject, &format!("{from}:{}", envelope.meta.id), payload)
+            .await?;
         Ok(Receipt {
             id: envelope.meta.id.clone(),
             ingress_seq: Some(ack.sequence),
@@ -188,5 +178,37 @@ impl ActorSystem {
         let cell = ractor::registry::where_is(self.inbox_name(id))?;
         let inbox: ractor::ActorRef<InboxMsg> = cell.into();
         ractor::call_t!(inbox, InboxMsg::Snapshot, 5_000).ok()
+    }
+}
+
+impl ActorSystem {
+    /// JetStream-publishes an encoded envelope to the ingress `subject` with the current span's
+    /// trace context and `Nats-Msg-Id: msg_id`, and awaits the stream ack for at most
+    /// [`SEND_ACK_TIMEOUT`].
+    ///
+    /// # Errors
+    /// [`SystemError::Publish`] when the publish fails or is not acked in time.
+    pub(super) async fn publish_ingress(
+        &self,
+        subject: &str,
+        msg_id: &str,
+        payload: Vec<u8>,
+    ) -> Result<async_nats::jetstream::publish::PublishAck, SystemError> {
+        let fail = |reason: String| SystemError::Publish {
+            subject: subject.to_owned(),
+            reason,
+        };
+        let mut h = HeaderMap::new();
+        actors::trace_context::inject_current(&mut h);
+        h.insert(headers::NATS_MSG_ID, msg_id);
+        let js = async_nats::jetstream::new(self.client.clone());
+        let ack = js
+            .publish_with_headers(subject.to_owned(), h, payload.into())
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        tokio::time::timeout(SEND_ACK_TIMEOUT, ack)
+            .await
+            .map_err(|_| fail(format!("no ingress ack within {SEND_ACK_TIMEOUT:?}")))?
+            .map_err(|e| fail(e.to_string()))
     }
 }

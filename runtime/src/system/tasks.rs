@@ -1,11 +1,10 @@
 //! Delegating tasks through an [`ActorSystem`].
 
-use async_nats::HeaderMap;
 use protocol::task::{TaskSpec, TASK_VERSION};
-use protocol::{headers, subjects, AgentId, Codec, Envelope, Meta, QueueName, TaskId, WorkerId};
+use protocol::{subjects, AgentId, Codec, Envelope, Meta, QueueName, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
-use super::messaging::{new_message_id, SEND_ACK_TIMEOUT};
+use super::messaging::new_message_id;
 use super::{ActorSystem, SystemError};
 
 /// Proof that a task was submitted.
@@ -92,20 +91,9 @@ impl ActorSystem {
             extra: Default::default(),
         };
         let payload = protocol::encode(&envelope, Codec::Json).map_err(|e| fail(e.to_string()))?;
-        let mut h = HeaderMap::new();
-        actors::trace_context::inject_current(&mut h);
-        h.insert(
-            headers::NATS_MSG_ID,
-            format!("{from}:task:{}", spec.task_id).as_str(),
-        );
-        let ack = js
-            .publish_with_headers(subject.clone(), h, payload.into())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let ack = tokio::time::timeout(SEND_ACK_TIMEOUT, ack)
-            .await
-            .map_err(|_| fail(format!("no ingress ack within {SEND_ACK_TIMEOUT:?}")))?
-            .map_err(|e| fail(e.to_string()))?;
+        let ack = self
+            .publish_ingress(&subject, &format!("{from}:task:{}", spec.task_id), payload)
+            .await?;
         Ok(TaskReceipt {
             task_id: spec.task_id.clone(),
             ingress_seq: Some(ack.sequence),

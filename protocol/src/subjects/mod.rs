@@ -126,3 +126,5 @@ pub fn is_router_msg_id(msg_id: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod work_tests;

@@ -3,7 +3,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::ids::{IdError, TaskId};
 
-fn agent(s: &str) -> AgentId {
+pub(super) fn agent(s: &str) -> AgentId {
     AgentId::new(s).unwrap()
 }
 
@@ -16,7 +16,7 @@ fn name(s: &str) -> ChannelName {
 }
 
 /// No wildcard, no whitespace, no empty token.
-fn is_well_formed(subject: &str) -> bool {
+pub(super) fn is_well_formed(subject: &str) -> bool {
     !subject.contains(['*', '>'])
         && !subject.chars().any(char::is_whitespace)
         && subject.split('.').all(|token| !token.is_empty())

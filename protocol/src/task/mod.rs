@@ -64,6 +64,4 @@ validated_id! {
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
-mod subject_tests;
-#[cfg(test)]
 mod tests;

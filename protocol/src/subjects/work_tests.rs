@@ -1,13 +1,10 @@
-//! Tests of the worker-channel subjects in [`crate::subjects`].
+//! Tests of the worker-channel subjects ([`super::work`]).
 
 use proptest::prelude::*;
 
-use crate::ids::{AgentId, QueueName, WorkerId};
-use crate::subjects::*;
-
-fn agent(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
+use super::tests::{agent, is_well_formed};
+use super::*;
+use crate::ids::{QueueName, WorkerId};
 
 fn queue(s: &str) -> QueueName {
     QueueName::new(s).unwrap()
@@ -15,13 +12,6 @@ fn queue(s: &str) -> QueueName {
 
 fn worker(s: &str) -> WorkerId {
     WorkerId::new(s).unwrap()
-}
-
-/// No wildcard, no whitespace, no empty token.
-fn is_well_formed(subject: &str) -> bool {
-    !subject.contains(['*', '>'])
-        && !subject.chars().any(char::is_whitespace)
-        && subject.split('.').all(|token| !token.is_empty())
 }
 
 #[test]

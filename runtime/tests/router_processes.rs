@@ -2,6 +2,8 @@
 //! nats-server restart mid-flow. The routers are real `runtime` processes; the recipient is an
 //! in-process inbox actor.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,16 +41,6 @@ fn router(url: &str, config: &str) -> RuntimeProcess {
         &[("RUST_LOG", "warn")],
     )
     .unwrap()
-}
-
-async fn wait_router(client: &async_nats::Client) {
-    harness::wait_until_async("a router answers status", DEADLINE, || async {
-        runtime::request_status(client, Duration::from_millis(500))
-            .await
-            .is_ok()
-    })
-    .await
-    .unwrap();
 }
 
 async fn system(url: &str) -> ActorSystem {
@@ -122,7 +114,7 @@ async fn router_killed_with_sigkill_mid_flow_loses_nothing_and_duplicates_nothin
     let config = config_file(&dir);
     let watcher = server.client().await.unwrap();
     let mut first = router(&server.url(), &config);
-    wait_router(&watcher).await;
+    support::wait_router_answers(&watcher).await;
 
     let (alice, bob) = (AgentId::new("alice").unwrap(), AgentId::new("bob").unwrap());
     let system = system(&server.url()).await;
@@ -169,7 +161,7 @@ async fn two_routers_store_each_dm_once_and_publish_each_broadcast_once() {
     let client = server.client().await.unwrap();
     let _a = router(&server.url(), &config);
     let _b = router(&server.url(), &config);
-    wait_router(&client).await;
+    support::wait_router_answers(&client).await;
     // Both bound the shared consumer: it has two pull requests waiting at some point.
     let js = jetstream::new(client.clone());
 
@@ -233,7 +225,7 @@ async fn nats_server_restart_mid_flow_loses_nothing_and_the_router_resumes_by_it
     let config = config_file(&dir);
     let watcher = server.client().await.unwrap();
     let mut router_process = router(&server.url(), &config);
-    wait_router(&watcher).await;
+    support::wait_router_answers(&watcher).await;
     let (alice, bob) = (AgentId::new("alice").unwrap(), AgentId::new("bob").unwrap());
     let system = system(&server.url()).await;
     let counts = attach_counting(&system, &bob).await;

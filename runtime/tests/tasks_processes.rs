@@ -1,6 +1,8 @@
 //! Tasks across real `runtime` processes killed with SIGKILL: a worker mid-task, a waiting
 //! delegator, and the router between a worker's result and the delegator.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,12 +11,11 @@ use std::time::Duration;
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
 use harness::RuntimeProcess;
-use protocol::config::DeliveryConfig;
 use protocol::task::{TaskResult, TaskSpec, TaskState};
 use protocol::{AgentId, QueueName, WorkerId};
 use runtime::system::tasks::new_task;
 use runtime::system::worker::WorkerSettings;
-use runtime::{ActorSystem, NatsSettings};
+use runtime::ActorSystem;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -122,16 +123,6 @@ impl Scene {
     }
 }
 
-async fn wait_router(client: &async_nats::Client) {
-    harness::wait_until_async("a router answers status", DEADLINE, || async {
-        runtime::request_status(client, Duration::from_millis(500))
-            .await
-            .is_ok()
-    })
-    .await
-    .unwrap();
-}
-
 /// `runtime <args>` without the NATS_*/RUNTIME_* environment of the test run.
 fn one_shot(args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_runtime"));
@@ -150,16 +141,7 @@ fn one_shot(args: &[&str]) -> tokio::process::Command {
 }
 
 async fn system(url: &str) -> ActorSystem {
-    ActorSystem::builder()
-        .nats(NatsSettings::new(url))
-        .durable(true)
-        .delivery_config(DeliveryConfig {
-            ack_wait_secs: 1,
-            ..Default::default()
-        })
-        .build()
-        .await
-        .unwrap()
+    support::durable_system(url.to_string()).await
 }
 
 fn logs(processes: &[(&str, &RuntimeProcess)]) -> String {
@@ -176,7 +158,7 @@ async fn worker_killed_with_sigkill_mid_task_the_task_is_redelivered_and_complet
     let url = server.url();
     let scene = Scene::new(3);
     let router = scene.router(&url);
-    wait_router(&server.client().await.unwrap()).await;
+    support::wait_router_answers(&server.client().await.unwrap()).await;
     let mut w1 = scene.worker(&url, "pw1", "procs");
     let mut w2 = scene.worker(&url, "pw2", "procs");
 
@@ -227,7 +209,7 @@ async fn delegator_killed_while_its_task_runs_resume_still_gets_the_result() {
     let url = server.url();
     let scene = Scene::new(2);
     let router = scene.router(&url);
-    wait_router(&server.client().await.unwrap()).await;
+    support::wait_router_answers(&server.client().await.unwrap()).await;
     let worker = scene.worker(&url, "dw1", "dq");
 
     let mut delegator = one_shot(&[
@@ -325,7 +307,7 @@ async fn router_killed_between_a_workers_result_and_the_delegator_the_result_sti
     let scene = Scene::new(0);
     let mut first = scene.router(&url);
     let client = server.client().await.unwrap();
-    wait_router(&client).await;
+    support::wait_router_answers(&client).await;
 
     let hub = system(&url).await;
     let queue = QueueName::new("rq").unwrap();
@@ -355,7 +337,7 @@ async fn router_killed_between_a_workers_result_and_the_delegator_the_result_sti
     first.kill9().await;
 
     let second = scene.router(&url);
-    wait_router(&client).await;
+    support::wait_router_answers(&client).await;
     let result = match tokio::time::timeout(DEADLINE, tracking.result).await {
         Ok(r) => r.unwrap(),
         Err(_) => panic!("no result\n{}", logs(&[("second router", &second)])),
@@ -374,7 +356,7 @@ async fn worker_killed_with_sigkill_mid_task_and_restarted_on_its_journal_reruns
     let url = server.url();
     let scene = Scene::new(0).rerun_script();
     let router = scene.router(&url);
-    wait_router(&server.client().await.unwrap()).await;
+    support::wait_router_answers(&server.client().await.unwrap()).await;
     let mut worker = scene.worker(&url, "rw1", "rq");
 
     let hub = system(&url).await;

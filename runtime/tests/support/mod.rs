@@ -264,3 +264,14 @@ pub fn spans_named<'a>(
 ) -> Vec<&'a opentelemetry_sdk::trace::SpanData> {
     spans.iter().filter(|s| s.name == name).collect()
 }
+
+/// Waits until a router (a separate `runtime` process) answers `runtime status` on `client`.
+pub async fn wait_router_answers(client: &async_nats::Client) {
+    harness::wait_until_async("a router answers status", DEADLINE, || async {
+        runtime::request_status(client, Duration::from_millis(500))
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap();
+}

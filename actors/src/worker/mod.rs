@@ -164,6 +164,9 @@ pub struct WorkerCounters {
     pub compactions: AtomicU64,
     /// Tasks not run because their `expires_at` had passed (failed, kind `expired`).
     pub expired: AtomicU64,
+    /// Inputs the broker delivered again while their attempt was running here (its heartbeat
+    /// did not keep the ack wait from expiring); the copy is left to the running attempt.
+    pub redelivered_while_running: AtomicU64,
 }
 
 /// A copy of the [`WorkerCounters`].
@@ -197,6 +200,9 @@ pub struct WorkerCountersSnapshot {
     /// See [`WorkerCounters::expired`].
     #[serde(default)]
     pub expired: u64,
+    /// See [`WorkerCounters::redelivered_while_running`].
+    #[serde(default)]
+    pub redelivered_while_running: u64,
 }
 
 impl WorkerCounters {
@@ -217,6 +223,7 @@ impl WorkerCounters {
             answers_refused: get(&self.answers_refused),
             compactions: get(&self.compactions),
             expired: get(&self.expired),
+            redelivered_while_running: get(&self.redelivered_while_running),
         }
     }
 }
@@ -597,7 +604,14 @@ impl Worker {
         };
         if state.running.values().any(|r| r.seq == seq) {
             // The running attempt heartbeats and acks this input itself.
-            tracing::debug!(input_seq = seq, "redelivery of a running attempt's input");
+            state
+                .counters
+                .redelivered_while_running
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                input_seq = seq,
+                "redelivery of a running attempt's input (a heartbeat came too late)"
+            );
             return;
         }
         if state.by_task.contains_key(&task.task_id) {

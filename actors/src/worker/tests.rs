@@ -355,9 +355,10 @@ async fn task_runs_once_result_published_then_input_acked() {
     assert_eq!(result.response.as_ref().unwrap()["echo"], "do t1");
     assert_eq!(result.attempt_id, accepted.attempt_id);
     env.wait_work_empty().await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Acked and gone from the work queue: nothing can redeliver it any more.
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
     let snap = snapshot(&worker).await;
+    assert_eq!(snap.counters.redelivered_while_running, 0);
     assert_eq!(snap.counters.completed, 1);
     assert_eq!(snap.running, 0);
     stop(worker).await;
@@ -374,9 +375,12 @@ async fn long_work_is_heartbeated_and_not_redelivered() {
     assert_eq!(result.state, TaskState::Completed);
     assert_eq!(result.response.unwrap()["rerun"], false);
     env.wait_work_empty().await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "never redelivered");
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "run once");
     let snap = snapshot(&worker).await;
+    assert_eq!(
+        snap.counters.redelivered_while_running, 0,
+        "never redelivered during the three ack waits it ran"
+    );
     assert!(snap.counters.heartbeats >= 3, "{:?}", snap.counters);
     assert_eq!(snap.counters.redelivered, 0);
     stop(worker).await;
@@ -585,7 +589,15 @@ async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
     assert_eq!(done.state, TaskState::Completed);
     assert_eq!(done.response.unwrap()["answers"], 1);
     env.wait_work_empty().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both answers were handled (the duplicate too) before the resume count is read.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while snapshot(&worker).await.counters.answers < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "second answer not handled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(handler.resumes.load(Ordering::SeqCst), 1, "one resume");
     stop(worker).await;
 }

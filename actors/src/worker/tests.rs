@@ -263,6 +263,41 @@ impl Env {
         Results(consumer.messages().await.unwrap(), Default::default())
     }
 
+    /// A control request (query or cancel) naming `task_id`/`attempt_id` on this worker; its
+    /// reply decoded.
+    async fn control(
+        &self,
+        kind: subjects::ControlKind,
+        task_id: &str,
+        attempt_id: &protocol::task::AttemptId,
+    ) -> protocol::task::QueryReply {
+        let request = serde_json::json!({
+            "task_id": task_id, "attempt_id": attempt_id, "worker_id": self.worker_id,
+        });
+        let reply = self
+            .client
+            .request(
+                subjects::control(&self.worker_id, kind),
+                serde_json::to_vec(&request).unwrap().into(),
+            )
+            .await
+            .unwrap();
+        serde_json::from_slice(&reply.payload).unwrap()
+    }
+
+    /// Stores an answer envelope for this worker the way the router does.
+    async fn answer(&self, envelope: &serde_json::Value) {
+        self.js
+            .publish(
+                subjects::answer(&self.worker_id),
+                serde_json::to_vec(envelope).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
     async fn work_left(&self) -> u64 {
         let mut stream = self.js.get_stream(subjects::WORK_STREAM).await.unwrap();
         stream.info().await.unwrap().state.messages
@@ -554,18 +589,9 @@ async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
         "and is not redelivered"
     );
     // Query over the control subject.
-    let request = serde_json::json!({
-        "task_id": "t-wait", "attempt_id": waiting.attempt_id, "worker_id": env.worker_id,
-    });
-    let reply = env
-        .client
-        .request(
-            subjects::control(&env.worker_id, subjects::ControlKind::Query),
-            serde_json::to_vec(&request).unwrap().into(),
-        )
-        .await
-        .unwrap();
-    let query: protocol::task::QueryReply = serde_json::from_slice(&reply.payload).unwrap();
+    let query = env
+        .control(subjects::ControlKind::Query, "t-wait", &waiting.attempt_id)
+        .await;
     assert_eq!(query.state, TaskState::Waiting);
     assert!(query.active);
     let answer = serde_json::json!({
@@ -575,15 +601,7 @@ async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
     for _ in 0..2 {
         let env_json =
             serde_json::json!({ "meta": { "id": "ans-1", "from": "boss" }, "body": answer });
-        env.js
-            .publish(
-                subjects::answer(&env.worker_id),
-                serde_json::to_vec(&env_json).unwrap().into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        env.answer(&env_json).await;
     }
     let done = results.result(Duration::from_secs(10)).await;
     assert_eq!(done.state, TaskState::Completed);
@@ -613,18 +631,13 @@ async fn cancel_request_publishes_a_cancelled_result() {
     else {
         panic!("no acceptance")
     };
-    let request = serde_json::json!({
-        "task_id": "t-cancel", "attempt_id": accepted.attempt_id, "worker_id": env.worker_id,
-    });
     let reply = env
-        .client
-        .request(
-            subjects::control(&env.worker_id, subjects::ControlKind::Cancel),
-            serde_json::to_vec(&request).unwrap().into(),
+        .control(
+            subjects::ControlKind::Cancel,
+            "t-cancel",
+            &accepted.attempt_id,
         )
-        .await
-        .unwrap();
-    let reply: protocol::task::QueryReply = serde_json::from_slice(&reply.payload).unwrap();
+        .await;
     assert_eq!(reply.cancel, Some(protocol::task::CancelStatus::Requested));
     let result = results.result(Duration::from_secs(10)).await;
     assert_eq!(result.state, TaskState::Cancelled);
@@ -688,18 +701,7 @@ async fn cancel_while_waiting_publishes_a_cancelled_result_under_a_new_id() {
             "worker_id": env.worker_id, "tool_call_id": "other", "responses": [],
         },
     });
-    env.js
-        .publish(
-            subjects::answer(&env.worker_id),
-            serde_json::to_vec(&stale).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    let request = serde_json::json!({
-        "task_id": "t-cw", "attempt_id": waiting.attempt_id, "worker_id": env.worker_id,
-    });
+    env.answer(&stale).await;
     for _ in 0..50 {
         if snapshot(&worker).await.counters.answers_refused == 1 {
             break;
@@ -708,14 +710,8 @@ async fn cancel_while_waiting_publishes_a_cancelled_result_under_a_new_id() {
     }
     assert_eq!(snapshot(&worker).await.counters.answers_refused, 1);
     let reply = env
-        .client
-        .request(
-            subjects::control(&env.worker_id, subjects::ControlKind::Cancel),
-            serde_json::to_vec(&request).unwrap().into(),
-        )
-        .await
-        .unwrap();
-    let reply: protocol::task::QueryReply = serde_json::from_slice(&reply.payload).unwrap();
+        .control(subjects::ControlKind::Cancel, "t-cw", &waiting.attempt_id)
+        .await;
     assert_eq!(reply.cancel, Some(protocol::task::CancelStatus::Requested));
     let cancelled = results.result(Duration::from_secs(10)).await;
     assert_eq!(cancelled.state, TaskState::Cancelled);

@@ -38,8 +38,7 @@ impl TaskHandler for Echo {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both_took_part() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("builds").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
@@ -82,8 +81,7 @@ async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_later() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("backlog").unwrap();
     let alice = AgentId::new("alice").unwrap();
     let mut specs = Vec::new();
@@ -127,8 +125,7 @@ async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_la
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("long").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
@@ -162,8 +159,7 @@ async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_targeted_task_runs_only_on_the_named_worker() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("targeted").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
@@ -192,8 +188,7 @@ async fn a_targeted_task_runs_only_on_the_named_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_idempotency_key_twice_gives_one_task() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("idem").unwrap();
     let alice = AgentId::new("alice").unwrap();
     let mut first = new_task("once", vec![]);
@@ -221,8 +216,7 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
     use actors::tracker::TrackerEvent;
     use protocol::task::StatusKind;
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("status").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let echo = Echo {
@@ -261,8 +255,7 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
 async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in_order() {
     use protocol::task::TaskChannelBody;
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("quick").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let echo = Echo {
@@ -308,8 +301,7 @@ async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_tracked_at_once_on_a_fresh_system_all_get_their_result() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("crowd").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let echo = Echo {

@@ -133,8 +133,7 @@ async fn burst_of_43_tasks_to_2_workers_with_concurrency_1_each_longer_than_the_
 ) {
     const N: usize = 43;
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("burst").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
@@ -167,8 +166,7 @@ async fn burst_of_43_tasks_to_2_workers_with_concurrency_1_each_longer_than_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_worker_takes_the_next_task_while_another_runs_a_long_one() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("idle").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
@@ -209,8 +207,7 @@ async fn an_idle_worker_takes_the_next_task_while_another_runs_a_long_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_after_journalling_the_result_before_publishing_republishes_without_rerunning() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("crashy").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
@@ -268,8 +265,7 @@ async fn publish_acked(js: &jetstream::Context, subject: &str, payload: Vec<u8>)
 async fn answers_wrong_tool_call_id_is_stale_right_answer_completes_with_the_same_attempt_id_and_a_duplicate_is_not_resumed_twice(
 ) {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("asks").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let asker = Asker::default();
@@ -343,8 +339,7 @@ async fn answers_wrong_tool_call_id_is_stale_right_answer_completes_with_the_sam
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oversize_result_becomes_result_too_large() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("huge").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let handler = Huge { size: 1_200 * 1024 };
@@ -363,8 +358,7 @@ async fn oversize_result_becomes_result_too_large() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_tasks_are_rejected_and_the_next_good_task_still_runs() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::On).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("strict").unwrap();
     let runs = Runs::default();
     let journal = tempfile::tempdir().unwrap();
@@ -431,8 +425,7 @@ async fn bad_tasks_are_rejected_and_the_next_good_task_still_runs() {
 async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_supervisor_and_delivers_once(
 ) {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("crashy").unwrap();
     let runs: Runs = Arc::default();
     let journal = tempfile::tempdir().unwrap();
@@ -498,8 +491,7 @@ async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_superviso
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_trackers_supervisor_is_started_again_by_the_next_track() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::system(server.url(), true, DurableInboxMode::Auto).await;
-    hub.start_router().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("again").unwrap();
     let runs: Runs = Arc::default();
     let journal = tempfile::tempdir().unwrap();

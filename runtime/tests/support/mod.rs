@@ -47,6 +47,13 @@ pub async fn durable_system(url: String) -> ActorSystem {
     system(url, true, DurableInboxMode::Auto).await
 }
 
+/// A durable system on `server` with its router started (tasks and DMs are routed).
+pub async fn durable_hub(server: &harness::NatsServer, mode: DurableInboxMode) -> ActorSystem {
+    let hub = system(server.url(), true, mode).await;
+    hub.start_router().await.unwrap();
+    hub
+}
+
 /// An agent id.
 pub fn agent(name: &str) -> AgentId {
     AgentId::new(name).unwrap()

@@ -32,6 +32,9 @@ pub enum FaultPoint {
     PreStart,
     /// At the top of `Actor::handle`: makes the handling of the next message fail.
     Handle,
+    /// In an attempt, right after the stream confirmed its result and before its input is
+    /// acked: the result is stored, its ack is not (as when a broker crash loses the ack).
+    ResultConfirmed,
 }
 
 impl fmt::Display for FaultPoint {
@@ -39,6 +42,7 @@ impl fmt::Display for FaultPoint {
         f.write_str(match self {
             FaultPoint::PreStart => "pre_start",
             FaultPoint::Handle => "handle",
+            FaultPoint::ResultConfirmed => "result_confirmed",
         })
     }
 }
@@ -51,6 +55,9 @@ pub enum Fault {
     Panic,
     /// [`check`] returns [`FaultError::Injected`].
     Error,
+    /// The whole process aborts at once, as with `kill -9` (nothing is flushed): crash tests
+    /// of the `runtime` binary arm it through [`arm_from_spec`].
+    Exit,
 }
 
 /// The error returned by [`check`] when an armed [`Fault::Error`] fires.
@@ -125,6 +132,10 @@ mod imp {
         match fault {
             None => Ok(()),
             Some(Fault::Panic) => panic!("injected panic in actor '{actor_name}' at {point}"),
+            Some(Fault::Exit) => {
+                eprintln!("injected exit in actor '{actor_name}' at {point}");
+                std::process::abort()
+            }
             Some(Fault::Error) => Err(FaultError::Injected {
                 actor: actor_name.to_owned(),
                 point,
@@ -155,6 +166,71 @@ mod imp {
     pub fn check(_actor_name: &str, _point: FaultPoint) -> Result<(), FaultError> {
         Ok(())
     }
+}
+
+/// The environment variable the `runtime` binary arms faults from (builds with the hook only):
+/// see [`arm_from_spec`].
+pub const FAULTS_ENV: &str = "RUNTIME_FAULTS";
+
+/// A fault spec that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid fault spec {entry:?}: {reason} (expected <actor name>@<point>=<fault>[*<times>])")]
+pub struct FaultSpecError {
+    /// The entry that does not parse.
+    pub entry: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+/// Parses a fault spec: entries separated by `;`, each `<actor name>@<point>=<fault>` with an
+/// optional `*<times>` (default 1); points `pre_start`, `handle`, `result_confirmed`; faults
+/// `panic`, `error`, `exit`. For example `sys1/worker-w1.attempt.t1@result_confirmed=exit`.
+///
+/// # Errors
+/// [`FaultSpecError`] naming the first entry that does not parse.
+pub fn parse_spec(spec: &str) -> Result<Vec<(String, FaultPoint, Fault, u32)>, FaultSpecError> {
+    let mut out = Vec::new();
+    for entry in spec.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let fail = |reason| FaultSpecError {
+            entry: entry.to_owned(),
+            reason,
+        };
+        let (name, rest) = entry.rsplit_once('@').ok_or_else(|| fail("no @<point>"))?;
+        let (point, fault) = rest.split_once('=').ok_or_else(|| fail("no =<fault>"))?;
+        let (fault, times) = match fault.split_once('*') {
+            Some((fault, times)) => (fault, times.parse().map_err(|_| fail("bad *<times>"))?),
+            None => (fault, 1),
+        };
+        let point = match point {
+            "pre_start" => FaultPoint::PreStart,
+            "handle" => FaultPoint::Handle,
+            "result_confirmed" => FaultPoint::ResultConfirmed,
+            _ => return Err(fail("unknown point")),
+        };
+        let fault = match fault {
+            "panic" => Fault::Panic,
+            "error" => Fault::Error,
+            "exit" => Fault::Exit,
+            _ => return Err(fail("unknown fault")),
+        };
+        if name.is_empty() {
+            return Err(fail("no actor name"));
+        }
+        out.push((name.to_owned(), point, fault, times));
+    }
+    Ok(out)
+}
+
+/// Arms every fault of `spec` (see [`parse_spec`]). A no-op, after parsing, when the hook is
+/// not compiled in.
+///
+/// # Errors
+/// As [`parse_spec`].
+pub fn arm_from_spec(spec: &str) -> Result<(), FaultSpecError> {
+    for (name, point, fault, times) in parse_spec(spec)? {
+        arm(&name, point, fault, times);
+    }
+    Ok(())
 }
 
 /// Whether the hook is compiled in (`cfg(test)` or the `fault-injection` feature).
@@ -255,6 +331,35 @@ mod tests {
         arm(name, FaultPoint::Handle, Fault::Error, 3);
         disarm(name, FaultPoint::Handle);
         assert_eq!(check(name, FaultPoint::Handle), Ok(()));
+    }
+
+    #[test]
+    fn specs_parse_and_bad_ones_are_named() {
+        let parsed =
+            parse_spec("sys1/worker-w.attempt.t1@result_confirmed=exit; a@handle=error*3").unwrap();
+        assert_eq!(
+            parsed,
+            [
+                (
+                    "sys1/worker-w.attempt.t1".to_string(),
+                    FaultPoint::ResultConfirmed,
+                    Fault::Exit,
+                    1
+                ),
+                ("a".to_string(), FaultPoint::Handle, Fault::Error, 3),
+            ]
+        );
+        for bad in [
+            "a",
+            "a@handle",
+            "a@nowhere=error",
+            "a@handle=boom",
+            "@handle=error",
+            "a@handle=error*x",
+        ] {
+            let err = parse_spec(bad).unwrap_err();
+            assert_eq!(err.entry, bad);
+        }
     }
 
     #[test]

@@ -51,6 +51,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> (i32, Option<String>) {
+    // Crash tests arm faults in builds with the fault-injection hook (a no-op otherwise).
+    if let Ok(spec) = std::env::var(actors::fault::FAULTS_ENV) {
+        if let Err(e) = actors::fault::arm_from_spec(&spec) {
+            return (cli::EXIT_USAGE, Some(e.to_string()));
+        }
+    }
     // Servers log their lifecycle; one-shot client commands stay quiet unless asked.
     let level = match cli.command {
         Command::Start(_) => "info",

@@ -4,151 +4,23 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
-use harness::RuntimeProcess;
 use protocol::task::{TaskResult, TaskSpec, TaskState};
 use protocol::{AgentId, QueueName, WorkerId};
 use runtime::system::tasks::new_task;
 use runtime::system::worker::WorkerSettings;
 use runtime::ActorSystem;
+use support::processes::{logs, one_shot, Scene};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 
-/// A temp dir with the delivery config (1 s ack wait), a marker dir and an exec script that
-/// touches `<markers>/<WORKER_ID>`, sleeps `sleep_secs` and answers with its worker id.
-struct Scene {
-    dir: tempfile::TempDir,
-}
-
-impl Scene {
-    fn new(sleep_secs: u32) -> Scene {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("delivery.json"), r#"{"ack_wait_secs": 1}"#).unwrap();
-        std::fs::create_dir(dir.path().join("markers")).unwrap();
-        let script = format!(
-            "cat > /dev/null\n\
-             touch '{markers}'/\"$WORKER_ID\"\n\
-             sleep {sleep_secs}\n\
-             printf '{{\"response\": \"%s\"}}\\n' \"$WORKER_ID\"\n",
-            markers = dir.path().join("markers").display()
-        );
-        std::fs::write(dir.path().join("task.sh"), script).unwrap();
-        Scene { dir }
-    }
-
-    /// Replaces the exec script: a first run (`TASK_RERUN=0`) writes its attempt id to
-    /// `<markers>/<WORKER_ID>` and sleeps 20 s; a re-run answers `<attempt id>:<rerun>` at
-    /// once.
-    fn rerun_script(self) -> Scene {
-        let script = format!(
-            "cat > /dev/null\n\
-             printf '%s' \"$ATTEMPT_ID\" > '{markers}'/\"$WORKER_ID\"\n\
-             if [ \"$TASK_RERUN\" = 0 ]; then sleep 20; fi\n\
-             printf '{{\"response\": \"%s:%s\"}}\\n' \"$ATTEMPT_ID\" \"$TASK_RERUN\"\n",
-            markers = self.dir.path().join("markers").display()
-        );
-        std::fs::write(self.dir.path().join("task.sh"), script).unwrap();
-        self
-    }
-
-    fn config(&self) -> String {
-        self.dir.path().join("delivery.json").display().to_string()
-    }
-
-    fn exec(&self) -> String {
-        format!("sh {}", self.dir.path().join("task.sh").display())
-    }
-
-    fn journal(&self, worker: &str) -> PathBuf {
-        self.dir.path().join(format!("journal-{worker}"))
-    }
-
-    /// Worker ids whose script started, in no particular order.
-    fn started(&self) -> Vec<String> {
-        std::fs::read_dir(self.dir.path().join("markers"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect()
-    }
-
-    fn router(&self, url: &str) -> RuntimeProcess {
-        RuntimeProcess::spawn(
-            [
-                "start",
-                "--role",
-                "router",
-                "--durable",
-                "--nats-url",
-                url,
-                "--delivery-config",
-                &self.config(),
-            ],
-            &[("RUST_LOG", "warn")],
-        )
-        .unwrap()
-    }
-
-    fn worker(&self, url: &str, id: &str, queue: &str) -> RuntimeProcess {
-        let journal = self.journal(id).display().to_string();
-        RuntimeProcess::spawn(
-            [
-                "start",
-                "--role",
-                "worker",
-                "--worker-id",
-                id,
-                "--queue",
-                queue,
-                "--concurrency",
-                "1",
-                "--exec",
-                &self.exec(),
-                "--journal-dir",
-                &journal,
-                "--durable",
-                "--nats-url",
-                url,
-                "--delivery-config",
-                &self.config(),
-            ],
-            &[("RUST_LOG", "warn")],
-        )
-        .unwrap()
-    }
-}
-
-/// `runtime <args>` without the NATS_*/RUNTIME_* environment of the test run.
-fn one_shot(args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_runtime"));
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("NATS_") || key.starts_with("RUNTIME_") {
-            cmd.env_remove(key.as_ref());
-        }
-    }
-    cmd
-}
-
 async fn system(url: &str) -> ActorSystem {
     support::durable_system(url.to_string()).await
-}
-
-fn logs(processes: &[(&str, &RuntimeProcess)]) -> String {
-    processes
-        .iter()
-        .map(|(name, p)| format!("--- {name}:\n{}", p.log()))
-        .collect()
 }
 
 #[tokio::test]

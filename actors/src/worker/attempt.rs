@@ -758,6 +758,13 @@ impl Attempt {
             state.heartbeat = None;
             return Err(e);
         }
+        // Crash tests: the result is stored, its input not acked yet.
+        fault::check(&self.name, FaultPoint::ResultConfirmed).map_err(|e| {
+            AttemptError::Publish {
+                what: "result".into(),
+                reason: e.to_string(),
+            }
+        })?;
         let input_seq = state.seq;
         state.state = saved.result.state;
         state.suspend = saved.result.suspend.clone();

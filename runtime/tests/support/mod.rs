@@ -1,6 +1,8 @@
 //! Helpers shared by the messaging integration tests (each test binary uses a subset).
 #![allow(dead_code)]
 
+pub mod processes;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

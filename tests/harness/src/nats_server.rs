@@ -164,6 +164,26 @@ impl NatsServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP): its connections stay open but nothing is answered, as
+    /// on a hung host. [`thaw`](Self::thaw) resumes it; [`restart`](Self::restart) and
+    /// [`stop`](Self::stop) work on a frozen server too (what it had not answered is lost).
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a [`freeze`](Self::freeze)d server (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
+            let _ = std::process::Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status();
+        }
+    }
+
     /// `kill -9` then start again on the same port and store: what survives is what the
     /// server had written to its store.
     ///

@@ -1,376 +1,19 @@
-//! Worker tests against a real nats-server. The router is not used: the streams, the join
-//! responder (creating the consumers) and the task inputs are set up by the tests directly.
+//! The worker's basic contract: run once, heartbeat long work, one fetch per slot, journal
+//! republish, bad input, waiting and answers, cancel, the journal lock, compatibility, expiry,
+//! compaction, bundles and re-runs.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
-use async_nats::jetstream::stream::{Config as StreamConfig, RetentionPolicy};
-use async_nats::jetstream::{self, Context};
+use async_nats::jetstream::consumer::{pull, AckPolicy};
 use futures::StreamExt;
 use protocol::subjects;
-use protocol::task::{
-    Answer, JoinReply, JoinRequest, JoinResponse, TaskChannelBody, TaskResult, TaskSpec, TaskState,
-};
+use protocol::task::{JoinReply, JoinResponse, TaskChannelBody, TaskResult, TaskState};
 use protocol::{QueueName, WorkerId};
-use ractor::{Actor, ActorRef};
+use ractor::Actor;
 
 use super::*;
 use crate::fault::{self, Fault, FaultPoint};
-
-const ACK_WAIT: Duration = Duration::from_secs(1);
-
-struct TestHandler {
-    calls: AtomicUsize,
-    resumes: AtomicUsize,
-    running: AtomicUsize,
-    max_running: AtomicUsize,
-    sleep: Duration,
-    wait_first: bool,
-}
-
-impl TestHandler {
-    fn new(sleep: Duration) -> Arc<TestHandler> {
-        Arc::new(TestHandler {
-            calls: AtomicUsize::new(0),
-            resumes: AtomicUsize::new(0),
-            running: AtomicUsize::new(0),
-            max_running: AtomicUsize::new(0),
-            sleep,
-            wait_first: false,
-        })
-    }
-}
-
-#[async_trait::async_trait]
-impl TaskHandler for TestHandler {
-    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_running.fetch_max(now, Ordering::SeqCst);
-        tokio::select! {
-            () = tokio::time::sleep(self.sleep) => {}
-            () = ctx.cancelled() => {
-                self.running.fetch_sub(1, Ordering::SeqCst);
-                return Outcome::Cancelled;
-            }
-        }
-        self.running.fetch_sub(1, Ordering::SeqCst);
-        if self.wait_first {
-            return Outcome::Waiting {
-                question: "approve?".into(),
-                tool_call_id: "call-1".into(),
-            };
-        }
-        Outcome::Completed(serde_json::json!({ "echo": task.text, "rerun": ctx.rerun }))
-    }
-
-    async fn resume(&self, _: TaskSpec, answers: Vec<Answer>, _: AttemptContext) -> Outcome {
-        self.resumes.fetch_add(1, Ordering::SeqCst);
-        Outcome::Completed(serde_json::json!({ "answers": answers.len() }))
-    }
-}
-
-struct Env {
-    _server: harness::NatsServer,
-    client: async_nats::Client,
-    js: Context,
-    queue: QueueName,
-    worker_id: WorkerId,
-    dir: PathBuf,
-    responder: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        self.responder.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    std::env::temp_dir().join(format!("worker-{name}-{}-{nanos}", std::process::id()))
-}
-
-fn consumer_config(name: String, filter: String) -> pull::Config {
-    pull::Config {
-        durable_name: Some(name),
-        ack_policy: AckPolicy::Explicit,
-        ack_wait: ACK_WAIT,
-        max_deliver: -1,
-        filter_subject: filter,
-        ..Default::default()
-    }
-}
-
-/// A nats-server with the streams, and a fake router answering join requests.
-async fn env(name: &str) -> Env {
-    let server = harness::run_server().await.expect("nats-server");
-    let client = server.client().await.unwrap();
-    let js = jetstream::new(client.clone());
-    for (stream, subject, retention) in [
-        (
-            subjects::INGRESS_STREAM,
-            subjects::INGRESS_FILTER,
-            RetentionPolicy::Limits,
-        ),
-        (
-            subjects::WORK_STREAM,
-            subjects::WORK_FILTER,
-            RetentionPolicy::WorkQueue,
-        ),
-        (
-            subjects::ANSWERS_STREAM,
-            subjects::ANSWERS_FILTER,
-            RetentionPolicy::Limits,
-        ),
-    ] {
-        js.get_or_create_stream(StreamConfig {
-            name: stream.into(),
-            subjects: vec![subject.into()],
-            retention,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    }
-    let queue = QueueName::new("q").unwrap();
-    let worker_id = WorkerId::new(format!("w-{name}").replace('_', "-")).unwrap();
-    let mut sub = client
-        .subscribe(subjects::join_request(&queue))
-        .await
-        .unwrap();
-    let (c, j, q) = (client.clone(), js.clone(), queue.clone());
-    let responder = tokio::spawn(async move {
-        while let Some(msg) = sub.next().await {
-            let request: JoinRequest = serde_json::from_slice(&msg.payload).unwrap();
-            let w = request.worker_id;
-            let work = j.get_stream(subjects::WORK_STREAM).await.unwrap();
-            let answers = j.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
-            let reply = JoinReply {
-                work_stream: subjects::WORK_STREAM.into(),
-                queue_consumer: subjects::queue_consumer(&q),
-                targeted_consumer: subjects::targeted_consumer(&w),
-                answers_stream: subjects::ANSWERS_STREAM.into(),
-                answer_consumer: subjects::answer_consumer(&w),
-            };
-            work.create_consumer(consumer_config(
-                reply.queue_consumer.clone(),
-                subjects::work(&q, None),
-            ))
-            .await
-            .unwrap();
-            work.create_consumer(consumer_config(
-                reply.targeted_consumer.clone(),
-                subjects::targeted_filter(&w),
-            ))
-            .await
-            .unwrap();
-            answers
-                .create_consumer(consumer_config(
-                    reply.answer_consumer.clone(),
-                    subjects::answer(&w),
-                ))
-                .await
-                .unwrap();
-            let body = serde_json::to_vec(&JoinResponse::Joined(reply)).unwrap();
-            c.publish(msg.reply.unwrap(), body.into()).await.unwrap();
-        }
-    });
-    Env {
-        _server: server,
-        client,
-        js,
-        queue,
-        worker_id,
-        dir: temp_dir(name),
-        responder,
-    }
-}
-
-impl Env {
-    fn worker(&self, name: &str, handler: Arc<dyn TaskHandler>, concurrency: usize) -> Worker {
-        Worker {
-            concurrency,
-            ack_wait: ACK_WAIT,
-            ..Worker::new(
-                name,
-                self.client.clone(),
-                self.worker_id.clone(),
-                self.queue.clone(),
-                self.dir.clone(),
-                handler,
-            )
-        }
-    }
-
-    async fn start(
-        &self,
-        name: &str,
-        handler: Arc<dyn TaskHandler>,
-        concurrency: usize,
-    ) -> ActorRef<WorkerMsg> {
-        let (actor, _) = Actor::spawn(
-            Some(name.into()),
-            self.worker(name, handler, concurrency),
-            (),
-        )
-        .await
-        .expect("worker starts");
-        actor
-    }
-
-    /// Stores a task input the way the router does; returns its stream sequence.
-    async fn submit_raw(&self, body: serde_json::Value, id: &str) -> u64 {
-        let env = serde_json::json!({ "meta": { "id": id, "from": "delegator" }, "body": body });
-        self.js
-            .publish(
-                subjects::work(&self.queue, None),
-                serde_json::to_vec(&env).unwrap().into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap()
-            .sequence
-    }
-
-    async fn submit(&self, task_id: &str) -> u64 {
-        self.submit_raw(
-            serde_json::json!({ "version": 1, "task_id": task_id, "text": format!("do {task_id}") }),
-            &format!("m-{task_id}"),
-        )
-        .await
-    }
-
-    async fn results(&self) -> Results {
-        let stream = self.js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
-        let consumer = stream
-            .create_consumer(pull::Config {
-                filter_subject: format!("hub.pub.{}.task.>", self.worker_id),
-                ack_policy: AckPolicy::None,
-                deliver_policy: DeliverPolicy::All,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        Results(consumer.messages().await.unwrap(), Default::default())
-    }
-
-    /// A control request (query or cancel) naming `task_id`/`attempt_id` on this worker; its
-    /// reply decoded.
-    async fn control(
-        &self,
-        kind: subjects::ControlKind,
-        task_id: &str,
-        attempt_id: &protocol::task::AttemptId,
-    ) -> protocol::task::QueryReply {
-        let request = serde_json::json!({
-            "task_id": task_id, "attempt_id": attempt_id, "worker_id": self.worker_id,
-        });
-        let reply = self
-            .client
-            .request(
-                subjects::control(&self.worker_id, kind),
-                serde_json::to_vec(&request).unwrap().into(),
-            )
-            .await
-            .unwrap();
-        serde_json::from_slice(&reply.payload).unwrap()
-    }
-
-    /// Stores an answer envelope for this worker the way the router does.
-    async fn answer(&self, envelope: &serde_json::Value) {
-        self.js
-            .publish(
-                subjects::answer(&self.worker_id),
-                serde_json::to_vec(envelope).unwrap().into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
-
-    async fn work_left(&self) -> u64 {
-        let mut stream = self.js.get_stream(subjects::WORK_STREAM).await.unwrap();
-        stream.info().await.unwrap().state.messages
-    }
-
-    async fn wait_work_empty(&self) {
-        for _ in 0..100 {
-            if self.work_left().await == 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("HUB_WORK still holds {} messages", self.work_left().await);
-    }
-}
-
-struct Results(
-    pull::Stream,
-    std::collections::VecDeque<(TaskChannelBody, String)>,
-);
-
-impl Results {
-    /// The next task-channel body, with its `Nats-Msg-Id` (for an item of a bundle: its
-    /// `meta.id`, the id the router derives the stored message's id from).
-    async fn next(&mut self, within: Duration) -> Option<(TaskChannelBody, String)> {
-        if let Some(item) = self.1.pop_front() {
-            return Some(item);
-        }
-        let msg = tokio::time::timeout(within, self.0.next())
-            .await
-            .ok()??
-            .unwrap();
-        let id = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(protocol::headers::NATS_MSG_ID))
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_default();
-        let env = protocol::decode(&msg.payload, protocol::Codec::Json).unwrap();
-        if let Some(items) = protocol::routing::bundle_items(&env.body) {
-            for item in items.unwrap() {
-                let body = serde_json::from_value(item.body).unwrap();
-                self.1.push_back((body, item.meta.id.to_string()));
-            }
-            return self.1.pop_front();
-        }
-        Some((serde_json::from_value(env.body).unwrap(), id))
-    }
-
-    /// The next result (skipping status events).
-    async fn result(&mut self, within: Duration) -> TaskResult {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match self.next(left).await {
-                Some((TaskChannelBody::Result(r), _)) => return r,
-                Some((TaskChannelBody::Status(_), _)) => continue,
-                None => panic!("no result within {within:?}"),
-            }
-        }
-    }
-}
-
-async fn snapshot(worker: &ActorRef<WorkerMsg>) -> WorkerSnapshot {
-    ractor::call_t!(worker, WorkerMsg::Snapshot, 2000).unwrap()
-}
-
-async fn stop(worker: ActorRef<WorkerMsg>) {
-    worker
-        .stop_and_wait(None, Some(Duration::from_secs(10)))
-        .await
-        .unwrap();
-}
 
 #[tokio::test]
 async fn task_runs_once_result_published_then_input_acked() {
@@ -722,16 +365,15 @@ async fn cancel_while_waiting_publishes_a_cancelled_result_under_a_new_id() {
 
 #[tokio::test]
 async fn incompatible_consumer_refuses_to_start_naming_the_field() {
-    let mut env = env("compat").await;
+    let env = env_with("compat", Hub::None).await;
     // A router that created the consumers earlier with other settings, and now only replies.
-    env.responder.abort();
     let mut sub = env
         .client
         .subscribe(subjects::join_request(&env.queue))
         .await
         .unwrap();
     let (client, queue, worker_id) = (env.client.clone(), env.queue.clone(), env.worker_id.clone());
-    env.responder = tokio::spawn(async move {
+    let responder = tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
             let reply = JoinResponse::Joined(JoinReply {
                 work_stream: subjects::WORK_STREAM.into(),
@@ -749,25 +391,22 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     });
     let answers = env.js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
     answers
-        .create_consumer(consumer_config(
-            subjects::answer_consumer(&env.worker_id),
-            subjects::answer(&env.worker_id),
+        .create_consumer(crate::consumers::answer_consumer(
+            &env.delivery,
+            &env.worker_id,
         ))
         .await
         .unwrap();
     let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
-    work.create_consumer(consumer_config(
-        subjects::targeted_consumer(&env.worker_id),
-        subjects::targeted_filter(&env.worker_id),
+    work.create_consumer(crate::consumers::targeted_consumer(
+        &env.delivery,
+        &env.worker_id,
     ))
     .await
     .unwrap();
     work.create_consumer(pull::Config {
         max_deliver: 5,
-        ..consumer_config(
-            subjects::queue_consumer(&env.queue),
-            subjects::work(&env.queue, None),
-        )
+        ..crate::consumers::queue_consumer(&env.delivery, &env.queue)
     })
     .await
     .unwrap();
@@ -780,6 +419,7 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     .expect_err("incompatible consumer refused");
     let text = err.to_string();
     assert!(text.contains("max_deliver"), "{text}");
+    responder.abort();
 }
 
 #[tokio::test]
@@ -873,8 +513,11 @@ async fn ingress_messages(env: &Env, task_id: &str) -> Vec<Vec<TaskChannelBody>>
     let stream = env.js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
     let consumer = stream
         .create_consumer(pull::Config {
+            durable_name: Some(format!("test-{task_id}")),
             filter_subject: format!("hub.pub.{}.task.{task_id}", env.worker_id),
-            ack_policy: AckPolicy::None,
+            // A work-queue stream (as in production) needs explicit acks; nothing is acked
+            // here, so the messages stay.
+            ack_policy: AckPolicy::Explicit,
             ..Default::default()
         })
         .await
@@ -908,12 +551,10 @@ fn shape(message: &[TaskChannelBody]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_short_task_sends_one_ingress_message_and_a_long_one_sends_its_acceptance_first() {
-    let env = env("bundle").await;
+    let env = env_with("bundle", Hub::AttachOnly).await;
     let quick = TestHandler::new(Duration::ZERO);
-    let mut results = env.results().await;
     let worker = env.start("worker-bundle-quick", quick, 1).await;
     env.submit("t-quick").await;
-    results.result(Duration::from_secs(10)).await;
     env.wait_work_empty().await;
     stop(worker).await;
     let quick = ingress_messages(&env, "t-quick").await;
@@ -927,7 +568,6 @@ async fn a_short_task_sends_one_ingress_message_and_a_long_one_sends_its_accepta
     let slow = TestHandler::new(super::attempt::ACCEPTANCE_DELAY * 10);
     let worker = env.start("worker-bundle-slow", slow, 1).await;
     env.submit("t-slow").await;
-    results.result(Duration::from_secs(10)).await;
     env.wait_work_empty().await;
     stop(worker).await;
     let slow = ingress_messages(&env, "t-slow").await;
@@ -950,10 +590,7 @@ async fn a_redelivery_this_journal_never_admitted_is_still_flagged_as_a_rerun() 
     // Another worker (gone, its journal with it) took the task and never acked it.
     let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
     let consumer = work
-        .create_consumer(consumer_config(
-            subjects::queue_consumer(&env.queue),
-            subjects::work(&env.queue, None),
-        ))
+        .create_consumer(crate::consumers::queue_consumer(&env.delivery, &env.queue))
         .await
         .unwrap();
     env.submit("t-again").await;

@@ -47,6 +47,9 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
         .durable(durable)
         .build()
         .await?;
+    // The trace of a DM starts here: the publish carries this span's `traceparent`, so the
+    // router's `route` span and the recipient's handler span join this trace.
+    let span = tracing::info_span!("send", from = %from, to = %to, id = %id);
     let mut meta = Meta::new(id);
     meta.to = Some(to);
     let envelope = Envelope {
@@ -54,9 +57,11 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
         body: serde_json::Value::String(args.text),
         extra: Default::default(),
     };
-    let receipt = system
-        .send_envelope(&from, &protocol::Channel::Inbox, &envelope)
-        .await?;
+    let receipt = tracing::Instrument::instrument(
+        system.send_envelope(&from, &protocol::Channel::Inbox, &envelope),
+        span,
+    )
+    .await?;
     let _ = system.client().flush().await;
     Ok(receipt)
 }

@@ -12,6 +12,16 @@
 //!
 //! Prints msgs/s for both with the producer live, the ratio b/a, and p50/p99 end-to-end latency
 //! at a paced 1,000 msgs/s.
+//!
+//! `BENCH_OTLP=1` installs the runtime's telemetry (`runtime::telemetry::init`, as the `runtime`
+//! binary does) before anything runs, so that with `OTEL_EXPORTER_OTLP_ENDPOINT` set the
+//! router's `route` and the inbox's `inbox.handle` spans go to the OTLP batch exporter. With an
+//! endpoint where nothing listens it measures what an unreachable collector costs routing:
+//!
+//! ```sh
+//! BENCH_OTLP=1 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1 \
+//!     cargo run --release -p examples --example bench_dm -- 50000 5 5
+//! ```
 
 // The runtime binary's allocator (runtime/src/main.rs), for both sides of the comparison.
 #[global_allocator]
@@ -142,12 +152,21 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(50_000);
     let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
     let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
+    // BENCH_OTLP=1: the runtime's telemetry, exporting spans when OTEL_EXPORTER_OTLP_ENDPOINT
+    // is set (see the header).
+    let telemetry = match std::env::var("BENCH_OTLP") {
+        Ok(v) if v == "1" => Some(runtime::telemetry::init(false, "warn")?),
+        _ => None,
+    };
     let server = harness::run_server().await?;
     let client = server.client().await?;
     println!(
         "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads; {rounds} rounds, raw and hub alternating, medians",
         server.url()
     );
+    if let Some(t) = &telemetry {
+        println!("BENCH_OTLP=1: spans exported over OTLP: {}", t.exporting());
+    }
 
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -189,5 +208,8 @@ async fn main() -> anyhow::Result<()> {
         "  p99 ratio b/a         {:>6.2}",
         b.p99_ms / a.p99_ms.max(0.001)
     );
+    if let Some(t) = telemetry {
+        tokio::task::spawn_blocking(move || t.shutdown()).await?;
+    }
     Ok(())
 }

@@ -251,18 +251,28 @@ async fn http_export(sink: &Received, req: Request<Incoming>) -> Response<Full<B
 // The three processes
 // ---------------------------------------------------------------------------------------------
 
+/// The OTLP variables a test does not mean to inherit from its own environment, blanked (the
+/// exporter and `runtime::telemetry` read a blank value as unset); `extra` sets them again.
+const BLANKED: [(&str, &str); 3] = [
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", ""),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", ""),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", ""),
+];
+
 /// The environment of one process: the receiver's endpoint, its service name, and `extra`
-/// (the protocol variables).
+/// (the protocol variables), which win over [`BLANKED`].
 fn otel_env<'a>(
     endpoint: &'a str,
     service: &'a str,
     extra: &[(&'a str, &'a str)],
 ) -> Vec<(&'a str, &'a str)> {
-    let mut env = vec![
+    let mut env = BLANKED.to_vec();
+    env.extend([
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
         ("OTEL_SERVICE_NAME", service),
+        // Quiet logs, as operators run one-shot commands: export must not depend on them.
         ("RUST_LOG", "warn"),
-    ];
+    ]);
     env.extend_from_slice(extra);
     env
 }
@@ -496,10 +506,7 @@ async fn an_unknown_otlp_protocol_is_a_one_line_usage_error() {
                 "nats://127.0.0.1:1",
                 "hi",
             ],
-            &[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1"),
-                (var, value),
-            ],
+            &otel_env("http://127.0.0.1:1", "sender", &[(var, value)]),
         )
         .unwrap();
         let code = process.wait_exit(ONE_SHOT).await.unwrap();

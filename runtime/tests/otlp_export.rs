@@ -429,6 +429,8 @@ fn assert_one_trace_across_three_services(receiver: &Receiver, chain: &Chain, id
         route.attributes.get("subject").map(String::as_str),
         Some("hub.pub.alice.inbox")
     );
+    assert_eq!(send.attributes.get("id").map(String::as_str), Some(id));
+    assert_eq!(send.attributes.get("to").map(String::as_str), Some("bob"));
     assert_eq!(handle.attributes.get("id").map(String::as_str), Some(id));
     assert_eq!(
         handle.attributes.get("inbox").map(String::as_str),

@@ -42,6 +42,17 @@ pub enum IdError {
         /// The rejected value.
         value: String,
     },
+    /// The string starts with a prefix reserved for the hub's own ids
+    /// ([`SYSTEM_ID_PREFIX`](crate::ids::SYSTEM_ID_PREFIX)).
+    #[error("{kind} `{value}` starts with the reserved prefix `{prefix}`")]
+    ReservedPrefix {
+        /// What was being validated.
+        kind: &'static str,
+        /// The reserved prefix it starts with.
+        prefix: &'static str,
+        /// The rejected value.
+        value: String,
+    },
 }
 
 impl IdError {
@@ -51,7 +62,8 @@ impl IdError {
             IdError::Empty { kind }
             | IdError::TooLong { kind, .. }
             | IdError::InvalidChar { kind, .. }
-            | IdError::Reserved { kind, .. } => kind,
+            | IdError::Reserved { kind, .. }
+            | IdError::ReservedPrefix { kind, .. } => kind,
         }
     }
 }

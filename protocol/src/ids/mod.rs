@@ -10,6 +10,13 @@
 //! envelopes and `Nats-Msg-Id` headers, so it allows any printable ASCII
 //! except space, at most [`MAX_MESSAGE_ID_LEN`] bytes.
 //!
+//! [`AgentId`] and [`WorkerId`] must not start with [`SYSTEM_ID_PREFIX`]
+//! (`hub-`): a sender's ingress `Nats-Msg-Id` is `<from>:<meta.id>`, and every
+//! id the hub stores under itself starts with `hub-…:` (`hub-router:`,
+//! `hub-system:`, `hub-task:`, ...), so a sender named `hub-router` would have
+//! its messages dropped by the router's replay guard. The other ids never start
+//! a `Nats-Msg-Id` and do not reserve it.
+//!
 //! ```
 //! use protocol::ids::{AgentId, IdError};
 //!
@@ -32,10 +39,17 @@ pub const MAX_TOKEN_LEN: usize = 128;
 /// Maximum length in bytes of a [`MessageId`].
 pub const MAX_MESSAGE_ID_LEN: usize = 256;
 
+/// The prefix of every `Nats-Msg-Id` and system `meta.id` the hub stores under
+/// (`hub-router:`, `hub-system:`, `hub-reject-`, `hub-task:`, `hub-result:`,
+/// `hub-status:`, `hub-bundle:`). Reserved in [`AgentId`] and [`WorkerId`]:
+/// refused with [`IdError::ReservedPrefix`].
+pub const SYSTEM_ID_PREFIX: &str = "hub-";
+
 /// Defines a validated `String` newtype.
 ///
 /// `charset` is a [`rules::Charset`] variant; `reserved` lists exact values
-/// that are rejected even though their characters are valid.
+/// that are rejected even though their characters are valid; the optional
+/// `reserved_prefixes` lists prefixes rejected the same way.
 macro_rules! validated_id {
     (
         $(#[$meta:meta])*
@@ -43,7 +57,8 @@ macro_rules! validated_id {
             kind: $kind:literal,
             max: $max:expr,
             charset: $charset:ident,
-            reserved: [$($reserved:literal),* $(,)?] $(,)?
+            reserved: [$($reserved:literal),* $(,)?]
+            $(, reserved_prefixes: [$($prefix:expr),* $(,)?])? $(,)?
         }
     ) => {
         $(#[$meta])*
@@ -61,6 +76,8 @@ macro_rules! validated_id {
             pub const MAX_LEN: usize = $max;
             /// Values that are rejected although their characters are valid.
             pub const RESERVED: &'static [&'static str] = &[$($reserved),*];
+            /// Prefixes that are rejected although their characters are valid.
+            pub const RESERVED_PREFIXES: &'static [&'static str] = &[$($($prefix),*)?];
 
             #[doc = concat!("Validates `value` and wraps it as a ", $kind, ".")]
             ///
@@ -87,7 +104,8 @@ macro_rules! validated_id {
                     Self::MAX_LEN,
                     $crate::ids::rules::Charset::$charset,
                     Self::RESERVED,
-                )
+                )?;
+                $crate::ids::rules::check_prefixes(value, Self::KIND, Self::RESERVED_PREFIXES)
             }
 
             /// The id as a string slice.
@@ -155,14 +173,26 @@ pub(crate) use validated_id;
 
 validated_id! {
     /// The identity of an agent: the `<id>` in `hub.pub.<id>.…` and
-    /// `channel.inbox.<id>`.
-    AgentId { kind: "agent id", max: MAX_TOKEN_LEN, charset: Token, reserved: [] }
+    /// `channel.inbox.<id>`. Must not start with [`SYSTEM_ID_PREFIX`].
+    AgentId {
+        kind: "agent id",
+        max: MAX_TOKEN_LEN,
+        charset: Token,
+        reserved: [],
+        reserved_prefixes: [SYSTEM_ID_PREFIX],
+    }
 }
 
 validated_id! {
-    /// The identity of a worker. Same rules as [`AgentId`], kept as a
-    /// separate type so the two are not mixed up.
-    WorkerId { kind: "worker id", max: MAX_TOKEN_LEN, charset: Token, reserved: [] }
+    /// The identity of a worker. Same rules as [`AgentId`] (a worker publishes
+    /// under its id), kept as a separate type so the two are not mixed up.
+    WorkerId {
+        kind: "worker id",
+        max: MAX_TOKEN_LEN,
+        charset: Token,
+        reserved: [],
+        reserved_prefixes: [SYSTEM_ID_PREFIX],
+    }
 }
 
 validated_id! {

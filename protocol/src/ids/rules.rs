@@ -59,3 +59,19 @@ pub(crate) fn check(
     }
     Ok(())
 }
+
+/// Checks that `value` starts with none of the `reserved` prefixes.
+pub(crate) fn check_prefixes(
+    value: &str,
+    kind: &'static str,
+    reserved: &[&'static str],
+) -> Result<(), IdError> {
+    match reserved.iter().find(|p| value.starts_with(**p)) {
+        Some(&prefix) => Err(IdError::ReservedPrefix {
+            kind,
+            prefix,
+            value: value.to_owned(),
+        }),
+        None => Ok(()),
+    }
+}

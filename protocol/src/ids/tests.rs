@@ -145,6 +145,85 @@ fn error_messages_name_the_problem() {
     assert_eq!(ChannelName::new("task").unwrap_err().kind(), "channel name");
 }
 
+/// Every prefix of a `Nats-Msg-Id` or `meta.id` the hub itself stores under.
+fn system_id_prefixes() -> Vec<&'static str> {
+    vec![
+        crate::subjects::ROUTER_MSG_ID_PREFIX,
+        crate::rejection::SYSTEM_MSG_ID_PREFIX,
+        crate::rejection::REJECTION_ID_PREFIX,
+        crate::task::TASK_MSG_ID_PREFIX,
+        crate::task::RESULT_MSG_ID_PREFIX,
+        crate::task::STATUS_MSG_ID_PREFIX,
+        // Not exported: the prefix of a built bundle id, up to its first `:`.
+        bundle_prefix(),
+    ]
+}
+
+fn bundle_prefix() -> &'static str {
+    let id = crate::task::bundle_msg_id(
+        &TaskId::new("t").unwrap(),
+        &crate::task::AttemptId::new("a").unwrap(),
+        1,
+        false,
+    );
+    let end = id.find(':').map_or(id.len(), |i| i + 1);
+    Box::leak(id[..end].to_owned().into_boxed_str())
+}
+
+#[test]
+fn agent_and_worker_ids_reject_the_reserved_system_prefix() {
+    for value in ["hub-router", "hub-system", "hub-task", "hub-", "hub-x_1"] {
+        let err = AgentId::new(value).expect_err(value);
+        assert_eq!(
+            err.to_string(),
+            format!("agent id `{value}` starts with the reserved prefix `hub-`")
+        );
+        assert_eq!(err.kind(), "agent id");
+        assert_eq!(
+            err,
+            IdError::ReservedPrefix {
+                kind: "agent id",
+                prefix: SYSTEM_ID_PREFIX,
+                value: value.to_owned(),
+            }
+        );
+        let err = WorkerId::new(value).expect_err(value);
+        assert_eq!(
+            err.to_string(),
+            format!("worker id `{value}` starts with the reserved prefix `hub-`")
+        );
+        assert_eq!(err.kind(), "worker id");
+    }
+    // Only that exact prefix: the msg-id prefixes are case-sensitive.
+    for value in [
+        "hub",
+        "hubby",
+        "hub_router",
+        "Hub-router",
+        "HUB-x",
+        "x-hub-router",
+    ] {
+        assert!(AgentId::new(value).is_ok(), "{value}");
+        assert!(WorkerId::new(value).is_ok(), "{value}");
+    }
+}
+
+#[test]
+fn other_ids_do_not_reserve_the_system_prefix() {
+    // Their values never start an ingress `Nats-Msg-Id`, so no collision is possible.
+    assert!(TaskId::new("hub-router").is_ok());
+    assert!(QueueName::new("hub-router").is_ok());
+    assert!(ChannelName::new("hub-router").is_ok());
+    assert!(MessageId::new("hub-router:a:b").is_ok());
+}
+
+#[test]
+fn every_system_id_prefix_starts_with_the_reserved_prefix() {
+    for prefix in system_id_prefixes() {
+        assert!(prefix.starts_with(SYSTEM_ID_PREFIX), "{prefix}");
+    }
+}
+
 #[test]
 fn serde_is_a_plain_validated_string() {
     let id = AgentId::new("bob").unwrap();
@@ -166,8 +245,9 @@ fn borrow_allows_str_lookups() {
 proptest! {
     #[test]
     fn valid_tokens_are_accepted(s in "[A-Za-z0-9_-]{1,128}") {
-        prop_assert!(AgentId::new(s.as_str()).is_ok());
-        prop_assert!(WorkerId::new(s.as_str()).is_ok());
+        let system = s.starts_with(SYSTEM_ID_PREFIX);
+        prop_assert_eq!(AgentId::new(s.as_str()).is_ok(), !system);
+        prop_assert_eq!(WorkerId::new(s.as_str()).is_ok(), !system);
         prop_assert!(TaskId::new(s.as_str()).is_ok());
         prop_assert!(QueueName::new(s.as_str()).is_ok());
         prop_assert!(MessageId::new(s.as_str()).is_ok());
@@ -209,6 +289,28 @@ proptest! {
         }
         if MessageId::validate(&s).is_ok() {
             prop_assert!(s.bytes().all(|b| b.is_ascii_graphic()));
+        }
+    }
+
+    #[test]
+    fn ingress_msg_ids_of_valid_senders_never_carry_a_system_prefix(
+        system in prop::sample::select(system_id_prefixes()),
+        rest in "[A-Za-z0-9_-]{0,8}",
+        id in "[!-~]{1,16}",
+    ) {
+        // A sender named like a system prefix, e.g. `hub-router`: its ingress msg id
+        // `<from>:<meta.id>` would be `hub-router:...`.
+        let candidate = format!("{}{rest}", system.trim_end_matches(':'));
+        for validate in [AgentId::validate as Validate, WorkerId::validate] {
+            if validate(&candidate).is_ok() {
+                let ingress = format!("{candidate}:{id}");
+                prop_assert!(
+                    !system_id_prefixes().iter().any(|p| ingress.starts_with(p)),
+                    "{} is a valid sender but its ingress msg id {} looks like the hub's",
+                    candidate,
+                    ingress
+                );
+            }
         }
     }
 

@@ -5,9 +5,25 @@
 //! `TASK_ANSWERS` (a JSON array of the answers so far). Its stdout is one JSON object:
 //! `{"response": <any>}` completes the attempt, `{"question": "...", "tool_call_id": "..."}`
 //! parks it. A non-zero exit fails the attempt with the last [`STDERR_TAIL`] bytes of stderr;
-//! unparsable stdout fails it naming the problem. On cancellation the process gets SIGTERM,
-//! then SIGKILL after `grace`, and the attempt ends cancelled.
+//! unparsable stdout fails it naming the problem.
+//!
+//! **Environment.** Otherwise the command inherits the worker's environment, minus the
+//! variables in [`SECRET_ENV`] (the worker's NATS credentials and the API-key headers of its
+//! trace exporter), and minus `NATS_URL` when it embeds credentials (`user:pass@`).
+//!
+//! **Processes.** The command runs in its own process group, and nothing it starts outlives
+//! the attempt:
+//! - on cancellation the group gets SIGTERM; once the shell has exited and the group closed
+//!   its stdout and stderr, or after `grace` at the latest, the group gets SIGKILL, and the
+//!   attempt ends cancelled;
+//! - when the command exits, whatever it left running in its group is killed (SIGKILL) before
+//!   its output is read;
+//! - when the attempt's future is dropped without a cancel (e.g. a runtime shutting down drops
+//!   its tasks), a guard owned by the future kills the whole group (SIGKILL).
+//!
+//! A process that leaves the group on purpose (`setsid`, `setpgid`) is not followed.
 
+use std::ffi::{OsStr, OsString};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -15,30 +31,133 @@ use protocol::task::{Answer, TaskSpec};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
+use tokio::task::JoinHandle;
 
 use super::handler::{AttemptContext, Outcome, TaskHandler};
 
 /// How much of the end of stderr a failure carries.
 pub const STDERR_TAIL: usize = 2048;
 
+/// Environment variables of the worker that a command never sees: the NATS connection
+/// secrets (the ones the `runtime` binary reads and those of the `nats` CLI) and the OTLP
+/// exporter headers, which carry API keys. `NATS_URL` is removed too when it embeds
+/// credentials.
+pub const SECRET_ENV: &[&str] = &[
+    "NATS_TOKEN",
+    "NATS_USER",
+    "NATS_USERNAME",
+    "NATS_PASSWORD",
+    "NATS_NKEY",
+    "NATS_NKEY_SEED",
+    "NATS_CREDS",
+    "NATS_JWT",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+];
+
 /// Runs `sh -c <command>` per attempt. See the [module documentation](self).
 #[derive(Debug, Clone)]
 pub struct ExecHandler {
     /// The shell command.
     pub command: String,
-    /// How long after SIGTERM a cancelled process is killed.
+    /// How long after SIGTERM a cancelled process group is killed.
     pub grace: Duration,
 }
 
 #[async_trait::async_trait]
 impl TaskHandler for ExecHandler {
     async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
-        self.exec(&task, None, ctx).await
+        self.exec(&task, None, ctx, ParentEnv::Inherit).await
     }
 
     async fn resume(&self, task: TaskSpec, answers: Vec<Answer>, ctx: AttemptContext) -> Outcome {
-        self.exec(&task, Some(&answers), ctx).await
+        self.exec(&task, Some(&answers), ctx, ParentEnv::Inherit)
+            .await
     }
+}
+
+/// Where the command's environment comes from.
+enum ParentEnv {
+    /// The worker's own environment.
+    Inherit,
+    /// This one instead (tests: a worker environment with secrets, without touching the
+    /// process's).
+    #[cfg(test)]
+    Given(Vec<(OsString, OsString)>),
+}
+
+impl ParentEnv {
+    fn vars(self) -> Vec<(OsString, OsString)> {
+        match self {
+            ParentEnv::Inherit => std::env::vars_os().collect(),
+            #[cfg(test)]
+            ParentEnv::Given(vars) => vars,
+        }
+    }
+}
+
+/// Whether the command may see the worker's variable `name` with `value`.
+fn passes_to_command(name: &OsStr, value: &OsStr) -> bool {
+    let Some(name) = name.to_str() else {
+        return true;
+    };
+    if SECRET_ENV.contains(&name) {
+        return false;
+    }
+    // `nats://user:pass@host`: the address without its credentials is not worth the risk.
+    !(name == "NATS_URL" && value.as_encoded_bytes().contains(&b'@'))
+}
+
+/// The process group of a running command (its id is the shell's pid). Dropped while armed,
+/// it kills the whole group with SIGKILL: the exec future owns it, so dropping the future
+/// mid-run ends every process the command started.
+struct ProcessGroup {
+    pgid: libc::pid_t,
+    armed: bool,
+}
+
+impl ProcessGroup {
+    /// The group led by the process `pid` (spawned with `process_group(0)`).
+    fn led_by(pid: Option<u32>) -> Option<ProcessGroup> {
+        let pgid = libc::pid_t::try_from(pid?).ok()?;
+        // 0 would be our own group, 1 and below are never a spawned child.
+        (pgid > 1).then_some(ProcessGroup { pgid, armed: true })
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: killpg only sends a signal; it has no memory-safety preconditions. `pgid`
+        // is a process group we created, and it stays reserved while any member (or the
+        // unreaped shell) exists; afterwards the signal goes nowhere (ESRCH), barring a pid
+        // reuse within moments, which Linux's cyclic pid allocation makes implausible.
+        unsafe {
+            libc::killpg(self.pgid, signal);
+        }
+    }
+
+    /// SIGKILL to every process of the group; the guard is spent.
+    fn kill(&mut self) {
+        if self.armed {
+            self.signal(libc::SIGKILL);
+            self.armed = false;
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads a pipe to its end (all its writers closed it).
+fn read_all(mut pipe: impl AsyncReadExt + Unpin + Send + 'static) -> JoinHandle<Vec<u8>> {
+    tokio::spawn(async move {
+        let mut buf = Vec::new();
+        let _ = pipe.read_to_end(&mut buf).await;
+        buf
+    })
 }
 
 impl ExecHandler {
@@ -47,6 +166,7 @@ impl ExecHandler {
         task: &TaskSpec,
         answers: Option<&[Answer]>,
         ctx: AttemptContext,
+        parent_env: ParentEnv,
     ) -> Outcome {
         let input = match serde_json::to_vec(task) {
             Ok(input) => input,
@@ -54,6 +174,13 @@ impl ExecHandler {
         };
         let mut command = Command::new("sh");
         command
+            .env_clear()
+            .envs(
+                parent_env
+                    .vars()
+                    .into_iter()
+                    .filter(|(k, v)| passes_to_command(k, v)),
+            )
             .arg("-c")
             .arg(&self.command)
             .env("TASK_ID", ctx.task_id.as_str())
@@ -63,6 +190,9 @@ impl ExecHandler {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own group: signals reach the command's children too, and a terminal's
+            // Ctrl-C reaches the worker only (which cancels).
+            .process_group(0)
             .kill_on_drop(true);
         if let Some(answers) = answers {
             let encoded = serde_json::to_string(answers).unwrap_or_else(|_| "[]".into());
@@ -72,31 +202,28 @@ impl ExecHandler {
             Ok(child) => child,
             Err(e) => return Outcome::Failed(format!("cannot start `{}`: {e}", self.command)),
         };
+        // Declared after `child`, so dropped before it: the group is killed while the shell
+        // is not reaped yet.
+        let Some(mut group) = ProcessGroup::led_by(child.id()) else {
+            return Outcome::Failed("cannot find the started command's process id".into());
+        };
         if let Some(mut stdin) = child.stdin.take() {
             tokio::spawn(async move {
                 // A command that does not read its stdin closes the pipe: ignore the error.
                 let _ = stdin.write_all(&input).await;
             });
         }
-        let mut stdout = child.stdout.take().expect("piped stdout");
-        let mut stderr = child.stderr.take().expect("piped stderr");
-        let out = tokio::spawn(async move {
-            let mut buf = Vec::new();
-            let _ = stdout.read_to_end(&mut buf).await;
-            buf
-        });
-        let err = tokio::spawn(async move {
-            let mut buf = Vec::new();
-            let _ = stderr.read_to_end(&mut buf).await;
-            buf
-        });
+        let mut out = read_all(child.stdout.take().expect("piped stdout"));
+        let mut err = read_all(child.stderr.take().expect("piped stderr"));
         let status = tokio::select! {
             status = child.wait() => status,
             () = ctx.cancelled() => {
-                terminate(&mut child, self.grace).await;
+                terminate(&mut child, &mut group, &mut out, &mut err, self.grace).await;
                 return Outcome::Cancelled;
             }
         };
+        // Whatever the command left running would hold its pipes open.
+        group.kill();
         let stdout = out.await.unwrap_or_default();
         let stderr = err.await.unwrap_or_default();
         match status {
@@ -110,18 +237,23 @@ impl ExecHandler {
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace`.
-async fn terminate(child: &mut tokio::process::Child, grace: Duration) {
-    if let Some(pid) = child.id() {
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await;
-        if tokio::time::timeout(grace, child.wait()).await.is_ok() {
-            return;
-        }
-    }
-    let _ = child.start_kill();
+/// SIGTERM to the group; SIGKILL once the shell exited and the group closed its output (every
+/// process that inherited it is gone), or after `grace` at the latest.
+async fn terminate(
+    child: &mut tokio::process::Child,
+    group: &mut ProcessGroup,
+    out: &mut JoinHandle<Vec<u8>>,
+    err: &mut JoinHandle<Vec<u8>>,
+    grace: Duration,
+) {
+    group.signal(libc::SIGTERM);
+    let ended = async {
+        let _ = child.wait().await;
+        let _ = out.await;
+        let _ = err.await;
+    };
+    let _ = tokio::time::timeout(grace, ended).await;
+    group.kill();
     let _ = child.wait().await;
 }
 
@@ -250,17 +382,176 @@ mod tests {
         assert!(reason.contains("unparsable stdout"), "{reason}");
     }
 
+    /// How long anything awaited in these tests may take.
+    const DEADLINE: Duration = Duration::from_secs(10);
+
+    /// A `sleep` argument no other process has: `300.<pid><n>` (300 s and a fraction), so a
+    /// scan of `/proc` finds exactly the processes of one test.
+    fn unique_sleep() -> String {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("300.{}{n:04}", std::process::id())
+    }
+
+    /// How many live processes have `arg` as one of their arguments (zombies have no
+    /// command line and do not count).
+    fn processes_with_arg(arg: &str) -> usize {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        dir.filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|cmdline| cmdline.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
+            .count()
+    }
+
+    /// Waits until `n` processes run with each of `args`.
+    async fn wait_running(args: &[&str], n: usize) {
+        harness::wait_until("the handler's processes to start", DEADLINE, || {
+            args.iter().all(|a| processes_with_arg(a) == n)
+        })
+        .await
+        .unwrap();
+    }
+
+    /// Waits until no process runs with any of `args`; fails naming the survivors.
+    async fn wait_gone(args: &[&str], what: &str) {
+        let gone = harness::wait_until(what, DEADLINE, || {
+            args.iter().all(|a| processes_with_arg(a) == 0)
+        })
+        .await;
+        let left: Vec<_> = args.iter().map(|a| (a, processes_with_arg(a))).collect();
+        assert!(gone.is_ok(), "{what}: processes left behind: {left:?}");
+    }
+
     #[tokio::test]
-    async fn exec_cancel_terminates_the_process() {
-        let h = exec("sleep 30");
+    async fn exec_cancel_terminates_the_process_and_its_children() {
+        let (a, b) = (unique_sleep(), unique_sleep());
+        // `sh` runs a background and a foreground child: neither is the shell itself.
+        let h = exec(&format!("sleep {a} & sleep {b}; wait"));
         let (ctx, tx) = ctx();
         let run = tokio::spawn(async move { h.run(task(), ctx).await });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        wait_running(&[&a, &b], 1).await;
         tx.send(true).unwrap();
-        let outcome = tokio::time::timeout(Duration::from_secs(5), run)
-            .await
-            .unwrap()
-            .unwrap();
+        let outcome = tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
         assert_eq!(outcome, Outcome::Cancelled);
+        wait_gone(&[&a, &b], "cancel ends the shell and its children").await;
+    }
+
+    #[tokio::test]
+    async fn exec_cancel_kills_a_handler_that_ignores_sigterm_after_grace() {
+        let (a, b) = (unique_sleep(), unique_sleep());
+        // The shell and (inherited) its children ignore SIGTERM.
+        let h = exec(&format!("trap '' TERM; sleep {a} & sleep {b}; wait"));
+        let grace = h.grace;
+        let (ctx, tx) = ctx();
+        let run = tokio::spawn(async move { h.run(task(), ctx).await });
+        wait_running(&[&a, &b], 1).await;
+        let cancelled_at = std::time::Instant::now();
+        tx.send(true).unwrap();
+        let outcome = tokio::time::timeout(DEADLINE, run).await.unwrap().unwrap();
+        assert_eq!(outcome, Outcome::Cancelled);
+        assert!(
+            cancelled_at.elapsed() >= grace,
+            "SIGKILL only after the grace period: {:?}",
+            cancelled_at.elapsed()
+        );
+        wait_gone(&[&a, &b], "SIGKILL after grace ends every process").await;
+    }
+
+    #[tokio::test]
+    async fn dropping_the_exec_future_kills_the_process_group() {
+        let (a, b) = (unique_sleep(), unique_sleep());
+        let h = exec(&format!("sleep {a} & sleep {b}; wait"));
+        // Never cancelled: the future is dropped (as a runtime shutdown drops its tasks).
+        let (ctx, _tx) = ctx();
+        let run = tokio::spawn(async move { h.run(task(), ctx).await });
+        wait_running(&[&a, &b], 1).await;
+        run.abort();
+        assert!(run.await.unwrap_err().is_cancelled());
+        wait_gone(
+            &[&a, &b],
+            "dropping the future ends the shell and its children",
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn exec_completed_kills_what_the_command_left_running() {
+        let a = unique_sleep();
+        // The background child keeps stdout open: without killing it the read never ends.
+        let h = exec(&format!("sleep {a} & echo '{{\"response\": 1}}'"));
+        let outcome = tokio::time::timeout(DEADLINE, h.run(task(), ctx().0))
+            .await
+            .expect("the outcome does not wait for a leftover child");
+        assert_eq!(outcome, Outcome::Completed(serde_json::json!(1)));
+        wait_gone(&[&a], "no leftover child after the command exits").await;
+    }
+
+    #[tokio::test]
+    async fn exec_environment_carries_no_connection_secret() {
+        let secret = |name: &str| format!("{name}-value-5ec12e7");
+        let mut parent: Vec<(std::ffi::OsString, std::ffi::OsString)> = [
+            "NATS_TOKEN",
+            "NATS_PASSWORD",
+            "NATS_USERNAME",
+            "NATS_USER",
+            "NATS_NKEY_SEED",
+            "NATS_NKEY",
+            "NATS_CREDS",
+            "NATS_JWT",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+            "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+        ]
+        .iter()
+        .map(|name| (name.into(), secret(name).into()))
+        .collect();
+        parent.push(("KEEP_ME".into(), "kept-3b9".into()));
+        parent.push(("OTEL_SERVICE_NAME".into(), "svc-kept".into()));
+        if let Some(path) = std::env::var_os("PATH") {
+            parent.push(("PATH".into(), path));
+        }
+        let names: Vec<String> = parent
+            .iter()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        // The handler prints its whole environment to stderr and fails, so the outcome
+        // carries it.
+        let outcome = exec("env >&2; exit 3")
+            .exec(&task(), None, ctx().0, ParentEnv::Given(parent))
+            .await;
+        let Outcome::Failed(reason) = outcome else {
+            panic!("not failed: {outcome:?}")
+        };
+        for name in &names {
+            assert!(!reason.contains(&secret(name)), "{name} leaked: {reason}");
+        }
+        assert!(reason.contains("KEEP_ME=kept-3b9"), "{reason}");
+        assert!(reason.contains("OTEL_SERVICE_NAME=svc-kept"), "{reason}");
+        assert!(reason.contains("TASK_ID=t1"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn exec_environment_drops_a_nats_url_with_credentials() {
+        let with = "nats://alice:pw-5ec12e7@127.0.0.1:4222";
+        let without = "nats://127.0.0.1:4222";
+        for (url, kept) in [(with, false), (without, true)] {
+            let parent = vec![("NATS_URL".into(), url.into())];
+            let outcome = exec("env >&2; exit 3")
+                .exec(&task(), None, ctx().0, ParentEnv::Given(parent))
+                .await;
+            let Outcome::Failed(reason) = outcome else {
+                panic!("not failed: {outcome:?}")
+            };
+            assert_eq!(reason.contains(url), kept, "{url}: {reason}");
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! NATS connection settings: URL, one authentication method, connect timeout.
 //!
-//! Secrets (token, password, seed) are never printed: the `Debug` impl redacts them and no error
-//! message contains them.
+//! Secrets (token, password, seed, creds file contents) are never printed: the `Debug` impl
+//! redacts them and no error or log message contains them. A URL is shown only through
+//! [`redact_url`], which hides credentials embedded in it (`user:pass@`, a query, a fragment)
+//! and keeps the rest, so the operator still sees which server is meant.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,7 +20,7 @@ pub enum ConnectError {
     /// The URL is not a usable NATS server address.
     #[error("invalid nats url {url:?}: {reason}")]
     InvalidUrl {
-        /// The URL as given.
+        /// The URL as given, through [`redact_url`].
         url: String,
         /// What is wrong.
         reason: String,
@@ -34,7 +36,7 @@ pub enum ConnectError {
     /// The server could not be reached in time, or refused the connection.
     #[error("cannot connect to nats at {url}: {reason}")]
     Unreachable {
-        /// The URL.
+        /// The URL, through [`redact_url`].
         url: String,
         /// Why.
         reason: String,
@@ -72,7 +74,7 @@ impl std::fmt::Debug for NatsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let redact = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
         f.debug_struct("NatsSettings")
-            .field("url", &self.url)
+            .field("url", &redact_url(&self.url))
             .field("token", &redact(&self.token))
             .field("username", &self.username)
             .field("password", &redact(&self.password))
@@ -200,7 +202,7 @@ impl NatsSettings {
                     let transient = matches!(e.kind(), Kind::Io | Kind::TimedOut | Kind::Dns);
                     if !transient {
                         return Err(ConnectError::Unreachable {
-                            url: self.url.clone(),
+                            url: redact_url(&self.url),
                             reason: e.to_string(),
                         });
                     }
@@ -210,7 +212,7 @@ impl NatsSettings {
             };
             if tokio::time::Instant::now() + pause >= deadline {
                 return Err(ConnectError::Unreachable {
-                    url: self.url.clone(),
+                    url: redact_url(&self.url),
                     reason: last,
                 });
             }
@@ -220,9 +222,49 @@ impl NatsSettings {
     }
 }
 
+/// What replaces the hidden parts of a URL in [`redact_url`].
+const REDACTED: &str = "<redacted>";
+
+/// `url` with whatever may carry credentials hidden: everything between the scheme and the last
+/// `@` (userinfo, whatever characters it holds), and a query or fragment after the host.
+/// The scheme, host, port and path stay, so an error still names the server.
+///
+/// ```
+/// use runtime::connect::redact_url;
+/// assert_eq!(redact_url("nats://u:secret@h:4222"), "nats://<redacted>@h:4222");
+/// assert_eq!(redact_url("nats://h:4222?token=secret"), "nats://h:4222?<redacted>");
+/// assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(i) => (true, &rest[i + 1..]),
+        None => (false, rest),
+    };
+    let (location, hidden_tail) = match rest.find(['?', '#']) {
+        Some(i) => (&rest[..i], Some(&rest[i..i + 1])),
+        None => (rest, None),
+    };
+    let mut out = String::with_capacity(url.len());
+    out.push_str(scheme);
+    if userinfo {
+        out.push_str(REDACTED);
+        out.push('@');
+    }
+    out.push_str(location);
+    if let Some(mark) = hidden_tail {
+        out.push_str(mark);
+        out.push_str(REDACTED);
+    }
+    out
+}
+
 fn validate_url(url: &str) -> Result<(), ConnectError> {
     let invalid = |reason: &str| ConnectError::InvalidUrl {
-        url: url.to_string(),
+        url: redact_url(url),
         reason: reason.to_string(),
     };
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -281,6 +323,23 @@ mod tests {
     }
 
     #[test]
+    fn redact_url_hides_credentials_and_keeps_the_server() {
+        for (url, shown) in [
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            ("nats://u:p@h:1", "nats://<redacted>@h:1"),
+            ("nats://tok@h:1", "nats://<redacted>@h:1"),
+            ("nats://u:p@ss@h:1/", "nats://<redacted>@h:1/"),
+            ("nats://u:a/b@h:1", "nats://<redacted>@h:1"),
+            ("ws://h:1/ws?token=t#f", "ws://h:1/ws?<redacted>"),
+            ("nats://h:1#frag", "nats://h:1#<redacted>"),
+            ("u:p@h:1", "<redacted>@h:1"),
+            ("", ""),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
     fn secrets_are_redacted_in_debug() {
         let mut s = NatsSettings::new("nats://127.0.0.1:4222");
         s.token = Some("supersecret".into());
@@ -303,6 +362,151 @@ mod tests {
                 ),
                 "{url}"
             );
+        }
+    }
+
+    /// A real user nkey seed (the async-nats test suite's `TestUser`), so the nkey and creds
+    /// methods get as far as the server.
+    const SEED: &str = "SUACH75SWCM5D2JMJM6EKLR2WDARVGZT4QC6LX3AGHSWOMVAKERABBBRWM";
+    const TOKEN: &str = "tok-5ec12e7-token";
+    const PASSWORD: &str = "pw-5ec12e7-password";
+    const JWT: &str = "eyJ5ec12e7.jwt-payload.sig";
+
+    /// The creds file of the creds method: a JWT and [`SEED`].
+    fn creds_file(dir: &std::path::Path) -> PathBuf {
+        let path = dir.join("user.creds");
+        std::fs::write(
+            &path,
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{JWT}\n------END NATS USER JWT------\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{SEED}\n------END USER NKEY SEED------\n"
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// One settings per auth method for `url`, each with its secrets: `(method, settings,
+    /// secrets)`.
+    fn each_auth_method(
+        url: &str,
+        dir: &std::path::Path,
+    ) -> Vec<(&'static str, NatsSettings, Vec<&'static str>)> {
+        let base = || {
+            let mut s = NatsSettings::new(url);
+            s.connect_timeout = Duration::from_millis(500);
+            s
+        };
+        let mut token = base();
+        token.token = Some(TOKEN.into());
+        let mut user = base();
+        user.username = Some("alice".into());
+        user.password = Some(PASSWORD.into());
+        let mut nkey = base();
+        nkey.nkey_seed = Some(SEED.into());
+        let mut creds = base();
+        creds.creds_file = Some(creds_file(dir));
+        vec![
+            ("token", token, vec![TOKEN]),
+            ("user/password", user, vec![PASSWORD]),
+            ("nkey seed", nkey, vec![SEED]),
+            ("creds file", creds, vec![JWT, SEED]),
+        ]
+    }
+
+    /// Asserts that neither `Display` nor `Debug` of `err` shows any of `secrets`.
+    fn assert_no_secret(err: &ConnectError, secrets: &[&str], what: &str) {
+        let shown = format!("{err} {err:?}");
+        for secret in secrets {
+            assert!(!shown.contains(secret), "{what}: secret shown in {shown}");
+        }
+    }
+
+    #[tokio::test]
+    async fn invalid_url_errors_show_no_secret_for_any_auth_method() {
+        let dir = tempfile::tempdir().unwrap();
+        for (method, _, secrets) in each_auth_method("nats://127.0.0.1:4222", dir.path()) {
+            for secret in &secrets {
+                for url in [
+                    format!("nats://alice:{secret}@127.0.0.1:4222"),
+                    format!("nats://{secret}@127.0.0.1:4222"),
+                    format!("nats://alice:{secret}@127.0.0.1:4222/path"),
+                    format!("nats://alice:a/{secret}@127.0.0.1:4222"),
+                    format!("http://alice:{secret}@127.0.0.1:4222"),
+                    format!("alice:{secret}@127.0.0.1:4222"),
+                    format!("nats://127.0.0.1:4222?auth_token={secret}"),
+                    format!("nats://127.0.0.1:4222#{secret}"),
+                ] {
+                    let (_, mut settings, _) = each_auth_method(&url, dir.path())
+                        .into_iter()
+                        .find(|(m, _, _)| *m == method)
+                        .unwrap();
+                    settings.url = url.clone();
+                    let what = format!("{method}, {url}");
+                    assert!(
+                        !format!("{settings:?}").contains(secret),
+                        "{what}: settings debug"
+                    );
+                    let err = settings.validate().expect_err(&what);
+                    assert!(
+                        matches!(err, ConnectError::InvalidUrl { .. }),
+                        "{what}: {err}"
+                    );
+                    assert_no_secret(&err, &secrets, &what);
+                    // The rest of the URL stays, so the operator knows which one is wrong.
+                    assert!(err.to_string().contains("127.0.0.1:4222"), "{what}: {err}");
+                    let err = settings.connect("test").await.expect_err(&what);
+                    assert_no_secret(&err, &secrets, &what);
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_errors_show_no_secret_for_any_auth_method() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("nats://127.0.0.1:{}", harness::free_port().unwrap());
+        for (method, settings, secrets) in each_auth_method(&url, dir.path()) {
+            let err = settings.connect("test").await.expect_err(method);
+            assert!(
+                matches!(err, ConnectError::Unreachable { .. }),
+                "{method}: {err}"
+            );
+            assert_no_secret(&err, &secrets, method);
+        }
+        // A creds file that does not parse: its contents are not echoed either.
+        let bad = dir.path().join("bad.creds");
+        std::fs::write(
+            &bad,
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{JWT}\n------END NATS USER JWT------\n\n\
+                     -----BEGIN USER NKEY SEED-----\nSU{TOKEN}\n------END USER NKEY SEED------\n"
+            ),
+        )
+        .unwrap();
+        let mut settings = NatsSettings::new(&url);
+        settings.creds_file = Some(bad);
+        let err = settings.connect("test").await.expect_err("bad creds");
+        assert!(matches!(err, ConnectError::Creds { .. }), "{err}");
+        assert_no_secret(&err, &[JWT, TOKEN], "bad creds file");
+    }
+
+    #[tokio::test]
+    async fn refused_auth_errors_show_no_secret_for_any_auth_method() {
+        let server = harness::NatsServer::run(harness::ServerOptions {
+            token: Some("the-servers-own-token".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for (method, settings, secrets) in each_auth_method(&server.url(), dir.path()) {
+            let err = settings.connect("test").await.expect_err(method);
+            assert!(
+                matches!(err, ConnectError::Unreachable { .. }),
+                "{method}: {err}"
+            );
+            assert_no_secret(&err, &secrets, method);
         }
     }
 

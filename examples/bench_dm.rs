@@ -144,14 +144,15 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let n: u64 = args
-        .next()
-        .map(|s| s.parse())
-        .transpose()?
-        .unwrap_or(50_000);
-    let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
-    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
+    let args = examples::args::from_env_or_exit(
+        "bench_dm",
+        &["N", "PACED_SECS", "ROUNDS"],
+        "N DMs per throughput run (default 50000), PACED_SECS of latency at 1,000 msgs/s \
+         (default 5), ROUNDS of raw and hub alternating (default 3; medians are printed)",
+    );
+    let n = args[0].unwrap_or(50_000);
+    let paced_secs = args[1].unwrap_or(5);
+    let rounds = usize::try_from(args[2].unwrap_or(3))?;
     // BENCH_OTLP=1: the runtime's telemetry, exporting spans when OTEL_EXPORTER_OTLP_ENDPOINT
     // is set (see the header).
     let telemetry = match std::env::var("BENCH_OTLP") {

@@ -413,10 +413,27 @@ async fn split(url: &str, tag: &str, n: u64, journal_root: &std::path::Path) -> 
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let n: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2_000);
-    let paced_secs: u64 = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
-    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
+    const NAMES: [&str; 3] = ["N", "PACED_SECS", "ROUNDS"];
+    let args = examples::args::from_env_or_exit(
+        "bench_task",
+        &NAMES,
+        "N tasks per throughput run (default 2000), PACED_SECS of latency at 200 tasks/s \
+         (default 5), ROUNDS (default 3; medians are printed); BENCH_ONLY=raw|track|sub runs \
+         one variant, BENCH_LOG=1 logs to stderr",
+    );
+    let n = args[0].unwrap_or(2_000);
+    let paced_secs = args[1].unwrap_or(5);
+    let rounds = usize::try_from(args[2].unwrap_or(3))?;
+    let only = std::env::var("BENCH_ONLY").ok();
+    if let Some(only) = only.as_deref() {
+        if !matches!(only, "raw" | "track" | "sub") {
+            examples::args::usage_error(
+                "bench_task",
+                &NAMES,
+                &format!("BENCH_ONLY must be raw, track or sub, got {only:?}"),
+            );
+        }
+    }
     // BENCH_LOG=1: the runtime's logs on stderr (RUST_LOG filters them), for diagnosis.
     let _telemetry = match std::env::var("BENCH_LOG") {
         Ok(_) => Some(runtime::telemetry::init(false, "warn")?),
@@ -432,7 +449,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // BENCH_ONLY=track|sub|raw runs that variant alone (1 worker), for profiling.
-    if let Ok(only) = std::env::var("BENCH_ONLY") {
+    if let Some(only) = only {
         let tag = format!("{nonce}o");
         let run = match only.as_str() {
             "raw" => raw(client.clone(), &format!("O{tag}"), n, 1, None).await,

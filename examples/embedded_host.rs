@@ -16,6 +16,12 @@ use runtime::{ActorSystem, NatsSettings};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    examples::args::from_env_or_exit(
+        "embedded_host",
+        &[],
+        "runs a durable router and bob's inbox against NATS_URL (default nats://127.0.0.1:4222); \
+         EMBEDDED_HOST_ONESHOT=1 exits after the first DM",
+    );
     let _telemetry = runtime::telemetry::init(false, "info")?;
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let delivery = runtime::config::load_delivery_config(

@@ -46,6 +46,12 @@ impl TaskHandler for Shout {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    examples::args::from_env_or_exit(
+        "embedded_worker",
+        &[],
+        "joins queue `shout` as worker `shouter` against NATS_URL (default nats://127.0.0.1:4222); \
+         EMBEDDED_WORKER_ONESHOT=1 delegates one task to itself and exits",
+    );
     let _telemetry = runtime::telemetry::init(false, "info")?;
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let system = ActorSystem::builder()

@@ -62,3 +62,85 @@ async fn worker_id_with_the_system_prefix_is_a_usage_error_before_connecting() {
         "names the reserved prefix: {line}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// examples/python/dm.py
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `python3 examples/python/dm.py <args>`, with nats-py on `PYTHONPATH` (as
+/// `python_client.rs` runs it) or without it (usage needs no NATS client).
+async fn dm_py(args: &[&str], with_nats_py: bool) -> std::process::Output {
+    let root = harness::workspace_root();
+    let script = root.join("examples/python/dm.py");
+    let pylib = root.join(".tools/pylib").display().to_string();
+    let mut all = vec![script.to_str().unwrap()];
+    all.extend(args);
+    let envs: Vec<(&str, &str)> = if with_nats_py {
+        vec![("PYTHONPATH", pylib.as_str())]
+    } else {
+        vec![]
+    };
+    oneshot::run_program("python3", &all, &envs).await
+}
+
+/// Asserts a usage error: exit 64, one stderr line with the usage, no traceback.
+fn assert_dm_usage_error(out: &std::process::Output, what: &str) -> String {
+    assert_exit(out, 64, what);
+    let all = format!("{}{}", oneshot::stdout(out), oneshot::stderr(out));
+    assert!(!all.contains("Traceback"), "{what}: traceback:\n{all}");
+    let line = one_stderr_line(out, what);
+    assert!(
+        line.contains("usage: dm.py NATS_URL SENDER RECIPIENT N"),
+        "{what}: prints the usage: {line}"
+    );
+    line
+}
+
+#[tokio::test]
+async fn python_dm_without_arguments_prints_its_usage_and_exits_64() {
+    for with_nats_py in [true, false] {
+        let out = dm_py(&[], with_nats_py).await;
+        let line = assert_dm_usage_error(&out, "no arguments");
+        assert!(line.contains("expected 4 arguments, got 0"), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn python_dm_with_wrong_arguments_prints_its_usage_and_exits_64() {
+    let url = dead_url();
+    for (args, wrong) in [
+        (vec![url.as_str(), "alice"], "expected 4 arguments, got 2"),
+        (
+            vec![url.as_str(), "alice", "bob", "3", "extra"],
+            "expected 4 arguments, got 5",
+        ),
+        (vec![url.as_str(), "alice", "bob", "three"], "N must be"),
+        (vec![url.as_str(), "alice", "bob", "0"], "N must be"),
+        (vec!["127.0.0.1:4222", "alice", "bob", "3"], "NATS_URL must"),
+        (vec![url.as_str(), "al.ice", "bob", "3"], "SENDER must"),
+        (vec![url.as_str(), "alice", "b*b", "3"], "RECIPIENT must"),
+        (vec![url.as_str(), "hub-router", "bob", "3"], "SENDER must"),
+        (
+            vec![url.as_str(), "alice", "bob", "3", "--bogus"],
+            "expected 4",
+        ),
+    ] {
+        let what = format!("dm.py {}", args.join(" "));
+        let out = dm_py(&args, true).await;
+        let line = assert_dm_usage_error(&out, &what);
+        assert!(line.contains(wrong), "{what}: says what is wrong: {line}");
+    }
+}
+
+#[tokio::test]
+async fn python_dm_help_prints_its_usage_and_exits_0() {
+    for flag in ["-h", "--help"] {
+        let out = dm_py(&[flag], false).await;
+        assert_exit(&out, 0, flag);
+        assert!(
+            oneshot::stdout(&out).contains("usage: dm.py NATS_URL SENDER RECIPIENT N"),
+            "{flag}: {}",
+            oneshot::stdout(&out)
+        );
+    }
+}

@@ -218,6 +218,7 @@ async fn hub(
                 concurrency: CONCURRENCY,
                 journal_dir: journal_dir.clone(),
                 handler: Arc::new(Noop),
+                shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
             })
             .await
             .unwrap();
@@ -382,6 +383,7 @@ async fn split(url: &str, tag: &str, n: u64, journal_root: &std::path::Path) -> 
             concurrency: CONCURRENCY,
             journal_dir,
             handler: Arc::new(Noop),
+            shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
         })
         .await
         .unwrap();

@@ -67,6 +67,7 @@ async fn main() -> anyhow::Result<()> {
             concurrency: 4,
             journal_dir: std::env::temp_dir().join("embedded-worker-journal"),
             handler: Arc::new(Shout),
+            shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
         })
         .await?;
     tracing::info!("worker `shouter` joined queue `shout`; Ctrl-C stops it");

@@ -18,8 +18,8 @@ use protocol::task::{JoinReply, JoinRequest, JoinResponse};
 use protocol::{WireError, WireErrorKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
 
+use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
 
 /// Attach actor configuration.
@@ -45,11 +45,14 @@ pub enum AttachMsg {
 
 /// State of one incarnation.
 pub struct AttachState {
-    listener: JoinHandle<()>,
-    join_listener: JoinHandle<()>,
+    /// The queue-group listeners (attach, join): owned, so that a failed incarnation's
+    /// subscriptions end with it and take no request they would never answer.
+    listeners: Vec<Owned>,
     joined: u64,
     attached: u64,
     refused: u64,
+    /// Requests ignored because their reply subject is not an inbox.
+    replies_refused: u64,
 }
 
 /// Counters of the attach actor.
@@ -61,6 +64,9 @@ pub struct AttachSnapshot {
     pub refused: u64,
     /// Worker joins answered.
     pub joined: u64,
+    /// Requests ignored because their reply subject is not under `_INBOX.`.
+    #[serde(default)]
+    pub replies_refused: u64,
 }
 
 #[ractor::async_trait]
@@ -90,14 +96,14 @@ impl Actor for Attach {
             )
             .await?;
         let me = myself.clone();
-        let listener = tokio::spawn(async move {
+        let listener = Owned::spawn(async move {
             while let Some(msg) = sub.next().await {
                 if me.cast(AttachMsg::Request(msg)).is_err() {
                     break;
                 }
             }
         });
-        let join_listener = tokio::spawn(async move {
+        let join_listener = Owned::spawn(async move {
             while let Some(msg) = joins.next().await {
                 if myself.cast(AttachMsg::Join(msg)).is_err() {
                     break;
@@ -105,11 +111,11 @@ impl Actor for Attach {
             }
         });
         Ok(AttachState {
-            listener,
-            join_listener,
+            listeners: vec![listener, join_listener],
             joined: 0,
             attached: 0,
             refused: 0,
+            replies_refused: 0,
         })
     }
 
@@ -118,12 +124,11 @@ impl Actor for Attach {
         _: ActorRef<AttachMsg>,
         state: &mut AttachState,
     ) -> Result<(), ActorProcessingErr> {
-        // Wait until the listener (and its subscription) is gone, so that "no responders"
-        // is true as soon as the actor has stopped.
-        state.listener.abort();
-        state.join_listener.abort();
-        let _ = (&mut state.listener).await;
-        let _ = (&mut state.join_listener).await;
+        // Wait until the listeners (and their subscriptions) are gone, so that "no
+        // responders" is true as soon as the actor has stopped.
+        for listener in state.listeners.drain(..) {
+            listener.abort().await;
+        }
         let _ = self.client.flush().await;
         Ok(())
     }
@@ -137,7 +142,7 @@ impl Actor for Attach {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             AttachMsg::Request(msg) => {
-                let Some(reply) = msg.reply.clone() else {
+                let Some(reply) = reply_of(&msg, state) else {
                     return Ok(());
                 };
                 let response = self.attach(msg.subject.as_str()).await;
@@ -151,7 +156,7 @@ impl Actor for Attach {
                 }
             }
             AttachMsg::Join(msg) => {
-                let Some(reply) = msg.reply.clone() else {
+                let Some(reply) = reply_of(&msg, state) else {
                     return Ok(());
                 };
                 let response = self.join(msg.subject.as_str(), &msg.payload).await;
@@ -169,10 +174,25 @@ impl Actor for Attach {
                     attached: state.attached,
                     refused: state.refused,
                     joined: state.joined,
+                    replies_refused: state.replies_refused,
                 });
             }
         }
         Ok(())
+    }
+}
+
+/// The reply subject of a request when it is an inbox (a reply aimed at another subject, say
+/// `hub.pub.<other>.inbox`, would be stored as `<other>`'s message): counted and ignored
+/// otherwise.
+fn reply_of(msg: &async_nats::Message, state: &mut AttachState) -> Option<async_nats::Subject> {
+    let reply = msg.reply.clone()?;
+    if subjects::is_reply_subject(reply.as_str()) {
+        Some(reply)
+    } else {
+        state.replies_refused += 1;
+        tracing::warn!(subject = %msg.subject, "request with a reply outside _INBOX. ignored");
+        None
     }
 }
 
@@ -217,6 +237,7 @@ impl Attach {
                     targeted_consumer: subjects::targeted_consumer(&worker),
                     answers_stream: subjects::ANSWERS_STREAM.to_string(),
                     answer_consumer: subjects::answer_consumer(&worker),
+                    tasks_stream: self.delivery.tasks.name.clone(),
                 })
             }
             Ok(Err(e)) => refuse(WireErrorKind::Internal, e.to_string()),

@@ -15,16 +15,27 @@
 //! - [`trace_context`]: W3C trace context between `tracing` spans and NATS headers.
 //! - [`tracker`]: the task tracker actor (delegator side): follows a task channel, live and
 //!   stored, and delivers the final result exactly once.
+//! - [`task_channel`]: reading a stored task channel with direct gets.
+//! - [`counters`]: the counters every actor declares with [`counters!`].
+//!
+//! Every task an actor spawns is owned by its state (`background::Owned`, aborted on drop),
+//! so none outlives its actor, however the actor ends.
 
 pub mod attach;
+mod background;
 pub mod consumers;
+pub mod counters;
 pub mod fault;
 pub mod inbox;
 pub mod journal;
-pub mod pump_task;
 pub mod router;
 pub mod streams;
 pub mod supervision;
+pub mod task_channel;
 pub mod trace_context;
 pub mod tracker;
 pub mod worker;
+
+/// How long any JetStream publish of the runtime waits for its stream ack before its outcome
+/// counts as uncertain (router stores, attempts' results, clients' sends).
+pub const PUBLISH_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -172,7 +172,7 @@ pub async fn ensure_streams(
 
 /// The KV bucket of task idempotency keys: one create-only entry per (queue, key), no expiry,
 /// so two submissions with the same key produce one task however far apart they are.
-pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
+pub use protocol::subjects::IDEMPOTENCY_BUCKET;
 
 /// Creates the idempotency bucket when it does not exist.
 ///

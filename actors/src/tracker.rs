@@ -15,8 +15,10 @@
 //!
 //! So a result published while nobody listened is still found, and so is one published while
 //! the connection was being replaced (the client re-subscribes by itself; the next re-read
-//! catches up whatever the live subscription missed). A failed stored read is logged and retried
-//! at the next tick, it does not fail the actor. When the live subscription ends, or a pump
+//! catches up whatever the live subscription missed). A failed stored read is retried at the
+//! next tick, it does not fail the actor; it is reported as [`TrackerEvent::StoredReadFailed`]
+//! (once per run of failures) and counted, so a caller knows it relies on the live
+//! subscription alone meanwhile (a wrong tasks stream name, missing permissions). When the live subscription ends, or a pump
 //! panics, the actor fails, so that its supervisor restarts it: the new incarnation subscribes
 //! again and re-reads the stored channel from the start.
 //!
@@ -40,22 +42,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use async_nats::jetstream;
 use async_nats::{Client, HeaderMap, Subscriber};
 use futures::StreamExt;
-use protocol::task::{StatusEvent, TaskChannelBody, TaskResult};
-use protocol::{headers, subjects, Codec, TaskId, TaskKey};
+use protocol::task::{AnswerRefusal, StatusEvent, TaskChannelBody, TaskResult};
+use protocol::{subjects, TaskId, TaskKey};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 
+use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
 
 /// Default interval between two reads of the stored channel.
 pub const DEFAULT_REREAD_EVERY: Duration = Duration::from_secs(3);
-/// Upper bound of one stored read (all its direct gets).
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Progress seen on the task channel (each item once).
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +64,11 @@ pub enum TrackerEvent {
     Status(StatusEvent),
     /// A non-final result, typically `waiting` with its question.
     Progress(TaskResult),
+    /// A refused answer's error result (stale, or for an attempt the worker does not own).
+    AnswerRefused(AnswerRefusal),
+    /// The stored channel could not be read (the reason): until a read works again, only the
+    /// live subscription feeds the tracker. Sent once per run of failed reads.
+    StoredReadFailed(String),
 }
 
 /// Where the tracker delivers: shared by all incarnations of one tracker.
@@ -223,6 +228,7 @@ struct Counters {
     stored_seen: AtomicU64,
     rereads: AtomicU64,
     malformed: AtomicU64,
+    read_errors: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -242,6 +248,9 @@ pub struct TrackerSnapshot {
     pub rereads: u64,
     /// Messages on the channel that are not task channel envelopes of this task.
     pub malformed: u64,
+    /// Stored reads that failed (this incarnation).
+    #[serde(default)]
+    pub read_errors: u64,
     /// Whether the final result was delivered (by any incarnation).
     pub delivered: bool,
 }
@@ -250,19 +259,20 @@ pub struct TrackerSnapshot {
 pub struct TrackerState {
     counters: Arc<Counters>,
     stop: watch::Sender<bool>,
-    pumps: Vec<JoinHandle<()>>,
+    pumps: Vec<Owned>,
 }
 
 /// Tracker failures.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackerError {
     /// The live subscription could not be made.
-    #[error("cannot subscribe to {subject}: {reason}")]
+    #[error("cannot subscribe to {subject}: {source}")]
     Subscribe {
         /// The task channel.
         subject: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: async_nats::SubscribeError,
     },
     /// A pump failed.
     #[error("tracker pump failed: {0}")]
@@ -298,19 +308,18 @@ impl Actor for TaskTracker {
         let subject = self.subject();
         // Subscribe before the first stored read: whatever is published from now on is seen
         // live, whatever was published before is in the store.
-        let live =
-            self.client
-                .subscribe(subject.clone())
-                .await
-                .map_err(|e| TrackerError::Subscribe {
-                    subject: subject.clone(),
-                    reason: e.to_string(),
-                })?;
+        let live = self
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|source| TrackerError::Subscribe {
+                subject: subject.clone(),
+                source,
+            })?;
         let pump = TrackerPump {
             skip_first_read: self.fresh && first_incarnation,
             client: self.client.clone(),
             task_id: self.task_id.clone(),
-            subject,
             tasks_stream: self.tasks_stream.clone(),
             reread_every: self.reread_every,
             counters: counters.clone(),
@@ -322,11 +331,11 @@ impl Actor for TaskTracker {
                 let _ = myself.cast(TrackerMsg::PumpFailed(e));
             }
         };
-        let live_pump = crate::pump_task::spawn_pump(
+        let live_pump = crate::background::spawn_pump(
             pump.clone().live(live, stop_rx.clone()),
             on_fail(myself.clone()),
         );
-        let stored_pump = crate::pump_task::spawn_pump(pump.stored(stop_rx), on_fail(myself));
+        let stored_pump = crate::background::spawn_pump(pump.stored(stop_rx), on_fail(myself));
         tracing::info!(task_id = %self.task_id, "tracking the task channel");
         Ok(TrackerState {
             counters,
@@ -342,14 +351,8 @@ impl Actor for TaskTracker {
     ) -> Result<(), ActorProcessingErr> {
         let _ = state.stop.send(true);
         for pump in state.pumps.drain(..) {
-            // A stored read in progress finishes (bounded by READ_TIMEOUT); be brief.
-            let abort = pump.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), pump)
-                .await
-                .is_err()
-            {
-                abort.abort();
-            }
+            // A stored read in progress finishes (bounded by its timeout); be brief.
+            pump.join_within(Duration::from_secs(2)).await;
         }
         Ok(())
     }
@@ -378,6 +381,7 @@ impl Actor for TaskTracker {
                     stored_seen: get(&state.counters.stored_seen),
                     rereads: get(&state.counters.rereads),
                     malformed: get(&state.counters.malformed),
+                    read_errors: get(&state.counters.read_errors),
                     delivered: lock(&self.sink.result).is_none(),
                 });
             }
@@ -418,6 +422,14 @@ impl TaskTracker {
                 let key = format!("status\u{0}{}", event.event_id);
                 self.sink.progress(key, TrackerEvent::Status(event));
             }
+            TaskChannelBody::AnswerRefused(refusal) => {
+                let key = format!(
+                    "refused\u{0}{}\u{0}{}",
+                    refusal.worker_id, refusal.answer_id
+                );
+                self.sink
+                    .progress(key, TrackerEvent::AnswerRefused(refusal));
+            }
         }
     }
 }
@@ -428,7 +440,6 @@ struct TrackerPump {
     skip_first_read: bool,
     client: Client,
     task_id: TaskId,
-    subject: String,
     tasks_stream: String,
     reread_every: Duration,
     counters: Arc<Counters>,
@@ -453,12 +464,9 @@ impl TrackerPump {
                 }
                 next = sub.next() => next.ok_or("the live subscription of the task channel ended")?,
             };
-            if !self.forward(
-                msg.headers.as_ref(),
-                &msg.payload,
-                &msg.subject,
-                Source::Live,
-            ) {
+            let body =
+                crate::task_channel::decode(&self.task_id, msg.headers.as_ref(), &msg.payload);
+            if !self.forward(msg.headers.as_ref(), body, Source::Live) {
                 return Ok(());
             }
         }
@@ -470,6 +478,7 @@ impl TrackerPump {
         let mut tick = tokio::time::interval(self.reread_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut first = true;
+        let mut failing = false;
         loop {
             tokio::select! {
                 biased;
@@ -493,70 +502,42 @@ impl TrackerPump {
                 bump(&self.counters.rereads);
             }
             first = false;
-            let read = tokio::time::timeout(READ_TIMEOUT, self.read_stored(&js, &mut next_seq));
-            match read.await {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => return Ok(()),
-                Ok(Err(e)) => {
-                    tracing::warn!(task_id = %self.task_id, error = %e, "stored task channel read failed; retrying at the next tick")
-                }
-                Err(_) => {
-                    tracing::warn!(task_id = %self.task_id, "stored task channel read timed out; retrying at the next tick")
-                }
-            }
-        }
-    }
-
-    /// Reads the stored channel from `next_seq` to its end, one direct get per stored message
-    /// (`next_by_subj` from `next_seq`), until the stream says there is no further message on
-    /// the channel. No consumer is created: a read of a channel with nothing new costs one
-    /// request. `Ok(false)`: the actor is gone.
-    async fn read_stored(
-        &self,
-        js: &jetstream::Context,
-        next_seq: &mut u64,
-    ) -> Result<bool, String> {
-        let stream = js
-            .get_stream_no_info(&self.tasks_stream)
-            .await
-            .map_err(|e| e.to_string())?;
-        loop {
-            let msg = match stream
-                .direct_get_next_for_subject(self.subject.as_str(), Some(*next_seq))
-                .await
+            match crate::task_channel::read(&js, &self.tasks_stream, &self.task_id, next_seq).await
             {
-                Ok(msg) => msg,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => return Ok(true),
-                Err(e) => return Err(e.to_string()),
-            };
-            *next_seq = (*next_seq).max(msg.sequence + 1);
-            if !self.forward(
-                Some(&msg.headers),
-                &msg.payload,
-                &msg.subject,
-                Source::Stored,
-            ) {
-                return Ok(false);
+                Ok(stored) => {
+                    failing = false;
+                    for msg in stored {
+                        next_seq = next_seq.max(msg.seq + 1);
+                        if !self.forward(Some(&msg.headers), msg.body, Source::Stored) {
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(e) => {
+                    bump(&self.counters.read_errors);
+                    tracing::warn!(task_id = %self.task_id, error = %e, "stored task channel read failed; relying on the live subscription until the next read");
+                    if !failing {
+                        failing = true;
+                        let key = format!(
+                            "read-failed\u{0}{}",
+                            self.counters.read_errors.load(Ordering::Relaxed)
+                        );
+                        self.sink
+                            .progress(key, TrackerEvent::StoredReadFailed(e.to_string()));
+                    }
+                }
             }
         }
     }
 
-    /// Decodes one message and hands it to the actor; `false` when the actor is gone.
+    /// Hands one decoded message to the actor (`None`: not a task channel body of this task);
+    /// `false` when the actor is gone.
     fn forward(
         &self,
         msg_headers: Option<&HeaderMap>,
-        payload: &[u8],
-        subject: &str,
+        body: Option<TaskChannelBody>,
         source: Source,
     ) -> bool {
-        let content_type = msg_headers
-            .and_then(|h| h.get(headers::CONTENT_TYPE))
-            .map(|v| v.as_str());
-        let body = Codec::from_content_type(content_type)
-            .ok()
-            .and_then(|codec| protocol::decode(payload, codec).ok())
-            .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
-            .filter(|body| body_task_id(body) == &self.task_id);
         match body {
             Some(body) => {
                 let span = match &body {
@@ -570,7 +551,7 @@ impl TrackerPump {
                         crate::trace_context::set_parent_from(&span, msg_headers);
                         span
                     }
-                    TaskChannelBody::Status(_) => tracing::Span::none(),
+                    _ => tracing::Span::none(),
                 };
                 self.myself
                     .cast(TrackerMsg::Seen(Box::new(body), source, span))
@@ -578,17 +559,10 @@ impl TrackerPump {
             }
             None => {
                 bump(&self.counters.malformed);
-                tracing::debug!(task_id = %self.task_id, subject = %subject, "ignored a message that is no task channel envelope of this task");
+                tracing::debug!(task_id = %self.task_id, "ignored a message that is no task channel envelope of this task");
                 true
             }
         }
-    }
-}
-
-fn body_task_id(body: &TaskChannelBody) -> &TaskId {
-    match body {
-        TaskChannelBody::Result(r) => &r.task_id,
-        TaskChannelBody::Status(s) => &s.task_id,
     }
 }
 

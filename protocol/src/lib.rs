@@ -62,7 +62,10 @@ pub use attach::{
 };
 pub use config::{ConfigError, DeliveryConfig, StorageKind};
 pub use dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
-pub use envelope::{decode, encode, Codec, Envelope, EnvelopeError, Meta, MAX_ENVELOPE_BYTES};
+pub use envelope::{
+    decode, decode_with_content_type, encode, Codec, Envelope, EnvelopeError, Meta,
+    MAX_ENVELOPE_BYTES,
+};
 pub use ids::{AgentId, ChannelName, IdError, MessageId, QueueName, TaskId, WorkerId};
 pub use rejection::{is_system, parse_rejection, rejection, Rejection, SYSTEM_MSG_ID_PREFIX};
 pub use routing::{route, DropReason, IngressView, RouteDecision};

@@ -24,13 +24,10 @@
 //! Every fallible API returns [`SystemError`]; [`SystemError::is_usage`] and
 //! [`SystemError::is_unavailable`] classify it for exit codes.
 
-pub mod cli;
-pub mod commands;
 pub mod config;
 pub mod connect;
 pub mod shutdown;
 pub mod system;
-pub mod task_commands;
 pub mod telemetry;
 
 pub use connect::{ConnectError, NatsSettings};

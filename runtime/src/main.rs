@@ -6,8 +6,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cli;
+
 use anyhow::Context as _;
-use runtime::cli::{self, Cli, Command, Parsed, Role, StartArgs, StatusArgs};
+use cli::{Cli, Command, Parsed, Role, StartArgs, StatusArgs};
 use runtime::{ActorSystem, SystemError};
 
 // mimalloc instead of the system allocator: routing, attempts and trackers allocate many small,
@@ -15,6 +17,9 @@ use runtime::{ActorSystem, SystemError};
 // benchmark's CPU profile (docs/PERFORMANCE.md). Embedding hosts choose their own allocator.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// How long a cancelled `--exec` handler has between SIGTERM and SIGKILL.
+const EXEC_KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// How long `runtime status` collects worker snapshots.
 const WORKER_STATUS_WINDOW: Duration = Duration::from_millis(500);
@@ -70,13 +75,16 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Start(args) => start(args).await,
         Command::Status(args) => status(args).await,
         Command::Send(args) => send(args).await,
-        Command::Inbox(args) => runtime::commands::inbox(args).await.map_err(Into::into),
+        Command::Inbox(args) => cli::messaging::inbox(args).await.map_err(Into::into),
         Command::Task(args) => task(args).await,
         Command::Answer(args) => answer(args).await,
-        Command::Delegate(args) => runtime::commands::delegate(args, |line| println!("{line}"))
+        Command::Delegate(args) => cli::tasks::delegate(args, |line| println!("{line}"))
             .await
             .map(|_| ())
-            .map_err(Into::into),
+            .map_err(|e| match e {
+                cli::tasks::DelegateError::Waiting(w) => anyhow::Error::new(w),
+                cli::tasks::DelegateError::System(e) => anyhow::Error::new(e),
+            }),
     };
     let (code, line) = match result {
         Ok(()) => (0, None),
@@ -89,6 +97,9 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
 }
 
 fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<cli::tasks::TaskWaiting>().is_some() {
+        return cli::EXIT_WAITING;
+    }
     match e.downcast_ref::<SystemError>() {
         Some(se) if se.is_usage() => cli::EXIT_USAGE,
         Some(se) if se.is_unavailable() => cli::EXIT_UNAVAILABLE,
@@ -148,61 +159,35 @@ fn worker_settings(
     let queue = protocol::QueueName::new(args.queue.clone().unwrap_or_default())
         .map_err(|e| invalid("--queue", &e))?;
     let command = args.exec.clone().unwrap_or_default();
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
     Ok(runtime::system::worker::WorkerSettings {
         worker_id,
         queue,
         concurrency: usize::from(args.concurrency),
         journal_dir: args.journal_dir.clone(),
+        // A cancelled `--exec` process gets SIGTERM, then SIGKILL after this long.
         handler: std::sync::Arc::new(actors::worker::ExecHandler {
             command,
-            grace: Duration::from_secs(5),
+            grace: EXEC_KILL_GRACE.min(grace),
         }),
+        shutdown_grace: grace,
     })
 }
 
 async fn task(args: cli::TaskArgs) -> anyhow::Result<()> {
-    use protocol::subjects::ControlKind;
-    let (id, kind) = match &args.action {
-        cli::TaskAction::Status { task_id } => (task_id, ControlKind::Query),
-        cli::TaskAction::Cancel { task_id } => (task_id, ControlKind::Cancel),
-    };
-    let task_id = protocol::TaskId::new(id.as_str())
-        .map_err(|e| SystemError::InvalidSetting(format!("TASK_ID: {e}")))?;
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-task")
-        .await
-        .map_err(SystemError::from)?;
-    let reply = runtime::task_commands::control(&client, &task_id, kind).await?;
+    let reply = cli::tasks::task(args).await?;
     println!("{reply}");
     Ok(())
 }
 
 async fn answer(args: cli::AnswerArgs) -> anyhow::Result<()> {
-    let task_id = protocol::TaskId::new(args.task_id.as_str())
-        .map_err(|e| SystemError::InvalidSetting(format!("TASK_ID: {e}")))?;
-    let from = protocol::AgentId::new(args.as_id.as_str())
-        .map_err(|e| SystemError::InvalidSetting(format!("--as: {e}")))?;
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-answer")
-        .await
-        .map_err(SystemError::from)?;
-    let answer = runtime::task_commands::answer(
-        &client,
-        &from,
-        &task_id,
-        vec![serde_json::Value::String(args.text)],
-    )
-    .await?;
+    let answer = cli::tasks::answer(args).await?;
     println!("{}", serde_json::to_string(&answer)?);
     Ok(())
 }
 
 async fn send(args: cli::SendArgs) -> anyhow::Result<()> {
-    let receipt = runtime::commands::send(args).await?;
+    let receipt = cli::messaging::send(args).await?;
     println!("{}", serde_json::to_string(&receipt)?);
     Ok(())
 }

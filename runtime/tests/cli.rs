@@ -873,7 +873,7 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     let receipt: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     let task_id = receipt["task_id"].as_str().unwrap().to_string();
 
-    // The worker asks its question: status says waiting and active.
+    // The worker asks its question: status says waiting (parked in the worker's journal).
     let waiting = std::cell::RefCell::new(Value::Null);
     harness::wait_until_async("task waiting", DEADLINE, || async {
         let out = run_cli(&["task", "--nats-url", &url, "status", &task_id]).await;
@@ -884,25 +884,31 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     })
     .await
     .unwrap();
-    assert_eq!(waiting.borrow()["active"], true);
+    // Parked: the waiting result completed its input's delivery; nothing runs until the
+    // answer comes.
+    assert_eq!(waiting.borrow()["active"], false);
     assert_eq!(waiting.borrow()["suspend"]["tool_call_id"], "ask-1");
 
     let out = run_cli(&["answer", &task_id, "--text", "because", "--nats-url", &url]).await;
     assert_exit(&out, 0, "answer");
     let answer: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
 
+    // Answered just now: the task may still show its question for a moment, so the resume
+    // follows answers to the final result (a plain --resume of a waiting task exits 75).
     let out = run_cli(&[
         "delegate",
         "--resume",
         &task_id,
+        "--follow-answers",
         "--timeout-secs",
         "30",
         "--nats-url",
         &url,
     ])
     .await;
-    assert_exit(&out, 0, "delegate --resume");
-    let result: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_exit(&out, 0, "delegate --resume --follow-answers");
+    let last = stdout(&out).lines().last().unwrap_or_default().to_owned();
+    let result: Value = serde_json::from_str(&last).unwrap();
     assert_eq!(result["state"], "completed");
     assert_eq!(result["response"]["echo"], "why?");
     assert_eq!(result["response"]["answers"][0]["responses"][0], "because");

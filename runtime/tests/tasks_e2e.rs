@@ -288,6 +288,7 @@ async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in
                 TaskChannelBody::Status(s) if s.seq == 0 => "accepted".to_string(),
                 TaskChannelBody::Status(s) => format!("status:{}", s.state.as_str()),
                 TaskChannelBody::Result(r) => format!("result:{}", r.state.as_str()),
+                TaskChannelBody::AnswerRefused(r) => format!("refused:{}", r.answer_id),
             }
         })
         .collect();

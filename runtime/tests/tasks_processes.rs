@@ -193,6 +193,7 @@ async fn router_killed_between_a_workers_result_and_the_delegator_the_result_sti
             delay: Duration::from_secs(2),
             runs: runs.clone(),
         }),
+        shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
     })
     .await
     .unwrap();

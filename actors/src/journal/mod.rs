@@ -8,27 +8,35 @@
 //!   [`JournalError::Locked`], which names the holder's pid.
 //! - `journal.log`: an append-only log, one record per line:
 //!   `<crc32 as 8 hex digits> <JSON record>\n`, where the JSON record is tagged by `kind`:
-//!   `admitted`, `result`, `answer`, `published`, or `done`. A result or answer is `write_all`
-//!   plus `sync_data` before the call returns, so it survives a crash or power loss. An
+//!   `admitted`, `result`, `answer`, `published`, `parked`, or `done`. A result, an answer or a
+//!   parked task is `write_all` plus `sync_data` before the call returns, so it survives a
+//!   crash or power loss. An
 //!   admission is written (it survives the process: the page cache does) and becomes durable
 //!   with the next durable record; a power loss before that may lose it, which only changes
 //!   the re-run's attempt id (the re-run itself is flagged from the broker's delivery count).
 //!   The `published` and `done` hints are appended without their own fsync, since losing them
 //!   only republishes a result the stream dedupes.
 //!
-//! On [`Journal::open`] the log is replayed to rebuild the in-memory index. A damaged or
+//! On [`Journal::open`] the log is replayed to rebuild the in-memory index, and compacted when
+//! it holds finished attempts, so a worker restarted often keeps a small log. A damaged or
 //! incomplete *last* line is the torn write of a crash: it was never acknowledged, so it is
 //! dropped and cut off the file. A damaged line anywhere else is reported as
 //! [`JournalError::Corrupt`].
 //!
-//! The attempt life cycle, keyed by the input stream sequence:
+//! The attempt life cycle, keyed by the input stream sequence *and* the task id (the work
+//! stream's sequences start over when it is deleted and recreated):
 //!
 //! 1. [`Journal::admit`] before the handler runs (idempotent: a redelivered input gets the
-//!    same attempt back; see [`Admission::is_rerun`] and [`Admission::result`]);
+//!    same attempt back; see [`Admission::is_rerun`] and [`Admission::result`]; an open
+//!    record of the same sequence for another task is a stale one and is forgotten);
 //! 2. [`Journal::save_result`] when the handler returns, before publishing;
 //! 3. [`Journal::mark_published`] once the broker confirmed the publish;
 //! 4. [`Journal::forget`] once the input is acknowledged; [`Journal::compact`] later rewrites
 //!    the log without forgotten attempts.
+//!
+//! A waiting attempt is [`park`](Journal::park)ed with its task before its input is acked: its
+//! record stays open (task, attempt id, saved waiting result, answers) until an answer resumes
+//! it to a final result or it is cancelled.
 //!
 //! Answers: [`Journal::record_answer`] journals an answer before resuming; it returns `false`
 //! for a duplicate `message_id`, which must be answered with the saved result instead of a
@@ -90,6 +98,8 @@ pub struct AttemptRecord {
     pub answers: Vec<AnswerRecord>,
     /// Whether the broker confirmed the publish of the current `result`.
     pub published: bool,
+    /// The task, once the attempt is parked waiting for an answer (its input is acked).
+    pub task: Option<Value>,
 }
 
 /// The outcome of [`Journal::admit`].
@@ -193,6 +203,11 @@ impl Journal {
             journal.replay(&data)?;
         }
         journal.reset_sync()?;
+        if journal.forgotten > 0 {
+            // Finished attempts are still in the log: start from a compact one, so that a
+            // worker restarted more often than it compacts while running keeps a small log.
+            journal.compact()?;
+        }
         Ok(journal)
     }
 
@@ -212,12 +227,17 @@ impl Journal {
     ) -> Result<Admission, JournalError> {
         if let Some(existing) = self.attempts.get(&input_seq) {
             if existing.task_id != task_id {
+                // The same sequence for another task: the work stream was recreated and its
+                // sequences started over. The old record is of an input that no longer
+                // exists; this one is a new input.
                 tracing::warn!(
                     input_seq,
                     journalled = %existing.task_id,
                     task_id,
-                    "redelivered input has a different task id than its admission"
+                    "input sequence reused by another task (work stream recreated?): the old record is forgotten"
                 );
+                self.write_lazy(Record::Done { seq: input_seq })?;
+                return self.admit(input_seq, task_id, attempt_id);
             }
             return Ok(Admission {
                 attempt_id: existing.attempt_id.clone(),
@@ -296,6 +316,23 @@ impl Journal {
             .find(|a| a.message_id == message_id)
     }
 
+    /// Parks the attempt of `input_seq`, durably: it waits for an answer and its input is about
+    /// to be acked, so the journal keeps `task` to resume it with. Idempotent.
+    pub fn park(&mut self, input_seq: u64, task: &Value) -> Result<(), JournalError> {
+        if self.require(input_seq)?.task.as_ref() == Some(task) {
+            return Ok(());
+        }
+        self.write(Record::Parked {
+            seq: input_seq,
+            task: task.clone(),
+        })
+    }
+
+    /// How many open attempts are parked (waiting for an answer, input acked).
+    pub fn parked_count(&self) -> usize {
+        self.attempts.values().filter(|a| a.task.is_some()).count()
+    }
+
     /// Marks the current result of the attempt of `input_seq` as confirmed by the broker.
     pub fn mark_published(&mut self, input_seq: u64) -> Result<(), JournalError> {
         self.require(input_seq)?;
@@ -339,6 +376,12 @@ impl Journal {
                 task_id: attempt.task_id.clone(),
                 attempt_id: attempt.attempt_id.clone(),
             }));
+            if let Some(task) = &attempt.task {
+                data.extend(record::encode(&Record::Parked {
+                    seq,
+                    task: task.clone(),
+                }));
+            }
             // Answers before the result: replaying an answer clears the result.
             for answer in &attempt.answers {
                 data.extend(record::encode(&Record::Answer {
@@ -503,7 +546,6 @@ impl Journal {
                 .and_then(|()| self.log.sync_data());
             cut.map_err(|e| JournalError::io(&self.log_path, e))?;
         }
-        self.forgotten = 0;
         Ok(())
     }
 
@@ -528,8 +570,14 @@ impl Journal {
                         result: None,
                         answers: Vec::new(),
                         published: false,
+                        task: None,
                     },
                 );
+            }
+            Record::Parked { seq, task } => {
+                if let Some(attempt) = self.open_mut(seq) {
+                    attempt.task = Some(task);
+                }
             }
             Record::Result { seq, result } => {
                 if let Some(attempt) = self.open_mut(seq) {

@@ -26,6 +26,9 @@ pub(crate) enum Record {
     },
     /// The current result was confirmed by the broker.
     Published { seq: u64 },
+    /// The attempt waits for an answer with its input acked: the task it runs, kept so that
+    /// an answer can resume it after the input is gone from the stream.
+    Parked { seq: u64, task: Value },
     /// The input was acknowledged; the attempt is finished and can be compacted away.
     Done { seq: u64 },
 }

@@ -291,3 +291,61 @@ fn journal_rejects_path_like_worker_ids() {
         );
     }
 }
+
+#[test]
+fn admitting_a_reused_sequence_for_another_task_starts_a_new_attempt() {
+    // HUB_WORK was deleted and recreated: its sequences start over while this journal still
+    // holds an open record (with a saved result) of input 3 for another task.
+    let tmp = TempDir::new("reused-seq");
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    journal.admit(3, "task-old", "att-old").unwrap();
+    journal.save_result(3, &json!({"old": true})).unwrap();
+    let admission = journal.admit(3, "task-new", "att-new").unwrap();
+    assert!(admission.new, "a new input, not the old attempt");
+    assert_eq!(admission.attempt_id, "att-new");
+    assert_eq!(admission.task_id, "task-new");
+    assert_eq!(
+        admission.result, None,
+        "task-old's result is not task-new's"
+    );
+    assert!(journal.lookup_by_task("task-old").is_none());
+    assert_eq!(journal.lookup_by_task("task-new").unwrap().input_seq, 3);
+    drop(journal);
+    // And so it replays.
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let open = journal.open_attempts();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].task_id, "task-new");
+    assert_eq!(open[0].result, None);
+}
+
+#[test]
+fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
+    let tmp = TempDir::new("reopen-compact");
+    let log = tmp.path().join("w-1").join(LOG_FILE);
+    let mut sizes = Vec::new();
+    let mut seq = 0;
+    for _ in 0..10 {
+        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        sizes.push(fs::metadata(&log).unwrap().len());
+        for _ in 0..5 {
+            seq += 1;
+            journal.admit(seq, &format!("t{seq}"), "a").unwrap();
+            journal.save_result(seq, &json!({"n": seq})).unwrap();
+            journal.forget(seq).unwrap();
+        }
+        // One attempt stays open across restarts.
+        if seq == 5 {
+            journal.admit(1000, "t-open", "a-open").unwrap();
+        }
+    }
+    // Opened ten times, 50 attempts finished: the log holds only what is open after each
+    // open, so its size does not grow with the restarts.
+    let first_open = sizes[1];
+    assert!(
+        sizes[2..].iter().all(|&s| s <= first_open),
+        "the log grows across restarts: {sizes:?}"
+    );
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    assert_eq!(journal.open_attempts().len(), 1);
+}

@@ -25,10 +25,9 @@ use protocol::config::DeliveryConfig;
 use protocol::subjects;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
 
+use crate::background::{spawn_pump, Owned};
 use crate::fault::{self, FaultPoint};
-use crate::pump_task::spawn_pump;
 use crate::streams::{ensure_streams, StreamReport};
 pub use counters::{RouterCounters, RouterCountersSnapshot};
 
@@ -61,8 +60,9 @@ pub enum RouterMsg {
 /// Mutable state of one incarnation.
 pub struct RouterState {
     streams: Vec<StreamReport>,
-    status_task: JoinHandle<()>,
-    pump: Option<JoinHandle<()>>,
+    /// The status listener, owned so that it ends with this incarnation.
+    _status_task: Owned,
+    pump: Option<Owned>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<RouterCounters>,
     status_requests: u64,
@@ -140,7 +140,7 @@ impl Actor for Router {
                 reason: e.to_string(),
             })?;
         let me = myself.clone();
-        let status_task = tokio::spawn(async move {
+        let status_task = Owned::spawn(async move {
             while let Some(msg) = sub.next().await {
                 if let Some(reply) = msg.reply {
                     if me.cast(RouterMsg::StatusRequest { reply }).is_err() {
@@ -175,7 +175,7 @@ impl Actor for Router {
         tracing::info!(name = %self.name, durable = self.durable, "router started");
         Ok(RouterState {
             streams,
-            status_task,
+            _status_task: status_task,
             pump: Some(pump),
             stop,
             counters,
@@ -189,14 +189,11 @@ impl Actor for Router {
         _: ActorRef<RouterMsg>,
         state: &mut RouterState,
     ) -> Result<(), ActorProcessingErr> {
-        state.status_task.abort();
         // Stop pulling, drain what is in flight (bounded), then return.
         let _ = state.stop.send(true);
         if let Some(pump) = state.pump.take() {
             let grace = durable::DRAIN_TIMEOUT + std::time::Duration::from_secs(1);
-            if tokio::time::timeout(grace, pump).await.is_err() {
-                tracing::warn!(name = %self.name, "router pump did not stop in time");
-            }
+            pump.join_within(grace).await;
         }
         Ok(())
     }
@@ -210,6 +207,10 @@ impl Actor for Router {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             RouterMsg::StatusRequest { reply } => {
+                if !subjects::is_reply_subject(reply.as_str()) {
+                    tracing::warn!(%reply, "status request with a reply outside _INBOX. ignored");
+                    return Ok(());
+                }
                 state.status_requests += 1;
                 let body = serde_json::to_vec(&self.snapshot(state))?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {

@@ -20,10 +20,15 @@ fn refuse(field: &'static str, reason: impl Into<String>) -> Result<(), Incompat
     })
 }
 
+/// The shortest consumer ack wait a worker accepts: it heartbeats long work at a third of the
+/// ack wait, and a shorter one would leave no room for a heartbeat to arrive in time.
+pub const MIN_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Checks a consumer's configuration (from `consumer_info`) against what a worker needs:
 /// a pull consumer (`deliver_subject` unset), explicit acks, unlimited deliveries, no backoff
-/// (redelivery timing is the heartbeat's job), never deleted for inactivity, and exactly the
-/// `expected_filter`.
+/// (redelivery timing is the heartbeat's job), an ack wait of at least [`MIN_ACK_WAIT`] (the
+/// worker heartbeats at a third of the consumer's own ack wait), never deleted for
+/// inactivity, and exactly the `expected_filter`.
 pub fn check_consumer(
     config: &consumer::Config,
     expected_filter: &str,
@@ -51,6 +56,15 @@ pub fn check_consumer(
     }
     if !config.backoff.is_empty() {
         return refuse("backoff", format!("is {:?}, must be empty", config.backoff));
+    }
+    if config.ack_wait < MIN_ACK_WAIT {
+        return refuse(
+            "ack_wait",
+            format!(
+                "is {:?}: too short for heartbeats at a third of it (at least {MIN_ACK_WAIT:?})",
+                config.ack_wait
+            ),
+        );
     }
     if !config.inactive_threshold.is_zero() {
         return refuse(
@@ -88,6 +102,7 @@ mod tests {
             ack_policy: AckPolicy::Explicit,
             max_deliver: -1,
             filter_subject: "work.q".into(),
+            ack_wait: Duration::from_secs(30),
             ..Default::default()
         }
     }
@@ -132,6 +147,16 @@ mod tests {
         let mut c = good();
         c.backoff = vec![Duration::from_secs(1)];
         assert_eq!(field(c), "backoff");
+    }
+
+    #[test]
+    fn compat_refuses_an_ack_wait_too_short_for_heartbeats() {
+        let mut c = good();
+        c.ack_wait = Duration::from_millis(500);
+        assert_eq!(field(c), "ack_wait");
+        let mut c = good();
+        c.ack_wait = MIN_ACK_WAIT;
+        check_consumer(&c, "work.q").unwrap();
     }
 
     #[test]

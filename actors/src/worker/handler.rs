@@ -1,26 +1,9 @@
 //! The task handler interface: what a worker runs for each attempt.
 
+pub use protocol::task::Outcome;
 use protocol::task::{Answer, AttemptId, TaskSpec};
 use protocol::{TaskId, WorkerId};
 use tokio::sync::watch;
-
-/// How an attempt (or a resume) ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Finished with a response.
-    Completed(serde_json::Value),
-    /// Finished with an error.
-    Failed(String),
-    /// Parked on a question; an [`Answer`] naming `tool_call_id` resumes it.
-    Waiting {
-        /// The question, as text.
-        question: String,
-        /// The tool call the answer must name.
-        tool_call_id: String,
-    },
-    /// Stopped on a cancel request.
-    Cancelled,
-}
 
 /// What a handler knows about the attempt it runs.
 #[derive(Debug, Clone)]
@@ -55,6 +38,16 @@ impl AttemptContext {
 
 /// Runs tasks. One call per attempt; `resume` is called with every accepted answer so far
 /// when a waiting attempt is answered.
+///
+/// # Cancel safety
+///
+/// The future a handler returns may be dropped at any await point: when the worker fails or
+/// stops, when a graceful shutdown hands the input back after its grace, and after a cancel
+/// request that the handler does not answer in time. Nothing it did is rolled back, and its
+/// outcome is not recorded: the attempt is run again elsewhere (flagged `rerun`). Keep effects
+/// idempotent or keyed by `task_id`/`attempt_id`, and hold external resources in values whose
+/// `Drop` releases them. A cancel is first signalled through [`AttemptContext::cancelled`],
+/// which a handler should watch to stop on its own terms.
 #[async_trait::async_trait]
 pub trait TaskHandler: Send + Sync + 'static {
     /// Runs `task` from the start.

@@ -1,30 +1,54 @@
 //! Publishing on a task channel through the ingress (`hub.pub.<worker>.task.<key>`): one
 //! envelope, or a [bundle](protocol::routing::bundle_items) of several that the router stores
 //! as separate messages. Publishes are started (sent) and confirmed (stream ack awaited)
-//! separately, so that an attempt's publishes travel together.
+//! separately, so that an attempt's publishes travel together. Also the acks of inputs, and
+//! the error results of refused answers.
+
+use std::time::Duration;
 
 use async_nats::jetstream;
 use protocol::subjects::{self, Channel, TaskKey};
-use protocol::task::TaskChannelBody;
-use protocol::{AgentId, Envelope, MessageId, WorkerId};
+use protocol::task::{AnswerRefusal, TaskChannelBody};
+use protocol::{AgentId, Envelope, MessageId, TaskId, WorkerId};
 
-use super::attempt::{AttemptError, ENVELOPE_HEADROOM, PUBLISH_ACK_TIMEOUT};
-
-/// Publishes `body` as an envelope through the ingress of `worker` on the task channel of
-/// `task_id`, with `Nats-Msg-Id` = `msg_id`, and awaits the stream ack. Returns whether the
-/// stream reported a duplicate.
-pub async fn publish_task_channel(
-    client: &async_nats::Client,
-    worker: &WorkerId,
-    task_id: &protocol::TaskId,
-    msg_id: &str,
-    body: &TaskChannelBody,
-    trace: Option<&tracing::Span>,
-) -> Result<bool, AttemptError> {
-    start_publish(client, worker, task_id, msg_id, body, trace)
-        .await?
-        .confirmed()
-        .await
+/// Why a publish or an ack was not confirmed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The worker id is no valid sender identity, or a message id is invalid.
+    #[error("invalid id")]
+    Id(#[from] protocol::IdError),
+    /// The envelope does not encode.
+    #[error("cannot encode the envelope")]
+    Encode(#[from] protocol::EnvelopeError),
+    /// The publish could not be sent.
+    #[error("publish of {what} not sent")]
+    Send {
+        /// What was published.
+        what: String,
+        /// Why.
+        #[source]
+        source: async_nats::jetstream::context::PublishError,
+    },
+    /// The stream refused the publish.
+    #[error("publish of {what} refused")]
+    Refused {
+        /// What was published.
+        what: String,
+        /// Why.
+        #[source]
+        source: async_nats::jetstream::context::PublishError,
+    },
+    /// No stream ack came in time: the outcome is uncertain (it may be stored).
+    #[error("no stream ack for {what} within {after:?}")]
+    Uncertain {
+        /// What was published.
+        what: String,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// An ack of an input was not confirmed.
+    #[error("ack not confirmed")]
+    Ack(#[source] async_nats::Error),
 }
 
 /// A task channel publish sent to the ingress whose stream ack is still to come.
@@ -34,43 +58,88 @@ pub struct PendingPublish {
 }
 
 impl PendingPublish {
-    /// Awaits the stream ack (bounded by [`PUBLISH_ACK_TIMEOUT`]); `Ok(duplicate)`.
+    /// Awaits the stream ack for at most `within`; `Ok(duplicate)`.
     ///
     /// # Errors
-    /// [`AttemptError::Publish`] when the stream refuses or does not answer in time.
-    pub async fn confirmed(self) -> Result<bool, AttemptError> {
-        let fail = |reason: String| AttemptError::Publish {
-            what: self.what.clone(),
-            reason,
-        };
-        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, self.ack).await {
+    /// [`PublishError::Refused`] when the stream refuses, [`PublishError::Uncertain`] when it
+    /// does not answer in time.
+    pub async fn confirmed(self, within: Duration) -> Result<bool, PublishError> {
+        match tokio::time::timeout(within, self.ack).await {
             Ok(Ok(ack)) => Ok(ack.duplicate),
-            Ok(Err(e)) => Err(fail(e.to_string())),
-            Err(_) => Err(fail(format!(
-                "no stream ack within {PUBLISH_ACK_TIMEOUT:?}"
-            ))),
+            Ok(Err(source)) => Err(PublishError::Refused {
+                what: self.what,
+                source,
+            }),
+            Err(_) => Err(PublishError::Uncertain {
+                what: self.what,
+                after: within,
+            }),
         }
     }
+}
+
+/// Publishes `body` through the ingress of `worker` on `task_id`'s channel with `Nats-Msg-Id`
+/// = `msg_id` and awaits the stream ack for at most [`PUBLISH_ACK_TIMEOUT`](crate::PUBLISH_ACK_TIMEOUT).
+///
+/// # Errors
+/// As [`start_publish`] and [`PendingPublish::confirmed`].
+pub async fn publish_task_channel(
+    client: &async_nats::Client,
+    worker: &WorkerId,
+    task_id: &TaskId,
+    msg_id: &str,
+    body: &TaskChannelBody,
+) -> Result<bool, PublishError> {
+    start_publish(client, worker, task_id, msg_id, body, None)
+        .await?
+        .confirmed(crate::PUBLISH_ACK_TIMEOUT)
+        .await
+}
+
+/// Publishes the error result of a refused answer on its task's channel (its id names the
+/// answer, so a redelivered answer refused again is deduplicated).
+///
+/// # Errors
+/// As [`publish_task_channel`].
+pub async fn publish_refusal(
+    client: &async_nats::Client,
+    refusal: AnswerRefusal,
+) -> Result<bool, PublishError> {
+    let msg_id =
+        protocol::task::refusal_msg_id(&refusal.task_id, &refusal.worker_id, &refusal.answer_id);
+    let (worker, task_id) = (refusal.worker_id.clone(), refusal.task_id.clone());
+    publish_task_channel(
+        client,
+        &worker,
+        &task_id,
+        &msg_id,
+        &TaskChannelBody::AnswerRefused(refusal),
+    )
+    .await
 }
 
 /// Sends `body` as an envelope through the ingress of `worker` on the task channel of
 /// `task_id`, with `Nats-Msg-Id` = `msg_id`, without waiting for the stream ack: several
 /// publishes of one attempt travel together and are confirmed with
 /// [`PendingPublish::confirmed`]. They reach the ingress in the order they were started.
+///
+/// # Errors
+/// [`PublishError`] when an id is invalid or the publish cannot be sent.
 pub async fn start_publish(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &protocol::TaskId,
+    task_id: &TaskId,
     msg_id: &str,
     body: &TaskChannelBody,
     trace: Option<&tracing::Span>,
-) -> Result<PendingPublish, AttemptError> {
-    let body = serde_json::to_value(body).map_err(|e| AttemptError::Publish {
-        what: msg_id.to_owned(),
-        reason: e.to_string(),
-    })?;
-    let payload = encode(msg_id, body)?;
+) -> Result<PendingPublish, PublishError> {
+    let payload = encode(msg_id, body_value(body))?;
     send(client, worker, task_id, msg_id, payload, trace).await
+}
+
+fn body_value(body: &TaskChannelBody) -> serde_json::Value {
+    // Serializing these plain types cannot fail (string keys, no non-finite floats).
+    serde_json::to_value(body).expect("task channel bodies serialize")
 }
 
 /// Publishes an encoded envelope to the ingress of `worker` on `task_id`'s channel with
@@ -78,13 +147,13 @@ pub async fn start_publish(
 async fn send(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &protocol::TaskId,
+    task_id: &TaskId,
     msg_id: &str,
     payload: Vec<u8>,
     trace: Option<&tracing::Span>,
-) -> Result<PendingPublish, AttemptError> {
+) -> Result<PendingPublish, PublishError> {
     let what = msg_id.to_owned();
-    let me = AgentId::new(worker.as_str()).map_err(|e| AttemptError::Id(e.to_string()))?;
+    let me = AgentId::new(worker.as_str())?;
     let subject = subjects::ingress(&me, &Channel::Task(TaskKey::from_task_id(task_id)));
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(protocol::headers::NATS_MSG_ID, msg_id);
@@ -105,9 +174,9 @@ async fn send(
     let ack = js
         .publish_with_headers(subject, headers, payload.into())
         .await
-        .map_err(|e| AttemptError::Publish {
+        .map_err(|source| PublishError::Send {
             what: what.clone(),
-            reason: e.to_string(),
+            source,
         })?;
     Ok(PendingPublish { what, ack })
 }
@@ -118,27 +187,24 @@ async fn send(
 /// one instead).
 ///
 /// # Errors
-/// [`AttemptError`] when an id is invalid or the publish cannot be sent.
+/// [`PublishError`] when an id is invalid or the publish cannot be sent.
 pub async fn start_publish_bundle(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &protocol::TaskId,
+    task_id: &TaskId,
     bundle_id: &str,
     items: &[(&str, &TaskChannelBody)],
     trace: Option<&tracing::Span>,
-) -> Result<Option<PendingPublish>, AttemptError> {
+) -> Result<Option<PendingPublish>, PublishError> {
     let mut envelopes = Vec::with_capacity(items.len());
     for (id, body) in items {
-        let id = MessageId::new(*id).map_err(|e| AttemptError::Id(e.to_string()))?;
-        let body = serde_json::to_value(body).map_err(|e| AttemptError::Publish {
-            what: bundle_id.to_owned(),
-            reason: e.to_string(),
-        })?;
-        envelopes.push(Envelope::new(id, body));
+        envelopes.push(Envelope::new(MessageId::new(*id)?, body_value(body)));
     }
     let body = protocol::routing::bundle_body(&envelopes);
     let payload = encode(bundle_id, body)?;
-    if payload.len() > protocol::MAX_ENVELOPE_BYTES.saturating_sub(ENVELOPE_HEADROOM) {
+    if payload.len()
+        > protocol::MAX_ENVELOPE_BYTES.saturating_sub(protocol::task::ENVELOPE_HEADROOM)
+    {
         return Ok(None);
     }
     send(client, worker, task_id, bundle_id, payload, trace)
@@ -147,12 +213,37 @@ pub async fn start_publish_bundle(
 }
 
 /// Encodes `body` as a JSON envelope with `meta.id` = `msg_id`.
-fn encode(msg_id: &str, body: serde_json::Value) -> Result<Vec<u8>, AttemptError> {
-    let id = MessageId::new(msg_id).map_err(|e| AttemptError::Id(e.to_string()))?;
-    protocol::encode(&Envelope::new(id, body), protocol::Codec::Json).map_err(|e| {
-        AttemptError::Publish {
-            what: msg_id.to_owned(),
-            reason: e.to_string(),
+fn encode(msg_id: &str, body: serde_json::Value) -> Result<Vec<u8>, PublishError> {
+    let id = MessageId::new(msg_id)?;
+    Ok(protocol::encode(
+        &Envelope::new(id, body),
+        protocol::Codec::Json,
+    )?)
+}
+
+/// How many times an input ack is tried before the attempt gives up (the input is then
+/// redelivered, and its saved result republished or its task found settled).
+const ACK_TRIES: u32 = 3;
+
+/// Acks `msg` and waits for the server's confirmation (double ack), trying again after a
+/// short pause when the confirmation does not come (a reconnect in between loses it; acking
+/// an acked message again is harmless).
+///
+/// # Errors
+/// [`PublishError::Ack`] when no try was confirmed.
+pub async fn ack_confirmed(msg: &jetstream::Message) -> Result<(), PublishError> {
+    let mut last = None;
+    for attempt in 0..ACK_TRIES {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
         }
-    })
+        match msg.double_ack().await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                tracing::warn!(error = %e, "input ack not confirmed; trying again");
+                last = Some(e);
+            }
+        }
+    }
+    Err(PublishError::Ack(last.expect("at least one try")))
 }

@@ -129,6 +129,21 @@ impl TryFrom<Value> for Envelope {
     }
 }
 
+/// Decodes an envelope whose codec its `Content-Type` header value names: JSON when absent,
+/// MessagePack for `application/msgpack`, and anything else refused with
+/// [`EnvelopeError::UnsupportedContentType`]. Every reader of stored envelopes (router, inbox,
+/// worker, tracker) uses this one rule.
+///
+/// # Errors
+///
+/// As [`Codec::from_content_type`] and [`decode`].
+pub fn decode_with_content_type(
+    payload: &[u8],
+    content_type: Option<&str>,
+) -> Result<Envelope, EnvelopeError> {
+    decode(payload, Codec::from_content_type(content_type)?)
+}
+
 /// Decodes an envelope from a message payload.
 ///
 /// # Errors

@@ -13,6 +13,9 @@ use crate::subjects::TaskKey;
 fn agent_id() -> impl Strategy<Value = AgentId> {
     proptest::string::string_regex(&format!("[A-Za-z0-9_-]{{1,{MAX_TOKEN_LEN}}}"))
         .unwrap()
+        .prop_filter("not a reserved system id", |s: &String| {
+            !s.starts_with("hub-")
+        })
         .prop_map(|s| AgentId::new(s).unwrap())
 }
 

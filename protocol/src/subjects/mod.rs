@@ -68,6 +68,13 @@ pub const STATUS_SUBJECT: &str = "hub.admin.status";
 /// Core scatter-gather subject: every worker answers a request with its JSON snapshot (no
 /// queue group; `runtime status` collects the answers for a short window).
 pub const WORKER_STATUS_SUBJECT: &str = "hub.admin.workers";
+/// The root of every reply subject the runtime's connections use (`_INBOX.<...>`). Services
+/// answer requests only on replies under it: a reply subject is chosen by the requester and
+/// is not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox` would be
+/// stored as `<other>`'s message.
+pub const REPLY_PREFIX: &str = "_INBOX.";
+/// The KV bucket of task idempotency keys (see [`crate::task::idempotency`]).
+pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
 /// Prefix of the `Nats-Msg-Id` of every message the router stores.
 pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 
@@ -116,6 +123,19 @@ pub fn inbox_consumer(id: &AgentId) -> String {
 /// `hub-router:<from>:<id>`.
 pub fn router_msg_id(from: &AgentId, id: &MessageId) -> String {
     format!("{ROUTER_MSG_ID_PREFIX}{from}:{id}")
+}
+
+/// Whether `reply` is a reply subject a service may answer on: under [`REPLY_PREFIX`], with
+/// at least one token after it, and a literal subject (no wildcard, whitespace or empty
+/// token).
+pub fn is_reply_subject(reply: &str) -> bool {
+    let Some(rest) = reply.strip_prefix(REPLY_PREFIX) else {
+        return false;
+    };
+    !rest.is_empty()
+        && rest
+            .split('.')
+            .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
 }
 
 /// Whether a `Nats-Msg-Id` was set by the router (the replay guard drops

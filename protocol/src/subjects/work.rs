@@ -97,6 +97,36 @@ pub fn answer_ingress(from: &AgentId, worker: &WorkerId) -> String {
     format!("{INGRESS_PREFIX}{from}.{}", answer(worker))
 }
 
+/// The answer route of a waiting result of `worker`: `answer.<worker>`, the channel an
+/// answerer appends to its *own* ingress prefix (`hub.pub.<me>.answer.<worker>`). It names no
+/// sender, so any answerer can use it as given; see [`answer_ingress_from_route`].
+pub fn answer_route(worker: &WorkerId) -> String {
+    answer(worker)
+}
+
+/// The ingress subject `me` answers on, from the `answer_route` of a waiting result owned by
+/// `worker`: `hub.pub.<me>.<route>`. The route is checked, never trusted: it must be exactly
+/// [`answer_route`] of the worker the result names (a result is data from the network).
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] when `route` is not `answer.<worker>`.
+pub fn answer_ingress_from_route(
+    me: &AgentId,
+    route: &str,
+    worker: &WorkerId,
+) -> Result<String, SubjectError> {
+    let named = parse_answer(route)?;
+    if &named != worker {
+        return Err(SubjectError::UnexpectedToken {
+            subject: route.to_owned(),
+            expected: "the worker the result names",
+            found: named.to_string(),
+        });
+    }
+    Ok(answer_ingress(me, worker))
+}
+
 /// The stored task subject: `work.<queue>` or `work.<queue>.<worker>`.
 pub fn work(queue: &QueueName, worker: Option<&WorkerId>) -> String {
     match worker {

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::tests::{agent, is_well_formed};
 use super::*;
-use crate::ids::{QueueName, WorkerId};
+use crate::ids::{AgentId, QueueName, WorkerId};
 
 fn queue(s: &str) -> QueueName {
     QueueName::new(s).unwrap()
@@ -141,7 +141,9 @@ fn parse_stored_names_and_control() {
 }
 
 fn token_string() -> impl Strategy<Value = String> {
-    "[A-Za-z0-9_-]{1,32}"
+    "[A-Za-z0-9_-]{1,32}".prop_filter("not a reserved system id", |s: &String| {
+        !s.starts_with("hub-")
+    })
 }
 
 fn messy() -> impl Strategy<Value = String> {
@@ -213,5 +215,48 @@ proptest! {
         if let Ok(q) = parse_join_request(&subject) {
             prop_assert_eq!(join_request(&q), subject.clone());
         }
+    }
+}
+
+#[test]
+fn an_answer_route_names_no_sender_and_is_checked_against_the_worker() {
+    let w1 = WorkerId::new("w1").unwrap();
+    let boss = AgentId::new("boss").unwrap();
+    let route = answer_route(&w1);
+    assert_eq!(route, "answer.w1");
+    assert_eq!(
+        answer_ingress_from_route(&boss, &route, &w1).unwrap(),
+        "hub.pub.boss.answer.w1"
+    );
+    let w2 = WorkerId::new("w2").unwrap();
+    assert!(answer_ingress_from_route(&boss, &route, &w2).is_err());
+    for bad in [
+        "hub.pub.w1.answer.w1",
+        "answer.w1.x",
+        "answer.",
+        "answer.*",
+        "work.q",
+    ] {
+        assert!(answer_ingress_from_route(&boss, bad, &w1).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn only_literal_inbox_replies_are_reply_subjects() {
+    for good in ["_INBOX.abc", "_INBOX.alice.x1", "_INBOX.a.b.c"] {
+        assert!(crate::subjects::is_reply_subject(good), "{good}");
+    }
+    for bad in [
+        "hub.pub.bob.inbox",
+        "_INBOX",
+        "_INBOX.",
+        "_INBOX.>",
+        "_INBOX.a.*",
+        "_INBOX.a..b",
+        "_INBOX.a b",
+        "x._INBOX.a",
+        "",
+    ] {
+        assert!(!crate::subjects::is_reply_subject(bad), "{bad}");
     }
 }

@@ -2,9 +2,16 @@
 
 use std::collections::BTreeSet;
 
-use super::{Answer, AttemptId, CancelStatus, TaskResult, TaskState};
+use super::{
+    Answer, AttemptId, CancelStatus, Outcome, Suspend, TaskChannelBody, TaskResult, TaskSpec,
+    TaskState,
+};
 use crate::ids::{MessageId, TaskId, WorkerId};
 use crate::wire_error::{WireError, WireErrorKind};
+
+/// Room left under [`MAX_ENVELOPE_BYTES`](crate::MAX_ENVELOPE_BYTES) for the envelope meta
+/// the router adds to a result.
+pub const ENVELOPE_HEADROOM: usize = 4096;
 
 /// Prefix of the `Nats-Msg-Id` a task is stored under in the work stream.
 pub const TASK_MSG_ID_PREFIX: &str = "hub-task:";
@@ -13,6 +20,8 @@ pub const RESULT_MSG_ID_PREFIX: &str = "hub-result:";
 /// Prefix of the `Nats-Msg-Id` of a published
 /// [`StatusEvent`](super::StatusEvent).
 pub const STATUS_MSG_ID_PREFIX: &str = "hub-status:";
+/// Prefix of the `Nats-Msg-Id` of the error result of a refused answer.
+pub const REFUSAL_MSG_ID_PREFIX: &str = "hub-refusal:";
 /// Prefix of the id of a bundle (state change + result) a worker publishes.
 pub const BUNDLE_MSG_ID_PREFIX: &str = "hub-bundle:";
 /// The error detail of a result that exceeded the size limit.
@@ -98,7 +107,24 @@ pub fn judge_answer(attempt: Option<&AttemptView>, answer: &Answer) -> AnswerVer
     AnswerVerdict::Resume
 }
 
-/// What the worker's journal holds about a delivered task.
+/// What the task channel — the shared record of every attempt at a task, whatever worker ran
+/// it — says about a task when one of its inputs is delivered (see
+/// [`ChannelView::state_for`](super::ChannelView::state_for)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChannelState {
+    /// Nothing of the task is stored (or only what the delivered attempt itself published).
+    Untouched,
+    /// Another attempt published something (an acceptance, a status) but no result: it may
+    /// have run, or may still run.
+    StartedElsewhere,
+    /// The latest result is another attempt's `waiting` one: that attempt owns the task until
+    /// it is answered (its worker resumes it from its journal).
+    Parked,
+    /// A final result is stored.
+    Finished,
+}
+
+/// What the worker knows about a delivered task: its journal and the task channel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalView {
     /// The attempt admitted for this delivery, if any.
@@ -107,6 +133,18 @@ pub struct JournalView {
     pub saved_result: bool,
     /// Whether the task's `expires_at` has passed (see [`is_expired`]).
     pub expired: bool,
+    /// What the task channel holds.
+    pub channel: ChannelState,
+}
+
+/// Why a delivered task is acked without running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Settled {
+    /// The task has a final result already (e.g. a stored result whose ack a broker crash
+    /// lost, or a task stored twice).
+    Finished,
+    /// Another attempt of the task waits for an answer: it owns the task.
+    Parked,
 }
 
 /// What to do with a (re)delivered task.
@@ -114,6 +152,9 @@ pub struct JournalView {
 pub enum DeliveryPlan {
     /// A result is saved: republish it without running anything.
     RepublishSaved,
+    /// The task channel shows the task settled by another attempt: publish nothing, run
+    /// nothing, ack the input.
+    Settled(Settled),
     /// Admitted but no result saved: run the same attempt again, flagged as
     /// a re-run (its effects may repeat).
     RerunSameAttempt {
@@ -128,11 +169,12 @@ pub enum DeliveryPlan {
 }
 
 /// Whether an attempt must be told it is a re-run (its effects may repeat): the journal holds
-/// its admission without a result (this worker crashed mid-run), or the broker delivered the
-/// input before (`delivered > 1`: an earlier delivery, here or on another worker, may have
-/// started it, even if no journal remembers it).
-pub fn is_rerun(admitted_without_result: bool, delivered: u64) -> bool {
-    admitted_without_result || delivered > 1
+/// its admission without a result (this worker crashed mid-run), the broker delivered the
+/// input before (`delivered > 1`), or the task channel shows another attempt started it (the
+/// delivery count starts again at 1 after a broker crash, so the channel is the record that
+/// survives).
+pub fn is_rerun(admitted_without_result: bool, delivered: u64, started_elsewhere: bool) -> bool {
+    admitted_without_result || delivered > 1 || started_elsewhere
 }
 
 /// Whether a task with `expires_at` (unix milliseconds) has expired at `now_ms`: the deadline
@@ -181,13 +223,23 @@ pub fn failed_result(
     }
 }
 
-/// Plans a task delivery from the journal: a saved result is always republished (even after
-/// the deadline: the work was done); otherwise an expired task is not run (again).
-pub fn on_delivery(journal: JournalView) -> DeliveryPlan {
-    match journal {
+/// Plans a task delivery, in this order: a saved result is always republished (even after the
+/// deadline: the work was done); a task the channel shows finished, or parked on another
+/// attempt's question, is acked without running; an expired task is not run; an admitted
+/// one is run again as the same attempt; anything else is a fresh attempt.
+pub fn on_delivery(view: JournalView) -> DeliveryPlan {
+    match view {
         JournalView {
             saved_result: true, ..
         } => DeliveryPlan::RepublishSaved,
+        JournalView {
+            channel: ChannelState::Finished,
+            ..
+        } => DeliveryPlan::Settled(Settled::Finished),
+        JournalView {
+            channel: ChannelState::Parked,
+            ..
+        } => DeliveryPlan::Settled(Settled::Parked),
         JournalView { expired: true, .. } => DeliveryPlan::Expire,
         JournalView {
             admitted: Some(attempt_id),
@@ -195,6 +247,57 @@ pub fn on_delivery(journal: JournalView) -> DeliveryPlan {
         } => DeliveryPlan::RerunSameAttempt { attempt_id },
         JournalView { admitted: None, .. } => DeliveryPlan::FreshAttempt,
     }
+}
+
+/// The result of `outcome` for an attempt of `task` on `worker`, replaced by
+/// [`too_large_result`] when its envelope would exceed
+/// [`MAX_ENVELOPE_BYTES`](crate::MAX_ENVELOPE_BYTES) minus [`ENVELOPE_HEADROOM`]. A waiting
+/// result carries the worker's [`answer_route`](crate::subjects::answer_route).
+pub fn build_result(
+    task: &TaskSpec,
+    attempt_id: &AttemptId,
+    worker: &WorkerId,
+    outcome: Outcome,
+) -> TaskResult {
+    let mut result = TaskResult {
+        task_id: task.task_id.clone(),
+        attempt_id: attempt_id.clone(),
+        worker_id: worker.clone(),
+        state: TaskState::Completed,
+        response: None,
+        error: None,
+        suspend: None,
+        answer_route: None,
+    };
+    match outcome {
+        Outcome::Completed(response) => result.response = Some(response),
+        Outcome::Failed(reason) => {
+            result.state = TaskState::Failed;
+            result.error = Some(WireError::new(WireErrorKind::Internal, reason));
+        }
+        Outcome::Waiting {
+            question,
+            tool_call_id,
+        } => {
+            result.state = TaskState::Waiting;
+            result.suspend = Some(Suspend {
+                question,
+                tool_call_id,
+            });
+            result.answer_route = Some(crate::subjects::answer_route(worker));
+        }
+        Outcome::Cancelled => result.state = TaskState::Cancelled,
+    }
+    let size = serde_json::to_vec(&TaskChannelBody::Result(result.clone()))
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if result_too_large(
+        size,
+        crate::MAX_ENVELOPE_BYTES.saturating_sub(ENVELOPE_HEADROOM),
+    ) {
+        return too_large_result(task.task_id.clone(), attempt_id.clone(), worker.clone());
+    }
+    result
 }
 
 /// The outcome of a cancel request: [`Stale`](CancelStatus::Stale) when its
@@ -262,6 +365,13 @@ pub fn bundle_msg_id(
 ) -> String {
     let suffix = if with_acceptance { ":a" } else { "" };
     format!("{BUNDLE_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}{suffix}")
+}
+
+/// The `Nats-Msg-Id` of the error result of the refused answer `answer_id` (to `worker`, on
+/// `task_id`): `hub-refusal:<task_id>:<worker>:<answer_id>`, so a redelivered answer refused
+/// again is stored once.
+pub fn refusal_msg_id(task_id: &TaskId, worker: &WorkerId, answer_id: &MessageId) -> String {
+    format!("{REFUSAL_MSG_ID_PREFIX}{task_id}:{worker}:{answer_id}")
 }
 
 /// The `Nats-Msg-Id` of a status event: `hub-status:<event_id>`.

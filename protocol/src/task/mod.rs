@@ -12,8 +12,9 @@
 //! [`ControlRequest`]s on its control subjects.
 //!
 //! The decisions a worker takes are pure functions here:
-//! [`judge_answer`], [`on_delivery`], [`cancel_status`] and
-//! [`result_too_large`].
+//! [`judge_answer`], [`on_delivery`] (with the task channel's [`ChannelView`]),
+//! [`build_result`], [`cancel_status`] and [`result_too_large`]; [`idempotency`] holds the
+//! records and decisions of idempotency keys.
 //!
 //! ```
 //! use protocol::task::{decode_task, TASK_VERSION};
@@ -28,25 +29,30 @@
 //! # Ok::<(), protocol::task::TaskError>(())
 //! ```
 
+mod channel;
 mod decide;
 mod decode;
 mod error;
+pub mod idempotency;
 mod types;
 mod wire;
 
+pub use channel::{ChannelView, Whereabouts};
 pub use decide::{
-    bundle_msg_id, cancel_status, expired_result, failed_result, is_expired, is_rerun,
-    judge_answer, on_delivery, result_msg_id, result_too_large, status_event_id, status_msg_id,
-    task_msg_id, too_large_result, AnswerVerdict, AttemptView, DeliveryPlan, JournalView, EXPIRED,
-    RESULT_MSG_ID_PREFIX, RESULT_TOO_LARGE, STATUS_MSG_ID_PREFIX, TASK_MSG_ID_PREFIX,
+    build_result, bundle_msg_id, cancel_status, expired_result, failed_result, is_expired,
+    is_rerun, judge_answer, on_delivery, refusal_msg_id, result_msg_id, result_too_large,
+    status_event_id, status_msg_id, task_msg_id, too_large_result, AnswerVerdict, AttemptView,
+    ChannelState, DeliveryPlan, JournalView, Settled, ENVELOPE_HEADROOM, EXPIRED,
+    REFUSAL_MSG_ID_PREFIX, RESULT_MSG_ID_PREFIX, RESULT_TOO_LARGE, STATUS_MSG_ID_PREFIX,
+    TASK_MSG_ID_PREFIX,
 };
 pub use decode::{decode_task, decode_task_json};
 pub use error::TaskError;
 pub use types::{
-    Answer, CancelStatus, ControlRequest, JoinRequest, QueryReply, StatusEvent, StatusKind,
-    Suspend, TaskResult, TaskSpec, TaskState,
+    Answer, CancelStatus, ControlRequest, JoinRequest, Outcome, QueryReply, StatusEvent,
+    StatusKind, Suspend, TaskResult, TaskSpec, TaskState,
 };
-pub use wire::{JoinReply, JoinResponse, TaskChannelBody};
+pub use wire::{AnswerRefusal, JoinReply, JoinResponse, TaskChannelBody};
 
 use crate::ids::{validated_id, MAX_TOKEN_LEN};
 

@@ -8,7 +8,9 @@ use super::*;
 use crate::ids::{MessageId, TaskId, WorkerId};
 
 fn token() -> impl Strategy<Value = String> {
-    "[A-Za-z0-9_-]{1,16}"
+    "[A-Za-z0-9_-]{1,16}".prop_filter("not a reserved system id", |s: &String| {
+        !s.starts_with("hub-")
+    })
 }
 
 fn state() -> impl Strategy<Value = TaskState> {
@@ -79,11 +81,25 @@ proptest! {
     }
 
     #[test]
-    fn on_delivery_never_reruns_a_saved_result(admitted in proptest::option::of(token()), saved in any::<bool>(), expired in any::<bool>()) {
+    fn on_delivery_never_runs_a_task_with_a_saved_or_final_result(
+        admitted in proptest::option::of(token()),
+        saved in any::<bool>(),
+        expired in any::<bool>(),
+        channel in proptest::sample::select(vec![
+            ChannelState::Untouched,
+            ChannelState::StartedElsewhere,
+            ChannelState::Parked,
+            ChannelState::Finished,
+        ]),
+    ) {
         let admitted = admitted.map(|a| aid(&a));
-        let plan = on_delivery(JournalView { admitted: admitted.clone(), saved_result: saved, expired });
+        let plan = on_delivery(JournalView { admitted: admitted.clone(), saved_result: saved, expired, channel });
+        let runs = matches!(plan, DeliveryPlan::RerunSameAttempt { .. } | DeliveryPlan::FreshAttempt);
+        prop_assert!(!(runs && (saved || channel == ChannelState::Finished || channel == ChannelState::Parked)));
         match plan {
             DeliveryPlan::RepublishSaved => prop_assert!(saved),
+            DeliveryPlan::Settled(Settled::Finished) => prop_assert!(!saved && channel == ChannelState::Finished),
+            DeliveryPlan::Settled(Settled::Parked) => prop_assert!(!saved && channel == ChannelState::Parked),
             DeliveryPlan::RerunSameAttempt { attempt_id } => {
                 prop_assert!(!saved && !expired);
                 prop_assert_eq!(Some(attempt_id), admitted);
@@ -94,8 +110,15 @@ proptest! {
     }
 
     #[test]
-    fn a_first_delivery_without_an_admission_is_the_only_fresh_run(admitted in any::<bool>(), delivered in 1u64..1000) {
-        prop_assert_eq!(!is_rerun(admitted, delivered), !admitted && delivered == 1);
+    fn a_first_delivery_nobody_started_is_the_only_fresh_run(
+        admitted in any::<bool>(),
+        delivered in 1u64..1000,
+        elsewhere in any::<bool>(),
+    ) {
+        prop_assert_eq!(
+            !is_rerun(admitted, delivered, elsewhere),
+            !admitted && delivered == 1 && !elsewhere
+        );
     }
 
     #[test]

@@ -345,9 +345,39 @@ fn on_delivery_table() {
                 admitted,
                 saved_result,
                 expired,
+                channel: ChannelState::Untouched,
             }),
             plan
         );
+    }
+    // The task channel: a final result or another attempt's question settles the delivery,
+    // unless this journal saved a result (republished: the stream dedupes it).
+    for (channel, plan) in [
+        (
+            ChannelState::Finished,
+            DeliveryPlan::Settled(Settled::Finished),
+        ),
+        (ChannelState::Parked, DeliveryPlan::Settled(Settled::Parked)),
+        (ChannelState::StartedElsewhere, DeliveryPlan::FreshAttempt),
+    ] {
+        for expired in [false, true] {
+            let view = JournalView {
+                admitted: None,
+                saved_result: false,
+                expired,
+                channel,
+            };
+            let expected = match (&plan, expired) {
+                (DeliveryPlan::FreshAttempt, true) => DeliveryPlan::Expire,
+                _ => plan.clone(),
+            };
+            assert_eq!(on_delivery(view.clone()), expected, "{view:?}");
+            let saved = JournalView {
+                saved_result: true,
+                ..view
+            };
+            assert_eq!(on_delivery(saved), DeliveryPlan::RepublishSaved);
+        }
     }
 }
 

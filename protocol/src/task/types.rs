@@ -113,10 +113,30 @@ pub struct TaskResult {
     /// The pending question, when waiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspend: Option<Suspend>,
-    /// The ingress subject to answer on, when waiting
-    /// ([`answer_ingress`](crate::subjects::answer_ingress)).
+    /// Where to answer, when waiting: the channel an answerer appends to its own ingress
+    /// prefix, `answer.<worker>` ([`answer_route`](crate::subjects::answer_route); see
+    /// [`answer_ingress_from_route`](crate::subjects::answer_ingress_from_route)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_route: Option<String>,
+}
+
+/// How a handler's run (or resume) of an attempt ended; [`build_result`](super::build_result)
+/// turns it into the attempt's [`TaskResult`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Finished with a response.
+    Completed(Value),
+    /// Finished with an error.
+    Failed(String),
+    /// Parked on a question; an [`Answer`] naming `tool_call_id` resumes it.
+    Waiting {
+        /// The question, as text.
+        question: String,
+        /// The tool call the answer must name.
+        tool_call_id: String,
+    },
+    /// Stopped on a cancel request.
+    Cancelled,
 }
 
 /// What a [`StatusEvent`] reports.

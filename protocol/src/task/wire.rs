@@ -2,11 +2,13 @@
 //!
 //! Results and status events are envelopes like any other (they go through the ingress, so the
 //! router stamps the worker's identity into `meta.from`); their body is a [`TaskChannelBody`]:
-//! `{"result": {...}}` or `{"status": {...}}`.
+//! `{"result": {...}}`, `{"status": {...}}` or, for an answer the worker refused,
+//! `{"answer_refused": {...}}`.
 
 use serde::{Deserialize, Serialize};
 
-use super::{StatusEvent, TaskResult};
+use super::{AttemptId, StatusEvent, TaskResult};
+use crate::ids::{MessageId, TaskId, WorkerId};
 use crate::WireError;
 
 /// The body of an envelope on a task channel.
@@ -17,6 +19,40 @@ pub enum TaskChannelBody {
     Result(TaskResult),
     /// A state change (acceptance first).
     Status(StatusEvent),
+    /// The error result of an answer the worker refused (stale, or for an attempt it does not
+    /// own). It says nothing about the task's state: readers of that state skip it.
+    AnswerRefused(AnswerRefusal),
+}
+
+impl TaskChannelBody {
+    /// The task the body is about.
+    pub fn task_id(&self) -> &TaskId {
+        match self {
+            TaskChannelBody::Result(r) => &r.task_id,
+            TaskChannelBody::Status(s) => &s.task_id,
+            TaskChannelBody::AnswerRefused(a) => &a.task_id,
+        }
+    }
+}
+
+/// An answer the worker refused, published on the task channel so that the answerer (and any
+/// tracker of the task) learns it: [`WireErrorKind::StaleAnswer`](crate::WireErrorKind) when
+/// the attempt does not wait on that tool call (or is not waiting), and
+/// [`WireErrorKind::UnknownTaskAttempt`](crate::WireErrorKind) when the worker owns no such
+/// attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerRefusal {
+    /// The task the answer named.
+    pub task_id: TaskId,
+    /// The attempt the answer named.
+    pub attempt_id: AttemptId,
+    /// The worker that refused it (the answer's addressee).
+    pub worker_id: WorkerId,
+    /// The refused answer's `message_id`.
+    pub answer_id: MessageId,
+    /// Why.
+    pub error: WireError,
 }
 
 /// The router's answer to a worker's join request (`hub.work.<queue>.join`): the consumers it
@@ -34,6 +70,14 @@ pub struct JoinReply {
     pub answers_stream: String,
     /// This worker's answer consumer (`answers-<worker>`).
     pub answer_consumer: String,
+    /// The stream that stores task channels (the router's `tasks.name`), where the worker
+    /// reads a task's record before it runs the task.
+    #[serde(default = "default_tasks_stream")]
+    pub tasks_stream: String,
+}
+
+fn default_tasks_stream() -> String {
+    crate::subjects::TASKS_STREAM.to_owned()
 }
 
 /// A join reply or a refusal.
@@ -52,8 +96,7 @@ pub enum JoinResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::{AttemptId, TaskState};
-    use crate::{TaskId, WorkerId};
+    use crate::task::TaskState;
 
     #[test]
     fn task_channel_bodies_are_externally_tagged() {
@@ -74,6 +117,23 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_refusal_is_its_own_body() {
+        let refusal = AnswerRefusal {
+            task_id: TaskId::new("t1").unwrap(),
+            attempt_id: AttemptId::new("a1").unwrap(),
+            worker_id: WorkerId::new("w1").unwrap(),
+            answer_id: MessageId::new("ans-1").unwrap(),
+            error: WireError::new(crate::WireErrorKind::StaleAnswer, "stale answer"),
+        };
+        let json = serde_json::to_value(TaskChannelBody::AnswerRefused(refusal.clone())).unwrap();
+        assert_eq!(json["answer_refused"]["error"]["kind"], "stale_answer");
+        assert_eq!(json["answer_refused"]["answer_id"], "ans-1");
+        let back: TaskChannelBody = serde_json::from_value(json).unwrap();
+        assert_eq!(back.task_id().as_str(), "t1");
+        assert_eq!(back, TaskChannelBody::AnswerRefused(refusal));
+    }
+
+    #[test]
     fn join_responses_round_trip() {
         let joined = JoinResponse::Joined(JoinReply {
             work_stream: "HUB_WORK".into(),
@@ -81,9 +141,16 @@ mod tests {
             targeted_consumer: "worker-w".into(),
             answers_stream: "HUB_ANSWERS".into(),
             answer_consumer: "answers-w".into(),
+            tasks_stream: "HUB_TASKS".into(),
         });
         let text = serde_json::to_string(&joined).unwrap();
         assert_eq!(serde_json::from_str::<JoinResponse>(&text).unwrap(), joined);
+        // A router of an earlier version names no tasks stream: the default.
+        let old = r#"{"work_stream":"HUB_WORK","queue_consumer":"queue-q","targeted_consumer":"worker-w","answers_stream":"HUB_ANSWERS","answer_consumer":"answers-w"}"#;
+        match serde_json::from_str::<JoinResponse>(old).unwrap() {
+            JoinResponse::Joined(reply) => assert_eq!(reply.tasks_stream, "HUB_TASKS"),
+            other => panic!("{other:?}"),
+        }
         let refused: JoinResponse =
             serde_json::from_str(r#"{"error":{"kind":"internal","detail":"x"}}"#).unwrap();
         assert!(matches!(refused, JoinResponse::Refused { .. }));

@@ -13,8 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use super::{ActorSystem, SystemError};
 
-/// How long a send waits for the ingress stream's ack.
-pub const SEND_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an inbox waits for an attach reply before trying the existing consumer.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(2);
 /// DMs pulled per request by an inbox consumer.
@@ -101,18 +99,15 @@ impl ActorSystem {
         envelope: &Envelope,
     ) -> Result<Receipt, SystemError> {
         let subject = subjects::ingress(from, channel);
-        let fail = |reason: String| SystemError::Publish {
-            subject: subject.clone(),
-            reason,
-        };
-        let payload = protocol::encode(envelope, Codec::Json).map_err(|e| fail(e.to_string()))?;
+        let payload = protocol::encode(envelope, Codec::Json)
+            .map_err(|e| SystemError::publish(&subject, e))?;
         if !self.durable {
             let mut h = HeaderMap::new();
             actors::trace_context::inject_current(&mut h);
             self.client
                 .publish_with_headers(subject.clone(), h, payload.into())
                 .await
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| SystemError::publish(&subject, e))?;
             return Ok(Receipt {
                 id: envelope.meta.id.clone(),
                 ingress_seq: None,
@@ -184,7 +179,7 @@ impl ActorSystem {
 impl ActorSystem {
     /// JetStream-publishes an encoded envelope to the ingress `subject` with the current span's
     /// trace context and `Nats-Msg-Id: msg_id`, and awaits the stream ack for at most
-    /// [`SEND_ACK_TIMEOUT`].
+    /// [`actors::PUBLISH_ACK_TIMEOUT`].
     ///
     /// # Errors
     /// [`SystemError::Publish`] when the publish fails or is not acked in time.
@@ -194,10 +189,6 @@ impl ActorSystem {
         msg_id: &str,
         payload: Vec<u8>,
     ) -> Result<async_nats::jetstream::publish::PublishAck, SystemError> {
-        let fail = |reason: String| SystemError::Publish {
-            subject: subject.to_owned(),
-            reason,
-        };
         let mut h = HeaderMap::new();
         actors::trace_context::inject_current(&mut h);
         h.insert(headers::NATS_MSG_ID, msg_id);
@@ -205,10 +196,28 @@ impl ActorSystem {
         let ack = js
             .publish_with_headers(subject.to_owned(), h, payload.into())
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        tokio::time::timeout(SEND_ACK_TIMEOUT, ack)
+            .map_err(|e| SystemError::publish(subject, e))?;
+        let timeout = actors::PUBLISH_ACK_TIMEOUT;
+        tokio::time::timeout(timeout, ack)
             .await
-            .map_err(|_| fail(format!("no ingress ack within {SEND_ACK_TIMEOUT:?}")))?
-            .map_err(|e| fail(e.to_string()))
+            .map_err(|_| {
+                SystemError::publish(subject, format!("no ingress ack within {timeout:?}"))
+            })?
+            .map_err(|e| SystemError::publish(subject, e))
+    }
+
+    /// [`publish_ingress`](Self::publish_ingress) of `envelope` (JSON).
+    ///
+    /// # Errors
+    /// As [`publish_ingress`](Self::publish_ingress).
+    pub(super) async fn publish_envelope(
+        &self,
+        subject: &str,
+        msg_id: &str,
+        envelope: &Envelope,
+    ) -> Result<async_nats::jetstream::publish::PublishAck, SystemError> {
+        let payload = protocol::encode(envelope, Codec::Json)
+            .map_err(|e| SystemError::publish(subject, e))?;
+        self.publish_ingress(subject, msg_id, payload).await
     }
 }

@@ -38,6 +38,7 @@ use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+pub mod control;
 pub mod messaging;
 pub mod tasks;
 pub mod worker;
@@ -52,6 +53,9 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
 
 static NEXT_SYSTEM: AtomicU64 = AtomicU64::new(1);
 
+/// A boxed error source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Failures of the embedding API.
 #[derive(Debug, thiserror::Error)]
 pub enum SystemError {
@@ -65,12 +69,13 @@ pub enum SystemError {
     #[error(transparent)]
     Streams(#[from] actors::streams::StreamError),
     /// An actor could not be spawned.
-    #[error("cannot spawn {what}: {reason}")]
+    #[error("cannot spawn {what}: {source}")]
     Spawn {
         /// Which actor.
         what: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// An actor did not come up or answer in time.
     #[error("timed out waiting for {what}")]
@@ -84,28 +89,40 @@ pub enum SystemError {
         /// The status subject.
         subject: &'static str,
     },
-    /// A NATS request failed.
-    #[error("nats request failed: {0}")]
-    Request(String),
+    /// A NATS request failed, or its reply does not decode.
+    #[error("request on {subject} failed: {source}")]
+    Request {
+        /// The subject.
+        subject: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
     /// A setting (environment variable or argument) has an invalid value.
     #[error("{0}")]
     InvalidSetting(String),
+    /// A task the router would refuse (checked before anything is written or sent).
+    #[error("invalid task: {0}")]
+    InvalidTask(#[source] protocol::TaskError),
     /// A publish was not accepted by the ingress stream.
-    #[error("publish to {subject} failed: {reason}")]
+    #[error("publish to {subject} failed: {source}")]
     Publish {
         /// The subject.
         subject: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: BoxError,
     },
     /// The worker's journal is locked by another process or unreadable.
-    #[error("{0}")]
-    Journal(String),
-    /// A role this build does not run yet.
-    #[error("role {role} is not available in this build yet; only --role router runs")]
-    RoleUnavailable {
-        /// The role asked for.
-        role: String,
+    #[error(transparent)]
+    Journal(#[from] actors::journal::JournalError),
+    /// The task is not in the state the operation needs (unknown, not waiting...).
+    #[error("task {task_id}: {what}")]
+    Task {
+        /// The task.
+        task_id: protocol::TaskId,
+        /// What is the matter.
+        what: String,
     },
 }
 
@@ -114,8 +131,8 @@ impl SystemError {
     pub fn is_usage(&self) -> bool {
         match self {
             SystemError::Config(_)
-            | SystemError::RoleUnavailable { .. }
             | SystemError::InvalidSetting(_)
+            | SystemError::InvalidTask(_)
             | SystemError::Journal(_) => true,
             SystemError::Connect(e) => e.is_usage(),
             SystemError::Streams(actors::streams::StreamError::RetentionMismatch { .. }) => true,
@@ -130,10 +147,32 @@ impl SystemError {
             SystemError::Connect(_)
                 | SystemError::Streams(_)
                 | SystemError::NoRouter { .. }
-                | SystemError::Request(_)
+                | SystemError::Request { .. }
                 | SystemError::Publish { .. }
                 | SystemError::Timeout { .. }
+                | SystemError::Task { .. }
         ) && !self.is_usage()
+    }
+
+    pub(crate) fn request(subject: &str, source: impl Into<BoxError>) -> SystemError {
+        SystemError::Request {
+            subject: subject.to_owned(),
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn publish(subject: &str, source: impl Into<BoxError>) -> SystemError {
+        SystemError::Publish {
+            subject: subject.to_owned(),
+            source: source.into(),
+        }
+    }
+
+    pub(crate) fn spawn(what: &str, source: impl Into<BoxError>) -> SystemError {
+        SystemError::Spawn {
+            what: what.to_owned(),
+            source: source.into(),
+        }
     }
 }
 
@@ -345,10 +384,7 @@ impl ActorSystem {
     async fn spawn_tree(&self, name: String, spec: SupervisorSpec) -> Result<(), SystemError> {
         let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
             .await
-            .map_err(|e| SystemError::Spawn {
-                what: name.clone(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| SystemError::spawn(&name, e))?;
         self.trees.lock().await.push(Tree {
             name,
             supervisor,
@@ -450,15 +486,16 @@ pub async fn request_worker_status(
     window: Duration,
 ) -> Result<Vec<actors::worker::WorkerSnapshot>, SystemError> {
     use futures::StreamExt;
+    let subject = subjects::WORKER_STATUS_SUBJECT;
     let inbox = client.new_inbox();
     let mut replies = client
         .subscribe(inbox.clone())
         .await
-        .map_err(|e| SystemError::Request(e.to_string()))?;
+        .map_err(|e| SystemError::request(subject, e))?;
     client
-        .publish_with_reply(subjects::WORKER_STATUS_SUBJECT, inbox, Vec::new().into())
+        .publish_with_reply(subject, inbox, Vec::new().into())
         .await
-        .map_err(|e| SystemError::Request(e.to_string()))?;
+        .map_err(|e| SystemError::request(subject, e))?;
     let mut workers = Vec::new();
     let deadline = tokio::time::Instant::now() + window;
     while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, replies.next()).await {
@@ -492,8 +529,9 @@ pub async fn request_status(
                 subject: subjects::STATUS_SUBJECT,
             })
         }
-        Ok(Err(e)) => return Err(SystemError::Request(e.to_string())),
+        Ok(Err(e)) => return Err(SystemError::request(subjects::STATUS_SUBJECT, e)),
         Ok(Ok(reply)) => reply,
     };
-    serde_json::from_slice(&reply.payload).map_err(|e| SystemError::Request(e.to_string()))
+    serde_json::from_slice(&reply.payload)
+        .map_err(|e| SystemError::request(subjects::STATUS_SUBJECT, e))
 }

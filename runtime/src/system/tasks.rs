@@ -1,7 +1,8 @@
 //! Delegating tasks through an [`ActorSystem`].
 
+use protocol::task::idempotency::{self, Existing, IdempotencyRecord, Submission};
 use protocol::task::{TaskSpec, TASK_VERSION};
-use protocol::{subjects, AgentId, Codec, Envelope, Meta, QueueName, TaskId, WorkerId};
+use protocol::{subjects, AgentId, Envelope, Meta, QueueName, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
 use super::messaging::new_message_id;
@@ -35,11 +36,23 @@ pub fn new_task(text: impl Into<String>, context: Vec<String>) -> TaskSpec {
 impl ActorSystem {
     /// Submits `spec` to `queue` (or to one `worker` of it) through the ingress, as `from`.
     ///
-    /// With an idempotency key, a create-only KV entry `(queue, key) -> task_id` is made first;
-    /// when it exists, nothing is sent and the receipt names the existing task.
+    /// The whole task is checked first, as the router checks it (its idempotency key
+    /// included): an invalid task is refused before anything is written or sent.
+    ///
+    /// With an idempotency key, a create-only KV entry `(queue, key)` binds the key to the task
+    /// *and* records whether the ingress stored it (see [`protocol::task::idempotency`]): the
+    /// entry is created as pending with the envelope to publish, the envelope is published, and
+    /// the entry is then marked stored. A submission that finds the entry names its task
+    /// (`existing: true`); when the entry is still pending (the first publish failed or timed
+    /// out, or its submitter died), it publishes that same task again, under the same
+    /// `Nats-Msg-Id`, before answering. So the key and the stored task agree whatever fails
+    /// between the two steps, and the task runs once (a task already run is recognised by its
+    /// worker from the task channel).
     ///
     /// # Errors
-    /// [`SystemError::Publish`] when the ingress or the KV bucket refuses or does not answer.
+    /// [`SystemError::InvalidTask`] for a task the router would refuse (nothing is written);
+    /// [`SystemError::Publish`] when the ingress or the KV bucket refuses or does not answer
+    /// (retry with the same idempotency key, or the same task id).
     ///
     /// # Cancel safety
     /// Not cancel safe; submit again with the same task id (the work stream dedupes it within
@@ -51,62 +64,113 @@ impl ActorSystem {
         worker: Option<&WorkerId>,
         spec: &TaskSpec,
     ) -> Result<TaskReceipt, SystemError> {
+        let body = serde_json::to_value(spec).expect("a task spec serializes");
+        protocol::task::decode_task(&body).map_err(SystemError::InvalidTask)?;
         let subject = subjects::work_ingress(from, queue, worker);
-        let fail = |reason: String| SystemError::Publish {
-            subject: subject.clone(),
-            reason,
-        };
-        let js = async_nats::jetstream::new(self.client.clone());
-        if let Some(key) = &spec.idempotency_key {
-            let kv = js
-                .get_key_value(actors::streams::IDEMPOTENCY_BUCKET)
-                .await
-                .map_err(|e| fail(format!("idempotency bucket: {e}")))?;
-            let entry = idempotency_entry(queue, key);
-            match kv
-                .create(&entry, spec.task_id.as_str().to_string().into())
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
-                    let existing = kv
-                        .get(&entry)
-                        .await
-                        .map_err(|e| fail(e.to_string()))?
-                        .ok_or_else(|| fail("idempotency entry vanished".into()))?;
-                    let task_id = TaskId::new(String::from_utf8_lossy(&existing).to_string())
-                        .map_err(|e| fail(e.to_string()))?;
-                    return Ok(TaskReceipt {
-                        task_id,
-                        ingress_seq: None,
-                        existing: true,
-                    });
-                }
-                Err(e) => return Err(fail(format!("idempotency key: {e}"))),
-            }
-        }
+        let msg_id = task_ingress_msg_id(from, &spec.task_id);
         let envelope = Envelope {
             meta: Meta::new(new_message_id()),
-            body: serde_json::to_value(spec).map_err(|e| fail(e.to_string()))?,
+            body,
             extra: Default::default(),
         };
-        let payload = protocol::encode(&envelope, Codec::Json).map_err(|e| fail(e.to_string()))?;
-        let ack = self
-            .publish_ingress(&subject, &format!("{from}:task:{}", spec.task_id), payload)
-            .await?;
-        Ok(TaskReceipt {
+        let Some(key) = &spec.idempotency_key else {
+            let ack = self.publish_envelope(&subject, &msg_id, &envelope).await?;
+            return Ok(TaskReceipt {
+                task_id: spec.task_id.clone(),
+                ingress_seq: Some(ack.sequence),
+                existing: false,
+            });
+        };
+        let bucket = subjects::IDEMPOTENCY_BUCKET;
+        let js = async_nats::jetstream::new(self.client.clone());
+        let kv = js
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| SystemError::publish(bucket, e))?;
+        let entry = idempotency::entry_key(queue, key);
+        let record = IdempotencyRecord {
             task_id: spec.task_id.clone(),
-            ingress_seq: Some(ack.sequence),
-            existing: false,
-        })
+            state: Submission::Pending,
+            subject,
+            msg_id,
+            envelope,
+        };
+        let value = serde_json::to_vec(&record).expect("an idempotency record serializes");
+        match kv.create(&entry, value.into()).await {
+            Ok(revision) => {
+                let ack = self
+                    .publish_envelope(&record.subject, &record.msg_id, &record.envelope)
+                    .await?;
+                mark_stored(&kv, &entry, record, revision).await;
+                Ok(TaskReceipt {
+                    task_id: spec.task_id.clone(),
+                    ingress_seq: Some(ack.sequence),
+                    existing: false,
+                })
+            }
+            Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
+                let found = kv
+                    .entry(&entry)
+                    .await
+                    .map_err(|e| SystemError::publish(bucket, e))?
+                    .ok_or_else(|| SystemError::publish(bucket, "idempotency entry vanished"))?;
+                let existing = idempotency::on_existing(&found.value)
+                    .map_err(|e| SystemError::publish(bucket, e))?;
+                let mut record = match existing {
+                    Existing::Stored(task_id) => {
+                        return Ok(TaskReceipt {
+                            task_id,
+                            ingress_seq: None,
+                            existing: true,
+                        })
+                    }
+                    Existing::Republish(record) => record,
+                };
+                // Published as the caller: a sender may publish only as itself.
+                let same_sender = subjects::parse_work_ingress(&record.subject)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|(sender, _, _)| &sender == from);
+                if !same_sender {
+                    record.subject = subjects::work_ingress(from, queue, worker);
+                    record.msg_id = task_ingress_msg_id(from, &record.task_id);
+                }
+                tracing::info!(task_id = %record.task_id, "idempotency key pending: publishing its task again");
+                let ack = self
+                    .publish_envelope(&record.subject, &record.msg_id, &record.envelope)
+                    .await?;
+                let task_id = record.task_id.clone();
+                mark_stored(&kv, &entry, *record, found.revision).await;
+                Ok(TaskReceipt {
+                    task_id,
+                    ingress_seq: Some(ack.sequence),
+                    existing: true,
+                })
+            }
+            Err(e) => Err(SystemError::publish(bucket, e)),
+        }
     }
 }
 
-/// The KV key of an idempotency key: `<queue>.<hex of the key>` (KV keys allow fewer
-/// characters than idempotency keys).
-fn idempotency_entry(queue: &QueueName, key: &str) -> String {
-    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("{queue}.{hex}")
+/// The ingress `Nats-Msg-Id` of a task submission: `<from>:task:<task_id>`.
+fn task_ingress_msg_id(from: &AgentId, task_id: &TaskId) -> String {
+    format!("{from}:task:{task_id}")
+}
+
+/// Marks an idempotency entry stored (compare-and-set on `revision`). A failure is harmless:
+/// the entry stays pending and the next submission with the key publishes the task again
+/// under the same `Nats-Msg-Id`.
+async fn mark_stored(
+    kv: &async_nats::jetstream::kv::Store,
+    entry: &str,
+    mut record: IdempotencyRecord,
+    revision: u64,
+) {
+    record.state = Submission::Stored;
+    let value = serde_json::to_vec(&record).expect("an idempotency record serializes");
+    if let Err(e) = kv.update(entry, value.into(), revision).await {
+        tracing::warn!(error = %e, "cannot mark an idempotency entry stored; a retry publishes its task again");
+    }
 }
 
 /// A running task tracker: the final result arrives once on `result`; status events and
@@ -184,10 +248,7 @@ impl ActorSystem {
             .with_restart(Restart::Transient);
         dynamic::add_child(supervisor, child)
             .await
-            .map_err(|e| SystemError::Spawn {
-                what: self.tracker_name(task_id),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| SystemError::spawn(&self.tracker_name(task_id), e))?;
         Ok(Tracking { result, events })
     }
 
@@ -209,28 +270,8 @@ impl ActorSystem {
         }
         let (sup, join) = DynamicSupervisor::spawn(name.clone(), Intensity::default())
             .await
-            .map_err(|e| SystemError::Spawn {
-                what: name,
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| SystemError::spawn(&name, e))?;
         *slot = Some((sup.clone(), join));
         Ok(sup)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idempotency_entries_are_valid_kv_keys_per_queue() {
-        let q = QueueName::new("builds").unwrap();
-        let entry = idempotency_entry(&q, "order #42/α");
-        assert!(entry.starts_with("builds."));
-        assert!(entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'));
-        assert_ne!(
-            entry,
-            idempotency_entry(&QueueName::new("other").unwrap(), "order #42/α")
-        );
     }
 }

@@ -22,6 +22,28 @@ pub struct WorkerSettings {
     pub journal_dir: PathBuf,
     /// Runs the tasks.
     pub handler: Arc<dyn TaskHandler>,
+    /// How long a graceful stop lets running attempts finish before their inputs are handed
+    /// back to other workers (the CLI's `--shutdown-grace-secs`).
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerSettings {
+    /// Settings with the default concurrency and shutdown grace.
+    pub fn new(
+        worker_id: WorkerId,
+        queue: QueueName,
+        journal_dir: PathBuf,
+        handler: Arc<dyn TaskHandler>,
+    ) -> WorkerSettings {
+        WorkerSettings {
+            worker_id,
+            queue,
+            concurrency: actors::worker::DEFAULT_CONCURRENCY,
+            journal_dir,
+            handler,
+            shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
 }
 
 impl ActorSystem {
@@ -45,8 +67,7 @@ impl ActorSystem {
         let probe_id = settings.worker_id.to_string();
         tokio::task::spawn_blocking(move || actors::journal::Journal::open(&probe_dir, &probe_id))
             .await
-            .map_err(|e| SystemError::Journal(e.to_string()))?
-            .map_err(|e| SystemError::Journal(e.to_string()))?;
+            .map_err(|e| SystemError::spawn("the journal check", e))??;
         let name = self.worker_name(&settings.worker_id);
         let mut worker = Worker::new(
             name.clone(),
@@ -56,8 +77,10 @@ impl ActorSystem {
             settings.journal_dir,
             settings.handler,
         );
+        // The heartbeat period comes from the consumers the worker binds (their ack wait is the
+        // router's `ack_wait_secs`), not from this system's delivery config.
         worker.concurrency = settings.concurrency;
-        worker.ack_wait = self.delivery.ack_wait();
+        worker.shutdown_grace = settings.shutdown_grace;
         let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             name.clone(),
             worker,

@@ -243,6 +243,7 @@ pub async fn start_worker(
             concurrency,
             journal_dir: journal.to_path_buf(),
             handler,
+            shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
         })
         .await
         .unwrap();

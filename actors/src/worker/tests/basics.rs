@@ -209,10 +209,7 @@ async fn bad_input_yields_failed_result_and_next_task_still_runs() {
 #[tokio::test]
 async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
     let env = env("wait").await;
-    let handler = Arc::new(TestHandler {
-        wait_first: true,
-        ..Arc::into_inner(TestHandler::new(Duration::ZERO)).unwrap()
-    });
+    let handler = TestHandler::waiting(Duration::ZERO);
     let mut results = env.results().await;
     let worker = env.start("worker-wait", handler.clone(), 2).await;
     env.submit("t-wait").await;
@@ -220,46 +217,34 @@ async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
     assert_eq!(waiting.state, TaskState::Waiting);
     assert_eq!(waiting.suspend.as_ref().unwrap().tool_call_id, "call-1");
     assert!(waiting.answer_route.is_some());
-    tokio::time::sleep(ACK_WAIT * 2).await;
-    assert_eq!(
-        env.work_left().await,
-        1,
-        "the input stays unacked while waiting"
-    );
-    assert_eq!(
-        handler.calls.load(Ordering::SeqCst),
-        1,
-        "and is not redelivered"
-    );
-    // Query over the control subject.
+    // The waiting result completed the input's delivery: acked (never redelivered), and the
+    // attempt parked in the journal.
+    env.wait_work_empty().await;
+    let snap = wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
+    assert_eq!(snap.counters.redelivered, 0);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+    // Query over the control subject: parked, answered from the journal.
     let query = env
         .control(subjects::ControlKind::Query, "t-wait", &waiting.attempt_id)
         .await;
     assert_eq!(query.state, TaskState::Waiting);
-    assert!(query.active);
-    let answer = serde_json::json!({
-        "message_id": "ans-1", "task_id": "t-wait", "attempt_id": waiting.attempt_id,
-        "worker_id": env.worker_id, "tool_call_id": "call-1", "responses": ["yes"],
-    });
+    assert!(!query.active, "parked: nothing runs");
+    assert_eq!(query.suspend.unwrap().tool_call_id, "call-1");
     for _ in 0..2 {
-        let env_json =
-            serde_json::json!({ "meta": { "id": "ans-1", "from": "boss" }, "body": answer });
-        env.answer(&env_json).await;
+        env.answer(&env.answer_envelope(&waiting, "ans-1")).await;
     }
     let done = results.result(Duration::from_secs(10)).await;
     assert_eq!(done.state, TaskState::Completed);
+    assert_eq!(done.attempt_id, waiting.attempt_id);
     assert_eq!(done.response.unwrap()["answers"], 1);
-    env.wait_work_empty().await;
     // Both answers were handled (the duplicate too) before the resume count is read.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while snapshot(&worker).await.counters.answers < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "second answer not handled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_empty(subjects::ANSWERS_STREAM).await;
+    let snap = wait_snapshot(&worker, "both answers handled", |s| {
+        s.counters.answers >= 2 && s.running == 0
+    })
+    .await;
     assert_eq!(handler.resumes.load(Ordering::SeqCst), 1, "one resume");
+    assert_eq!(snap.parked, 0, "forgotten once final");
     stop(worker).await;
 }
 
@@ -381,6 +366,7 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
                 targeted_consumer: subjects::targeted_consumer(&worker_id),
                 answers_stream: subjects::ANSWERS_STREAM.into(),
                 answer_consumer: subjects::answer_consumer(&worker_id),
+                tasks_stream: subjects::TASKS_STREAM.into(),
             });
             let body = serde_json::to_vec(&reply).unwrap();
             client
@@ -545,6 +531,7 @@ fn shape(message: &[TaskChannelBody]) -> Vec<String> {
             TaskChannelBody::Status(s) if s.seq == 0 => "accepted".to_string(),
             TaskChannelBody::Status(s) => format!("status:{}", s.state.as_str()),
             TaskChannelBody::Result(r) => format!("result:{}", r.state.as_str()),
+            TaskChannelBody::AnswerRefused(r) => format!("refused:{}", r.answer_id),
         })
         .collect()
 }

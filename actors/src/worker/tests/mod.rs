@@ -5,9 +5,9 @@
 //! [`Router`](crate::router::Router). Tests store task inputs and answers straight into the
 //! work and answer streams (as the router would), so that they can also store bad ones.
 
-// mod answers;
+mod answers;
 mod basics;
-// mod faults;
+mod faults;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -216,7 +216,6 @@ impl Env {
     ) -> Worker {
         Worker {
             concurrency,
-            ack_wait: ACK_WAIT,
             ..Worker::new(
                 name,
                 self.client.clone(),

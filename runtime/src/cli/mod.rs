@@ -1,16 +1,25 @@
-//! The `runtime` command line (clap derive).
+//! The `runtime` command line (clap derive), and the client commands it runs (`messaging`:
+//! send, inbox; `tasks`: delegate, task, answer). These modules belong to the binary; hosts use
+//! [`runtime::ActorSystem`].
 //!
 //! Usage errors exit with [`EXIT_USAGE`] (64) and one line saying what is wrong; see
 //! [`parse_args`].
 
+pub mod messaging;
+pub mod tasks;
+
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-
-use crate::connect::NatsSettings;
+use protocol::config::DeliveryConfig;
+use runtime::{NatsSettings, SystemError};
 
 /// Exit code of a usage or configuration error (BSD `EX_USAGE`).
 pub const EXIT_USAGE: i32 = 64;
+/// Exit code of `runtime delegate --wait`/`--resume` when the task waits for an answer: its
+/// waiting result was printed, and the line on stderr says how to answer (BSD `EX_TEMPFAIL`:
+/// the task is not finished; resume it after answering).
+pub const EXIT_WAITING: i32 = 75;
 /// Exit code when NATS cannot be reached or refuses a request (BSD `EX_UNAVAILABLE`).
 pub const EXIT_UNAVAILABLE: i32 = 69;
 /// Exit code of an internal failure (BSD `EX_SOFTWARE`).
@@ -54,6 +63,9 @@ pub struct TaskArgs {
     /// What to do.
     #[command(subcommand)]
     pub action: TaskAction,
+    /// Where the hub keeps its streams.
+    #[command(flatten)]
+    pub hub: HubArgs,
     /// How to reach NATS.
     #[command(flatten)]
     pub nats: NatsArgs,
@@ -93,6 +105,10 @@ pub struct AnswerArgs {
     )]
     pub as_id: String,
 
+    /// Where the hub keeps its streams.
+    #[command(flatten)]
+    pub hub: HubArgs,
+
     /// How to reach NATS.
     #[command(flatten)]
     pub nats: NatsArgs,
@@ -130,9 +146,15 @@ pub struct DelegateArgs {
     #[arg(long)]
     pub idempotency_key: Option<String>,
 
-    /// Wait for the result and print it.
+    /// Wait for the result and print it. A task that asks a question ends the wait: its
+    /// waiting result is printed, and the exit code is 75 (answer with `runtime answer`).
     #[arg(long)]
     pub wait: bool,
+
+    /// With `--wait` or `--resume`: keep waiting through questions (each waiting result is
+    /// printed once) until the final result.
+    #[arg(long)]
+    pub follow_answers: bool,
 
     /// Find the result of this task id from its stored channel (waits for it).
     #[arg(long, value_name = "TASK_ID", conflicts_with_all = ["text", "queue"])]
@@ -142,6 +164,10 @@ pub struct DelegateArgs {
     /// task.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
+
+    /// Where the hub keeps its streams.
+    #[command(flatten)]
+    pub hub: HubArgs,
 
     /// How to reach NATS.
     #[command(flatten)]
@@ -166,6 +192,10 @@ pub struct SendArgs {
     /// deduplicated within the duplicate window.
     #[arg(long)]
     pub id: Option<String>,
+
+    /// Where the hub keeps its streams.
+    #[command(flatten)]
+    pub hub: HubArgs,
 
     /// How to reach NATS.
     #[command(flatten)]
@@ -194,6 +224,10 @@ pub struct InboxArgs {
     /// How inbox consumers bind: auto, on or off.
     #[arg(long, env = "NATS_HUB_DURABLE_INBOX", default_value = "auto")]
     pub durable_inbox: String,
+
+    /// Where the hub keeps its streams.
+    #[command(flatten)]
+    pub hub: HubArgs,
 
     /// How to reach NATS.
     #[command(flatten)]
@@ -278,6 +312,47 @@ pub struct StatusArgs {
     /// How to reach NATS.
     #[command(flatten)]
     pub nats: NatsArgs,
+}
+
+/// Where the hub keeps its streams, for the client commands: the names the router runs with
+/// (its delivery config), each overridable on its own.
+#[derive(Debug, Clone, Args)]
+pub struct HubArgs {
+    /// The router's JSON delivery config: its stream names are used (unknown keys are
+    /// rejected, as for the router).
+    #[arg(long, env = "NATS_HUB_DELIVERY_CONFIG", value_name = "FILE")]
+    pub delivery_config: Option<PathBuf>,
+
+    /// The inbox stream's name (instead of the config's `inbox.name`).
+    #[arg(long, env = "NATS_HUB_INBOX_STREAM", value_name = "NAME")]
+    pub inbox_stream: Option<String>,
+
+    /// The task channels' stream name (instead of the config's `tasks.name`).
+    #[arg(long, env = "NATS_HUB_TASKS_STREAM", value_name = "NAME")]
+    pub tasks_stream: Option<String>,
+}
+
+impl HubArgs {
+    /// The delivery config the client commands use: the file's (or the defaults), with the
+    /// stream names given on their own.
+    ///
+    /// # Errors
+    /// [`SystemError::Config`] for a bad file, [`SystemError::InvalidSetting`] for a bad name.
+    pub fn delivery(&self) -> Result<DeliveryConfig, SystemError> {
+        let mut delivery = runtime::config::load_delivery_config(self.delivery_config.as_deref())?;
+        let named = |flag: &str, name: &str| {
+            protocol::subjects::validate_stream_name(name)
+                .map(|()| name.to_owned())
+                .map_err(|e| SystemError::InvalidSetting(format!("{flag}: {e}")))
+        };
+        if let Some(name) = &self.inbox_stream {
+            delivery.inbox.name = named("--inbox-stream", name)?;
+        }
+        if let Some(name) = &self.tasks_stream {
+            delivery.tasks.name = named("--tasks-stream", name)?;
+        }
+        Ok(delivery)
+    }
 }
 
 /// Connection options shared by every subcommand. Only one authentication method may be set.

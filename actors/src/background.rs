@@ -1,0 +1,116 @@
+//! The background tasks an actor owns: pull pipelines, subscription loops, timers, requests in
+//! flight. Each is held by the actor's state as an [`Owned`] handle, which aborts the task
+//! when it is dropped: ractor skips `post_stop` when an actor panics or its `handle` returns an
+//! error, but it always drops the state, so no task outlives its actor, however it ends.
+//!
+//! A pump (a loop whose failure must fail its actor so that the supervisor restarts it) is
+//! spawned with [`spawn_pump`]: an error or a panic is reported, never lost with the task.
+
+use std::future::Future;
+
+use futures::FutureExt;
+use tokio::task::JoinHandle;
+
+/// A task owned by an actor's state: aborted when dropped.
+#[derive(Debug)]
+pub struct Owned(JoinHandle<()>);
+
+impl Owned {
+    /// Spawns `task`, owned by the returned handle.
+    pub fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Owned {
+        Owned(tokio::spawn(task))
+    }
+
+    /// Aborts the task and waits until it is gone (what it held, e.g. a subscription, is
+    /// dropped when this returns).
+    pub async fn abort(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+
+    /// Waits at most `within` for the task to end by itself, then aborts it.
+    pub async fn join_within(mut self, within: std::time::Duration) {
+        if tokio::time::timeout(within, &mut self.0).await.is_err() {
+            self.0.abort();
+        }
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Spawns `pump`, owned by the returned handle; when it ends with an error or panics, calls
+/// `on_fail` with the reason (typically casting a `PumpFailed` message to the owning actor).
+pub fn spawn_pump<F, E>(pump: F, on_fail: impl FnOnce(String) + Send + 'static) -> Owned
+where
+    F: Future<Output = Result<(), E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    Owned::spawn(async move {
+        let outcome = match std::panic::AssertUnwindSafe(pump).catch_unwind().await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err("the pump panicked".to_string()),
+        };
+        if let Err(reason) = outcome {
+            tracing::error!(%reason, "pump failed");
+            on_fail(reason);
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn errors_and_panics_are_reported_and_success_is_not() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let report = |tx: tokio::sync::mpsc::UnboundedSender<String>| {
+            move |r| {
+                let _ = tx.send(r);
+            }
+        };
+        let wait = std::time::Duration::from_secs(5);
+        spawn_pump(async { Err::<(), _>("boom") }, report(tx.clone()))
+            .join_within(wait)
+            .await;
+        spawn_pump(
+            async {
+                panic!("in the pump");
+                #[allow(unreachable_code)]
+                Ok::<(), String>(())
+            },
+            report(tx.clone()),
+        )
+        .join_within(wait)
+        .await;
+        spawn_pump(async { Ok::<(), String>(()) }, report(tx))
+            .join_within(wait)
+            .await;
+        assert_eq!(rx.recv().await.as_deref(), Some("boom"));
+        assert_eq!(rx.recv().await.as_deref(), Some("the pump panicked"));
+        assert_eq!(
+            rx.recv().await,
+            None,
+            "a pump that succeeds reports nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_dropped_handle_aborts_its_task() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let owned = Owned::spawn(async move {
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        });
+        drop(owned);
+        // The task is aborted: its sender is dropped, the channel closes.
+        assert_eq!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv()).await,
+            Ok(None)
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! Reading a stored task channel (`channel.task.<key>` in the tasks stream) with direct gets:
+//! `next_by_subj` from a sequence, one request per stored message and one more to learn there
+//! is nothing further, and no consumer. The tracker, the worker's check before it runs a task,
+//! and the client commands all read a channel this way.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use async_nats::HeaderMap;
+use protocol::task::{ChannelView, TaskChannelBody};
+use protocol::{headers, subjects, TaskId, TaskKey};
+
+/// Upper bound of one whole read of a channel.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most messages one read takes (a task channel holds a few per attempt).
+pub const MAX_READ: usize = 10_000;
+
+/// A stored message of a task channel.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// Its stream sequence.
+    pub seq: u64,
+    /// Its headers (the trace context among them).
+    pub headers: HeaderMap,
+    /// The body, when it is a task channel body of the channel's task.
+    pub body: Option<TaskChannelBody>,
+}
+
+/// A read that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The stream could not be looked up.
+    #[error("task channel stream {stream}: {source}")]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// Why.
+        #[source]
+        source: async_nats::jetstream::context::GetStreamError,
+    },
+    /// A direct get failed.
+    #[error("reading {subject}: {source}")]
+    Get {
+        /// The task channel.
+        subject: String,
+        /// Why.
+        #[source]
+        source: async_nats::jetstream::stream::DirectGetError,
+    },
+    /// The read took longer than [`READ_TIMEOUT`].
+    #[error("reading {subject} took longer than {READ_TIMEOUT:?}")]
+    Timeout {
+        /// The task channel.
+        subject: String,
+    },
+}
+
+/// Decodes one stored message of `task_id`'s channel: an envelope (its codec from the
+/// `Content-Type` header, one rule for every reader) whose body is a task channel body of
+/// that task. `None` for anything else.
+pub fn decode(
+    task_id: &TaskId,
+    msg_headers: Option<&HeaderMap>,
+    payload: &[u8],
+) -> Option<TaskChannelBody> {
+    let content_type = msg_headers
+        .and_then(|h| h.get(headers::CONTENT_TYPE))
+        .map(|v| v.as_str());
+    protocol::decode_with_content_type(payload, content_type)
+        .ok()
+        .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
+        .filter(|body| body.task_id() == task_id)
+}
+
+/// Reads `task_id`'s channel in `stream` from sequence `from` (1: the start) to its end, at
+/// most [`MAX_READ`] messages, within [`READ_TIMEOUT`].
+///
+/// # Errors
+/// [`ReadError`] when the stream is unknown, a get fails, or the read takes too long.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+pub async fn read(
+    js: &jetstream::Context,
+    stream: &str,
+    task_id: &TaskId,
+    from: u64,
+) -> Result<Vec<Stored>, ReadError> {
+    let subject = subjects::task(&TaskKey::from_task_id(task_id));
+    let read = async {
+        let stream = js
+            .get_stream_no_info(stream)
+            .await
+            .map_err(|source| ReadError::Stream {
+                stream: stream.to_owned(),
+                source,
+            })?;
+        let mut out = Vec::new();
+        let mut next = from.max(1);
+        while out.len() < MAX_READ {
+            let msg = match stream
+                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .await
+            {
+                Ok(msg) => msg,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Err(source) => {
+                    return Err(ReadError::Get {
+                        subject: subject.clone(),
+                        source,
+                    })
+                }
+            };
+            next = msg.sequence + 1;
+            out.push(Stored {
+                seq: msg.sequence,
+                body: decode(task_id, Some(&msg.headers), &msg.payload),
+                headers: msg.headers,
+            });
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .map_err(|_| ReadError::Timeout {
+            subject: subjects::task(&TaskKey::from_task_id(task_id)),
+        })?
+}
+
+/// The [`ChannelView`] of `task_id`'s whole channel in `stream`.
+///
+/// # Errors
+/// As [`read`].
+pub async fn view(
+    js: &jetstream::Context,
+    stream: &str,
+    task_id: &TaskId,
+) -> Result<ChannelView, ReadError> {
+    let stored = read(js, stream, task_id, 1).await?;
+    Ok(ChannelView::of(
+        stored.iter().filter_map(|s| s.body.as_ref()),
+    ))
+}

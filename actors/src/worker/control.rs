@@ -1,0 +1,361 @@
+//! What a worker does with answers and control requests.
+//!
+//! **Answers.** The worker that published a waiting result owns that attempt: the result
+//! names it, its journal parks the attempt with its task, and its answer consumer gets the
+//! answers. An answer is judged ([`judge_answer`]) against the attempt it names:
+//!
+//! - a running attempt of the task judges it itself; an answer it cannot take (it is not
+//!   waiting) is stale, and a redelivery of the answer a resume holds as its input is left to
+//!   that resume;
+//! - a parked attempt: a fresh answer (or a duplicate) starts a resume attempt with the
+//!   answer as its input;
+//! - a stale answer, or one for an attempt this worker does not own, is refused with an error
+//!   result on the task channel ([`AnswerRefusal`]) and acked; never nak'd in a loop. When the
+//!   task has a final result already, the refusal is not published (the task channel ends with
+//!   its final result) and the answer is acked.
+//!
+//! **Control requests** (query, cancel) are answered by the running attempt, else from the
+//! journal: a parked attempt reports `waiting`, `active: false`, and a cancel of it publishes
+//! a `cancelled` result. Replies go only to reply subjects under `_INBOX.`
+//! ([`subjects::is_reply_subject`]).
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use protocol::subjects::{self, ControlKind};
+use protocol::task::{
+    judge_answer, Answer, AnswerRefusal, AnswerVerdict, AttemptView, ControlRequest, QueryReply,
+    TaskState,
+};
+use protocol::{WireError, WireErrorKind};
+use ractor::ActorRef;
+
+use super::attempt::{AttemptArgs, AttemptMsg, Parked};
+use super::publish;
+use super::running::Input;
+use super::{Worker, WorkerMsg, WorkerState, ATTEMPT_CALL_TIMEOUT};
+
+/// The nak delay of an answer for an attempt about to park (it is judged again then).
+pub const ANSWER_RETRY_DELAY: Duration = Duration::from_millis(250);
+
+impl Worker {
+    pub(super) async fn on_answer(
+        &self,
+        myself: &ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+        msg: jetstream::Message,
+    ) {
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        if state.running.holds(Input::Answer(seq)) {
+            // The resume holding this answer heartbeats and acks it.
+            state.counters.redelivered_while_running.bump();
+            return;
+        }
+        let content_type = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
+            .map(|v| v.as_str());
+        let answer = protocol::decode_with_content_type(&msg.payload, content_type)
+            .map_err(|e| e.to_string())
+            .and_then(|env| serde_json::from_value::<Answer>(env.body).map_err(|e| e.to_string()));
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(reason) => {
+                state.counters.answers_refused.bump();
+                tracing::warn!(%reason, "undecodable answer terminated");
+                let _ = msg.ack_with(AckKind::Term).await;
+                return;
+            }
+        };
+        if let Some(actor) = state.running.by_task(&answer.task_id).cloned() {
+            let client = self.client.clone();
+            let counters = state.counters.clone();
+            state.requests.spawn(async move {
+                let verdict = actor
+                    .call(
+                        |reply| AttemptMsg::Judge(answer.clone(), reply),
+                        Some(ATTEMPT_CALL_TIMEOUT),
+                    )
+                    .await;
+                match verdict {
+                    Ok(ractor::rpc::CallResult::Success(AnswerVerdict::Duplicate)) => {
+                        counters.answers.bump();
+                        let _ = publish::ack_confirmed(&msg).await;
+                    }
+                    Ok(ractor::rpc::CallResult::Success(
+                        verdict @ (AnswerVerdict::Stale | AnswerVerdict::UnknownAttempt),
+                    )) => {
+                        counters.answers_refused.bump();
+                        refuse(&client, &msg, &answer, verdict).await;
+                    }
+                    // Resume: it is waiting and about to park; or it went away meanwhile.
+                    _ => {
+                        let _ = msg.ack_with(AckKind::Nak(Some(ANSWER_RETRY_DELAY))).await;
+                    }
+                }
+            });
+            return;
+        }
+        let parked = {
+            let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
+            Parked::find(&journal, answer.task_id.as_str())
+        };
+        let verdict = judge_answer(
+            parked.as_ref().map(|p| self.parked_view(p)).as_ref(),
+            &answer,
+        );
+        match (verdict, parked) {
+            (AnswerVerdict::Resume | AnswerVerdict::Duplicate, Some(parked)) => {
+                let (input, ack_wait) = (Input::Answer(seq), state.answers_ack_wait());
+                let args = AttemptArgs::Resume {
+                    msg,
+                    parked: Box::new(parked),
+                    answer: answer.clone(),
+                };
+                self.spawn_attempt(myself, state, &answer.task_id, Some(input), ack_wait, args)
+                    .await;
+            }
+            (verdict, _) => {
+                state.counters.answers_refused.bump();
+                let client = self.client.clone();
+                let refused = if verdict == AnswerVerdict::Stale {
+                    AnswerVerdict::Stale
+                } else {
+                    AnswerVerdict::UnknownAttempt
+                };
+                let tasks_stream = state.tasks_stream.clone();
+                state.requests.spawn(async move {
+                    // Nothing follows a final result on a task channel: a late answer to a
+                    // finished task is only acked.
+                    let js = jetstream::new(client.clone());
+                    let finished = crate::task_channel::view(&js, &tasks_stream, &answer.task_id)
+                        .await
+                        .is_ok_and(|v| v.final_result.is_some());
+                    if finished {
+                        tracing::info!(task_id = %answer.task_id, "answer for a finished task acked");
+                        let _ = publish::ack_confirmed(&msg).await;
+                    } else {
+                        refuse(&client, &msg, &answer, refused).await;
+                    }
+                });
+            }
+        }
+    }
+
+    /// The view of a parked attempt for [`judge_answer`].
+    fn parked_view(&self, parked: &Parked) -> AttemptView {
+        let waiting = parked
+            .saved
+            .as_ref()
+            .filter(|s| s.result.state == TaskState::Waiting);
+        AttemptView {
+            task_id: parked.task.task_id.clone(),
+            attempt_id: parked.attempt_id.clone(),
+            worker_id: self.worker_id.clone(),
+            // A parked attempt without a saved result had its resume interrupted: only the
+            // answer that resumed it (a duplicate) goes on with it.
+            state: waiting.map_or(TaskState::Running, |s| s.result.state),
+            tool_call_id: waiting
+                .and_then(|s| s.result.suspend.as_ref())
+                .map(|s| s.tool_call_id.clone()),
+            answered: parked
+                .answers
+                .iter()
+                .map(|a| a.message_id.clone())
+                .collect(),
+        }
+    }
+
+    pub(super) async fn on_control(
+        &self,
+        myself: &ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+        kind: ControlKind,
+        msg: async_nats::Message,
+    ) {
+        let Some(reply) = checked_reply(&msg, state) else {
+            return;
+        };
+        let client = self.client.clone();
+        let request = match serde_json::from_slice::<ControlRequest>(&msg.payload) {
+            Ok(request) => request,
+            Err(e) => {
+                let error = WireError::new(WireErrorKind::Malformed, e.to_string());
+                publish_json(&client, reply, &serde_json::json!({ "error": error })).await;
+                return;
+            }
+        };
+        let unknown = || serde_json::json!({ "error": AnswerVerdict::UnknownAttempt.error() });
+        let running = state
+            .running
+            .by_task(&request.task_id)
+            .cloned()
+            .filter(|_| request.worker_id == self.worker_id);
+        let Some(actor) = running else {
+            // Not running here: answer from the journal (parked or interrupted work).
+            let record = {
+                let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
+                journal
+                    .lookup_by_task(request.task_id.as_str())
+                    .filter(|r| r.attempt_id == request.attempt_id.as_str())
+                    .map(|r| (r.result.clone(), r.task.is_some()))
+            };
+            let Some((saved, parked)) = record.filter(|_| request.worker_id == self.worker_id)
+            else {
+                publish_json(&client, reply, &unknown()).await;
+                return;
+            };
+            let saved: Option<super::SavedResult> =
+                saved.and_then(|v| serde_json::from_value(v).ok());
+            let task_state = saved
+                .as_ref()
+                .map_or(TaskState::Running, |s| s.result.state);
+            let mut cancel = None;
+            if kind == ControlKind::Cancel {
+                let status = protocol::task::cancel_status(task_state, true);
+                if parked && status == protocol::task::CancelStatus::Requested {
+                    self.cancel_parked(myself, state, &request).await;
+                }
+                cancel = Some(status);
+            }
+            let body = QueryReply {
+                state: task_state,
+                active: false,
+                suspend: saved.and_then(|s| s.result.suspend),
+                cancel,
+            };
+            publish_json(
+                &client,
+                reply,
+                &serde_json::to_value(body).unwrap_or_else(|_| unknown()),
+            )
+            .await;
+            return;
+        };
+        state.requests.spawn(async move {
+            let body = match kind {
+                ControlKind::Query => actor
+                    .call(
+                        |port| AttemptMsg::Query(request, port),
+                        Some(ATTEMPT_CALL_TIMEOUT),
+                    )
+                    .await
+                    .ok()
+                    .and_then(|r| match r {
+                        ractor::rpc::CallResult::Success(r) => Some(r),
+                        _ => None,
+                    })
+                    .map(|r| match r {
+                        Ok(reply) => serde_json::to_value(reply).ok(),
+                        Err(error) => Some(serde_json::json!({ "error": error })),
+                    }),
+                ControlKind::Cancel => actor
+                    .call(
+                        |port| AttemptMsg::Cancel(request, port),
+                        Some(ATTEMPT_CALL_TIMEOUT),
+                    )
+                    .await
+                    .ok()
+                    .and_then(|r| match r {
+                        ractor::rpc::CallResult::Success(r) => serde_json::to_value(r).ok(),
+                        _ => None,
+                    })
+                    .map(Some),
+            }
+            .flatten()
+            .unwrap_or_else(|| {
+                serde_json::json!({ "error": WireError::new(WireErrorKind::Internal, "the attempt did not answer") })
+            });
+            publish_json(&client, reply, &body).await;
+        });
+    }
+
+    /// Starts the attempt that publishes the `cancelled` result of a parked attempt.
+    async fn cancel_parked(
+        &self,
+        myself: &ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+        request: &ControlRequest,
+    ) {
+        let parked = {
+            let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
+            Parked::find(&journal, request.task_id.as_str())
+        };
+        if let Some(parked) = parked {
+            let ack_wait = state.answers_ack_wait();
+            self.spawn_attempt(
+                myself,
+                state,
+                &request.task_id,
+                None,
+                ack_wait,
+                AttemptArgs::CancelParked(Box::new(parked)),
+            )
+            .await;
+        }
+    }
+}
+
+/// Publishes the error result of a refused answer, then acks the answer; when the refusal
+/// cannot be published the answer is nak'd with a delay, so it is judged again later.
+async fn refuse(
+    client: &async_nats::Client,
+    msg: &jetstream::Message,
+    answer: &Answer,
+    verdict: AnswerVerdict,
+) {
+    let error = verdict
+        .error()
+        .unwrap_or_else(|| WireError::new(WireErrorKind::Internal, "refused"));
+    tracing::warn!(task_id = %answer.task_id, kind = error.kind.as_str(), "answer refused");
+    let refusal = AnswerRefusal {
+        task_id: answer.task_id.clone(),
+        attempt_id: answer.attempt_id.clone(),
+        worker_id: answer.worker_id.clone(),
+        answer_id: answer.message_id.clone(),
+        error,
+    };
+    match publish::publish_refusal(client, refusal).await {
+        Ok(_) => {
+            let _ = publish::ack_confirmed(msg).await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot publish an answer's refusal; judged again later");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(super::REFUSAL_RETRY_DELAY)))
+                .await;
+        }
+    }
+}
+
+/// The reply subject of a request, when it is one a service may answer on; a request aimed
+/// elsewhere is counted and ignored.
+pub(super) fn checked_reply(
+    msg: &async_nats::Message,
+    state: &WorkerState,
+) -> Option<async_nats::Subject> {
+    let reply = msg.reply.clone()?;
+    if subjects::is_reply_subject(reply.as_str()) {
+        Some(reply)
+    } else {
+        state.counters.replies_refused.bump();
+        tracing::warn!(subject = %msg.subject, "request with a reply subject outside _INBOX. ignored");
+        None
+    }
+}
+
+/// Publishes `body` as JSON to a reply subject (best effort: a lost reply is the requester's
+/// timeout).
+pub(super) async fn publish_json(
+    client: &async_nats::Client,
+    subject: async_nats::Subject,
+    body: &serde_json::Value,
+) {
+    let Ok(payload) = serde_json::to_vec(body) else {
+        return;
+    };
+    if let Err(e) = client.publish(subject, payload.into()).await {
+        tracing::debug!(error = %e, "reply not sent");
+    }
+}

@@ -1,0 +1,53 @@
+//! The worker's counters, shared by the worker actor, its fetch loops and its attempts.
+
+crate::counters! {
+    /// Counters shared by the worker and its attempts (one set per worker incarnation).
+    pub struct WorkerCounters => WorkerCountersSnapshot {
+        /// Attempts started (including re-runs, republishes and resumes).
+        admitted,
+        /// Attempts finished completed.
+        completed,
+        /// Attempts finished failed.
+        failed,
+        /// Attempts finished cancelled.
+        cancelled,
+        /// Inputs refused as undecodable (acked once their refusal was published).
+        bad_input,
+        /// Inputs admitted that the journal already knew (redeliveries).
+        redelivered,
+        /// Progress acks sent.
+        heartbeats,
+        /// Inputs acked as aliases of a running attempt's task id.
+        aliased,
+        /// Attempt actors that failed (their input is redelivered).
+        attempt_failures,
+        /// Answers that resumed an attempt (or were duplicates of one that did).
+        answers,
+        /// Answers refused (stale, unknown, undecodable), with an error result where the
+        /// task is known.
+        answers_refused,
+        /// Journal compactions done while running.
+        compactions,
+        /// Tasks not run because their `expires_at` had passed (failed, kind `expired`).
+        expired,
+        /// Inputs the broker delivered again while their attempt was running here (its
+        /// heartbeat did not keep the ack wait from expiring); the copy is left to the running
+        /// attempt.
+        redelivered_while_running,
+        /// Inputs acked without running anything: the task channel showed the task finished,
+        /// or parked on another attempt's question.
+        settled,
+        /// Waiting attempts resumed from the journal by an answer.
+        resumed,
+        /// Pulls that failed (each backed off before the next).
+        fetch_errors,
+        /// Re-joins of the queue after a consumer was found gone.
+        rejoins,
+        /// Inputs handed back (nak'd without delay) by a graceful shutdown.
+        handed_back,
+        /// Publishes sent again after an uncertain outcome (no stream ack in time).
+        publish_retries,
+        /// Control and status requests ignored because their reply subject is not an inbox.
+        replies_refused,
+    }
+}

@@ -1,0 +1,285 @@
+//! The worker's fetch loops: answers on their own waiting pull (they need no slot to be
+//! judged, so a backlog of tasks never delays them), and tasks one per free slot, first from
+//! the targeted consumer (no wait), the rest from the queue consumer (a waiting pull that hands
+//! over each task as it arrives). Never more than the free slots: no prefetch.
+//!
+//! Every pull is bounded: by its own expiry plus [`PULL_MARGIN`] (a pull whose reply was lost
+//! in a disconnect is abandoned, not waited on for good), and by a reconnect (a pull sent on
+//! the old connection is re-issued at once on the new one, so work resumes as fast as the
+//! connection does). A pull that fails is retried after an exponential backoff; a consumer
+//! found gone ends the loop with [`FetchError::ConsumerGone`], and the worker re-joins its
+//! queue through the router.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::{self, context::ConsumerInfoErrorKind};
+use futures::StreamExt;
+use ractor::ActorRef;
+use tokio::sync::{watch, OwnedSemaphorePermit};
+
+use super::counters::WorkerCounters;
+use super::slots::Slots;
+use super::WorkerMsg;
+
+/// How long a waiting pull on the queue (or answers) consumer stays open when nothing comes.
+pub const FETCH_WAIT: Duration = Duration::from_millis(500);
+/// How long past its expiry a pull is waited on before it is abandoned (its reply lost).
+pub const PULL_MARGIN: Duration = Duration::from_millis(250);
+/// Answers pulled at once.
+const ANSWER_BATCH: usize = 16;
+/// First and longest pause after a failed pull.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// How often a pull in flight checks whether the connection was replaced.
+const RECONNECT_CHECK: Duration = Duration::from_millis(50);
+
+/// Where a task input came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The queue's shared consumer.
+    Queue,
+    /// This worker's targeted-task consumer.
+    Targeted,
+}
+
+/// The consumers a worker pulls from.
+#[derive(Clone)]
+pub(super) struct Consumers {
+    pub answers: PullConsumer,
+    pub targeted: PullConsumer,
+    pub queue: PullConsumer,
+}
+
+/// Why a fetch loop ended.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FetchError {
+    /// A consumer the worker pulls from does not exist any more.
+    #[error("consumer {consumer} is gone")]
+    ConsumerGone {
+        /// Its name.
+        consumer: String,
+    },
+    /// The worker's slots were closed.
+    #[error("the worker's slots are closed")]
+    SlotsClosed,
+}
+
+/// What the loops share.
+#[derive(Clone)]
+pub(super) struct Fetcher {
+    pub me: ActorRef<WorkerMsg>,
+    pub client: async_nats::Client,
+    pub counters: Arc<WorkerCounters>,
+    pub slots: Arc<Slots>,
+}
+
+/// How a pull ended.
+enum Pulled {
+    /// It expired, delivered what it asked for, or was abandoned: pull again.
+    Done,
+    /// The worker stops (or is gone).
+    Stopped,
+}
+
+impl Fetcher {
+    /// Both loops, until `stop` turns true or a consumer is gone.
+    pub async fn run(
+        self,
+        consumers: Consumers,
+        stop: watch::Receiver<bool>,
+    ) -> Result<(), FetchError> {
+        let answers = self
+            .clone()
+            .answer_loop(consumers.answers.clone(), stop.clone());
+        let tasks = self.task_loop(consumers, stop);
+        tokio::try_join!(answers, tasks).map(|_| ())
+    }
+
+    async fn answer_loop(
+        self,
+        answers: PullConsumer,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), FetchError> {
+        let mut backoff = BACKOFF.0;
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let me = self.me.clone();
+            let pulled = self
+                .pull(&answers, ANSWER_BATCH, Some(FETCH_WAIT), &mut stop, |msg| {
+                    me.cast(WorkerMsg::Answer(msg)).is_ok()
+                })
+                .await;
+            match pulled {
+                Ok(Pulled::Stopped) => return Ok(()),
+                Ok(Pulled::Done) => backoff = BACKOFF.0,
+                Err(reason) => {
+                    self.failed(&answers, reason, &mut backoff, &mut stop)
+                        .await?
+                }
+            }
+        }
+    }
+
+    async fn task_loop(
+        self,
+        consumers: Consumers,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), FetchError> {
+        let mut backoff = BACKOFF.0;
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let first = tokio::select! {
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                permit = self.slots.for_task() => permit.map_err(|_| FetchError::SlotsClosed)?,
+            };
+            let mut permits = vec![first];
+            while let Some(permit) = self.slots.try_for_task() {
+                permits.push(permit);
+            }
+            for (consumer, source, wait) in [
+                (&consumers.targeted, Source::Targeted, None),
+                (&consumers.queue, Source::Queue, Some(FETCH_WAIT)),
+            ] {
+                if permits.is_empty() {
+                    break;
+                }
+                let pulled = self
+                    .pull(consumer, permits.len(), wait, &mut stop, |msg| {
+                        self.hand_over(msg, source, &mut permits)
+                    })
+                    .await;
+                match pulled {
+                    Ok(Pulled::Stopped) => return Ok(()),
+                    Ok(Pulled::Done) => backoff = BACKOFF.0,
+                    Err(reason) => {
+                        self.failed(consumer, reason, &mut backoff, &mut stop)
+                            .await?;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands a task over to the worker with one of the free slots; `false` when the worker is
+    /// gone.
+    fn hand_over(
+        &self,
+        msg: jetstream::Message,
+        source: Source,
+        permits: &mut Vec<OwnedSemaphorePermit>,
+    ) -> bool {
+        let Some(permit) = permits.pop() else {
+            // Cannot happen (a pull asks for as many messages as free slots); left unacked,
+            // it is redelivered after the ack wait.
+            tracing::error!(subject = %msg.subject, "a pull delivered more tasks than it asked for");
+            return true;
+        };
+        self.me
+            .cast(WorkerMsg::Task {
+                msg,
+                source,
+                permit,
+            })
+            .is_ok()
+    }
+
+    /// One pull of at most `max` messages (a waiting one for `wait`, else one that ends at
+    /// "no messages"), each handed to `take`. Bounded: abandoned past its expiry plus
+    /// [`PULL_MARGIN`], or when the connection is replaced. `Err` carries the failure.
+    async fn pull(
+        &self,
+        consumer: &PullConsumer,
+        max: usize,
+        wait: Option<Duration>,
+        stop: &mut watch::Receiver<bool>,
+        mut take: impl FnMut(jetstream::Message) -> bool,
+    ) -> Result<Pulled, String> {
+        let stats = self.client.statistics();
+        let connects = stats.connects.load(Ordering::Relaxed);
+        let (batch, bound) = match wait {
+            Some(wait) => (
+                consumer
+                    .batch()
+                    .max_messages(max)
+                    .expires(wait)
+                    .messages()
+                    .await,
+                wait + PULL_MARGIN,
+            ),
+            None => (
+                consumer.fetch().max_messages(max).messages().await,
+                PULL_MARGIN * 4,
+            ),
+        };
+        let mut batch = batch.map_err(|e| e.to_string())?;
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut check = tokio::time::interval(RECONNECT_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(Pulled::Stopped);
+                    }
+                }
+                _ = check.tick() => {
+                    if stats.connects.load(Ordering::Relaxed) != connects {
+                        // Sent on the old connection: its reply will not come.
+                        return Ok(Pulled::Done);
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => return Ok(Pulled::Done),
+                next = batch.next() => match next {
+                    Some(Ok(msg)) => {
+                        if !take(msg) {
+                            return Ok(Pulled::Stopped);
+                        }
+                    }
+                    Some(Err(e)) => return Err(e.to_string()),
+                    None => return Ok(Pulled::Done),
+                },
+            }
+        }
+    }
+
+    /// After a failed pull: counts it, ends the loop when the consumer is gone, else waits out
+    /// the backoff (doubling it).
+    async fn failed(
+        &self,
+        consumer: &PullConsumer,
+        reason: String,
+        backoff: &mut Duration,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), FetchError> {
+        self.counters.fetch_errors.bump();
+        let name = consumer.cached_info().name.clone();
+        let gone = matches!(
+            consumer.get_info().await.map_err(|e| e.kind()),
+            Err(ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound)
+        );
+        if gone {
+            tracing::warn!(consumer = %name, %reason, "consumer gone; re-joining the queue");
+            return Err(FetchError::ConsumerGone { consumer: name });
+        }
+        tracing::warn!(consumer = %name, %reason, pause = ?*backoff, "pull failed; pulling again after a pause");
+        tokio::select! {
+            _ = stop.changed() => {}
+            () = tokio::time::sleep(*backoff) => {}
+        }
+        *backoff = (*backoff * 2).min(BACKOFF.1);
+        Ok(())
+    }
+}

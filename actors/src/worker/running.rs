@@ -1,0 +1,90 @@
+//! The attempts running in a worker, with the indexes the worker looks them up by: the actor,
+//! the task id, and the input message each one holds (heartbeats and will ack).
+
+use std::collections::HashMap;
+
+use protocol::TaskId;
+use ractor::{ActorId, ActorRef};
+
+use super::attempt::AttemptMsg;
+
+/// The input message an attempt holds: a task input of the work stream, or the answer that
+/// resumes a waiting attempt, by stream sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Input {
+    /// A task input (work stream sequence).
+    Task(u64),
+    /// An answer (answers stream sequence).
+    Answer(u64),
+}
+
+/// One running attempt.
+pub(super) struct Running {
+    pub actor: ActorRef<AttemptMsg>,
+    pub task_id: TaskId,
+    pub input: Option<Input>,
+}
+
+/// The running attempts. Every index is updated by [`insert`](Self::insert) and
+/// [`remove`](Self::remove) together, so they cannot drift apart.
+#[derive(Default)]
+pub(super) struct RunningSet {
+    by_actor: HashMap<ActorId, Running>,
+    by_task: HashMap<TaskId, ActorId>,
+    by_input: HashMap<Input, ActorId>,
+}
+
+impl RunningSet {
+    /// Adds an attempt (replacing nothing: a task id or input already running is the caller's
+    /// check).
+    pub fn insert(&mut self, actor: ActorRef<AttemptMsg>, task_id: TaskId, input: Option<Input>) {
+        let id = actor.get_id();
+        self.by_task.insert(task_id.clone(), id);
+        if let Some(input) = input {
+            self.by_input.insert(input, id);
+        }
+        self.by_actor.insert(
+            id,
+            Running {
+                actor,
+                task_id,
+                input,
+            },
+        );
+    }
+
+    /// Removes the attempt of actor `id`.
+    pub fn remove(&mut self, id: ActorId) -> Option<Running> {
+        let running = self.by_actor.remove(&id)?;
+        if self.by_task.get(&running.task_id) == Some(&id) {
+            self.by_task.remove(&running.task_id);
+        }
+        if let Some(input) = running.input {
+            if self.by_input.get(&input) == Some(&id) {
+                self.by_input.remove(&input);
+            }
+        }
+        Some(running)
+    }
+
+    /// The attempt running `task_id`.
+    pub fn by_task(&self, task_id: &TaskId) -> Option<&ActorRef<AttemptMsg>> {
+        let id = self.by_task.get(task_id)?;
+        self.by_actor.get(id).map(|r| &r.actor)
+    }
+
+    /// Whether an attempt holds `input`.
+    pub fn holds(&self, input: Input) -> bool {
+        self.by_input.contains_key(&input)
+    }
+
+    /// How many attempts run.
+    pub fn len(&self) -> usize {
+        self.by_actor.len()
+    }
+
+    /// Every running attempt's actor.
+    pub fn actors(&self) -> Vec<ActorRef<AttemptMsg>> {
+        self.by_actor.values().map(|r| r.actor.clone()).collect()
+    }
+}

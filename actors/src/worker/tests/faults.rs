@@ -1,0 +1,260 @@
+//! Faults around a worker: refusals that cannot be published, sequences reused by a recreated
+//! work stream, connections dropped while idle, consumers deleted under a running worker,
+//! control requests aimed elsewhere, and a crashed worker's subscriptions.
+
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use protocol::subjects;
+use protocol::task::{TaskResult, TaskState};
+
+use super::*;
+use crate::fault::{self, Fault, FaultPoint};
+use crate::journal::Journal;
+
+#[tokio::test]
+async fn a_bad_input_whose_refusal_cannot_be_published_is_left_for_redelivery() {
+    // No router: the test removes the ingress stream the refusal goes through.
+    let env = env_with("refusal", Hub::AttachOnly).await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let worker = env.start("worker-refusal", handler.clone(), 1).await;
+    env.js
+        .delete_stream(subjects::INGRESS_STREAM)
+        .await
+        .expect("ingress deleted");
+    // A task without text: refused, and its task id is known.
+    env.submit_raw(
+        serde_json::json!({ "version": 1, "task_id": "t-refused" }),
+        "m-refused",
+    )
+    .await;
+    wait_snapshot(&worker, "the bad input seen", |s| s.counters.bad_input >= 1).await;
+    // The refusal could not be published: the input is not acked.
+    assert_eq!(
+        env.work_left().await,
+        1,
+        "a bad input acked without its refusal"
+    );
+    // Once the ingress is back, a redelivery publishes the refusal and only then acks.
+    crate::streams::ensure_streams(&env.js, &env.delivery)
+        .await
+        .unwrap();
+    env.wait_work_empty().await;
+    let stream = env.js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
+    let stored = stream
+        .get_last_raw_message_by_subject(&format!("hub.pub.{}.task.t-refused", env.worker_id))
+        .await
+        .expect("the refusal was published");
+    let envelope = protocol::decode(&stored.payload, protocol::Codec::Json).unwrap();
+    let refusal: TaskResult = serde_json::from_value(envelope.body["result"].clone()).unwrap();
+    assert_eq!(refusal.state, TaskState::Failed);
+    assert_eq!(handler.calls(), 0);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn a_reused_sequence_for_another_task_runs_as_a_new_attempt_with_its_own_result() {
+    let env = env("reuse").await;
+    // The journal holds an open record of input 1 from an earlier incarnation of HUB_WORK
+    // (deleted and recreated since): task t-old, with a saved result.
+    {
+        let mut journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+        journal.admit(1, "t-old", "a-old").unwrap();
+        let saved = super::super::SavedResult {
+            seq: 1,
+            result: protocol::task::failed_result(
+                protocol::TaskId::new("t-old").unwrap(),
+                protocol::task::AttemptId::new("a-old").unwrap(),
+                env.worker_id.clone(),
+                protocol::WireError::new(protocol::WireErrorKind::Internal, "old"),
+            ),
+        };
+        journal
+            .save_result(1, &serde_json::to_value(&saved).unwrap())
+            .unwrap();
+    }
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-reuse", handler.clone(), 1).await;
+    let seq = env.submit("t-new").await;
+    assert_eq!(seq, 1, "the fresh work stream reuses sequence 1");
+    let result = results.result(DEADLINE).await;
+    assert_eq!(result.task_id.as_str(), "t-new", "not t-old's saved result");
+    assert_eq!(result.state, TaskState::Completed);
+    assert_eq!(handler.calls(), 1);
+    env.wait_work_empty().await;
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn the_work_stream_recreated_under_a_worker_with_open_records_loses_no_task() {
+    let env = env("recreate").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-recreate", handler.clone(), 2).await;
+    // An open journal record: a task waiting for its answer (input sequence 1).
+    env.submit_raw(
+        serde_json::json!({ "version": 1, "task_id": "t-parked", "text": "[ask] parked" }),
+        "m-parked",
+    )
+    .await;
+    let parked = results.result(DEADLINE).await;
+    assert_eq!(parked.state, TaskState::Waiting);
+    // The operator deletes HUB_WORK (e.g. after a retention mismatch) and the router creates
+    // it again: its consumers are gone and its sequences start over.
+    env.js.delete_stream(subjects::WORK_STREAM).await.unwrap();
+    crate::streams::ensure_streams(&env.js, &env.delivery)
+        .await
+        .unwrap();
+    let seq = env.submit("t-after").await;
+    assert_eq!(seq, 1);
+    let after = results.result(DEADLINE).await;
+    assert_eq!(after.task_id.as_str(), "t-after");
+    assert_eq!(after.state, TaskState::Completed);
+    env.wait_work_empty().await;
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_server_restarts_while_idle_runs_the_next_task() {
+    let mut env = env("idle-restart").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let worker = env.start("worker-idle-restart", handler.clone(), 2).await;
+    // Idle: its pulls wait. The server hangs long enough for every pull the worker has out
+    // (or sends meanwhile) to go unanswered, then dies, and comes back on its store: the
+    // replies of those pulls are lost.
+    env.server.freeze();
+    tokio::time::sleep(super::super::FETCH_WAIT * 4).await;
+    env.server.restart().await.unwrap();
+    let mut results = env.results().await;
+    env.submit("t-after-restart").await;
+    let result = results.result(DEADLINE).await;
+    assert_eq!(result.task_id.as_str(), "t-after-restart");
+    assert_eq!(result.state, TaskState::Completed);
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn a_deleted_queue_consumer_is_rejoined_and_the_next_task_runs() {
+    let env = env("lost-consumer").await;
+    let handler = TestHandler::new(Duration::ZERO);
+    let mut results = env.results().await;
+    let worker = env.start("worker-lost-consumer", handler.clone(), 2).await;
+    env.submit("t-before").await;
+    assert_eq!(results.result(DEADLINE).await.state, TaskState::Completed);
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    work.delete_consumer(&subjects::queue_consumer(&env.queue))
+        .await
+        .unwrap();
+    // The router recreates a queue's consumer when it routes the next task to it; here the
+    // task is stored directly, so only the worker's re-join brings the consumer back.
+    let started = tokio::time::Instant::now();
+    env.submit("t-after").await;
+    let result = results.result(DEADLINE).await;
+    assert_eq!(result.task_id.as_str(), "t-after");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "re-joined after {:?}",
+        started.elapsed()
+    );
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn control_requests_with_a_reply_outside_the_inbox_prefix_are_ignored() {
+    let env = env("ctl-reply").await;
+    let worker = env
+        .start("worker-ctl-reply", TestHandler::new(Duration::ZERO), 1)
+        .await;
+    // A victim's ingress: a reply published there would be stored as the victim's message.
+    let mut victim = env.client.subscribe("hub.pub.victim.inbox").await.unwrap();
+    let request = serde_json::json!({
+        "task_id": "t-none", "attempt_id": "a-none", "worker_id": env.worker_id,
+    });
+    let body = serde_json::to_vec(&request).unwrap();
+    env.client
+        .publish_with_reply(
+            subjects::control(&env.worker_id, subjects::ControlKind::Query),
+            "hub.pub.victim.inbox",
+            body.clone().into(),
+        )
+        .await
+        .unwrap();
+    // A proper request after it is answered (the worker handles them in order)...
+    let reply = env
+        .client
+        .request(
+            subjects::control(&env.worker_id, subjects::ControlKind::Query),
+            body.into(),
+        )
+        .await
+        .unwrap();
+    assert!(!reply.payload.is_empty());
+    // ...so the first one was handled by now, and nothing reached the victim.
+    assert!(
+        victim.next().now_or_never().is_none(),
+        "a control reply was published outside _INBOX."
+    );
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn a_crashed_worker_leaves_no_subscription_behind_and_its_restart_answers() {
+    use crate::supervision::{self, ChildSpec, Strategy, SupervisorSpec};
+    let env = env("crash-subs").await;
+    let name = "worker-crash-subs";
+    let worker = env.worker(name, TestHandler::new(Duration::ZERO), 1);
+    let spec =
+        SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, worker, || ()));
+    let (sup, _join) = supervision::spawn_supervisor(Some(format!("{name}-sup")), spec)
+        .await
+        .unwrap();
+    let first = wait_registered(name).await;
+    // The next message the worker handles fails it (ractor then skips its post_stop).
+    fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
+    let _ = ractor::call_t!(first, WorkerMsg::Snapshot, 500);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let current = wait_registered(name).await;
+        if current.get_id() != first.get_id() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not restarted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Every control request is answered: none is taken by a subscription of the failed
+    // incarnation.
+    let request = serde_json::json!({
+        "task_id": "t-none", "attempt_id": "a-none", "worker_id": env.worker_id,
+    });
+    let body = serde_json::to_vec(&request).unwrap();
+    for i in 0..20 {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(2),
+            env.client.request(
+                subjects::control(&env.worker_id, subjects::ControlKind::Query),
+                body.clone().into(),
+            ),
+        )
+        .await;
+        assert!(
+            matches!(reply, Ok(Ok(_))),
+            "request {i} was not answered: {reply:?}"
+        );
+    }
+    supervision::shutdown(&sup, Duration::from_secs(5)).await;
+}
+
+async fn wait_registered(name: &str) -> ActorRef<WorkerMsg> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(cell) = ractor::registry::where_is(name) {
+            let actor: ActorRef<WorkerMsg> = cell.into();
+            if ractor::call_t!(actor, WorkerMsg::Snapshot, 500).is_ok() {
+                return actor;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{name} not running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,140 @@
+//! Idempotency keys of task submissions: the KV entry `(queue, key)` records the task it was
+//! taken for *and* whether the ingress stored that task, so that the key and the stored task
+//! agree whatever fails between the two steps.
+//!
+//! A submission with a key:
+//!
+//! 1. validates the whole task (key included) — nothing is written for an invalid task;
+//! 2. creates the entry (create-only) as [`Submission::Pending`], holding the envelope it is
+//!    about to publish, its subject and its `Nats-Msg-Id`;
+//! 3. publishes the envelope to the ingress and awaits the stream's ack;
+//! 4. marks the entry [`Submission::Stored`].
+//!
+//! A later submission with the same key that finds the entry ([`on_existing`]): a stored task
+//! is named, nothing is sent; a pending one (step 3 failed or timed out, or the submitter died
+//! between 2 and 4) is published again — the same envelope under the same `Nats-Msg-Id`, so
+//! a first publish that did reach the ingress is deduplicated — and then marked stored.
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::Envelope;
+use crate::ids::{QueueName, TaskId};
+
+/// Whether the ingress acknowledged the task an entry was taken for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Submission {
+    /// The key is taken; the ingress has not acknowledged the task (yet).
+    Pending,
+    /// The ingress stored the task.
+    Stored,
+}
+
+/// The value of an idempotency entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyRecord {
+    /// The task the key is bound to.
+    pub task_id: TaskId,
+    /// Whether the ingress stored it.
+    pub state: Submission,
+    /// The ingress subject it is published on.
+    pub subject: String,
+    /// Its ingress `Nats-Msg-Id`.
+    pub msg_id: String,
+    /// The envelope published (and published again while pending).
+    pub envelope: Envelope,
+}
+
+/// What a submission that finds an existing entry does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Existing {
+    /// The task exists: name it, send nothing.
+    Stored(TaskId),
+    /// The task may never have reached the ingress: publish this record's envelope again (same
+    /// subject, same `Nats-Msg-Id`), then mark the entry stored.
+    Republish(Box<IdempotencyRecord>),
+}
+
+/// An entry value that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unreadable idempotency entry: {reason}")]
+pub struct UnreadableEntry {
+    /// Why.
+    pub reason: String,
+}
+
+/// The KV key of an idempotency key: `<queue>.<hex of the key>` (KV keys allow fewer
+/// characters than idempotency keys).
+pub fn entry_key(queue: &QueueName, key: &str) -> String {
+    let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{queue}.{hex}")
+}
+
+/// Decides what a submission does with the existing entry value `value`. An entry of an
+/// earlier version holds the bare task id: such a task was stored.
+///
+/// # Errors
+/// [`UnreadableEntry`] when the value is neither a record nor a task id.
+pub fn on_existing(value: &[u8]) -> Result<Existing, UnreadableEntry> {
+    match serde_json::from_slice::<IdempotencyRecord>(value) {
+        Ok(record) if record.state == Submission::Stored => Ok(Existing::Stored(record.task_id)),
+        Ok(record) => Ok(Existing::Republish(Box::new(record))),
+        Err(e) => {
+            let legacy = std::str::from_utf8(value)
+                .ok()
+                .and_then(|s| TaskId::new(s).ok());
+            legacy.map(Existing::Stored).ok_or(UnreadableEntry {
+                reason: e.to_string(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MessageId;
+
+    fn record(state: Submission) -> IdempotencyRecord {
+        IdempotencyRecord {
+            task_id: TaskId::new("t1").unwrap(),
+            state,
+            subject: "hub.pub.alice.work.q".into(),
+            msg_id: "alice:task:t1".into(),
+            envelope: Envelope::new(MessageId::new("m1").unwrap(), serde_json::json!({"x": 1})),
+        }
+    }
+
+    #[test]
+    fn entries_are_valid_kv_keys_per_queue() {
+        let q = QueueName::new("builds").unwrap();
+        let entry = entry_key(&q, "order #42/α");
+        assert!(entry.starts_with("builds."));
+        assert!(entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'));
+        assert_ne!(
+            entry,
+            entry_key(&QueueName::new("other").unwrap(), "order #42/α")
+        );
+    }
+
+    #[test]
+    fn a_stored_entry_names_its_task_and_a_pending_one_is_republished() {
+        let stored = serde_json::to_vec(&record(Submission::Stored)).unwrap();
+        assert_eq!(
+            on_existing(&stored).unwrap(),
+            Existing::Stored(TaskId::new("t1").unwrap())
+        );
+        let pending = serde_json::to_vec(&record(Submission::Pending)).unwrap();
+        match on_existing(&pending).unwrap() {
+            Existing::Republish(r) => assert_eq!(*r, record(Submission::Pending)),
+            other => panic!("{other:?}"),
+        }
+        // An entry of an earlier version: the bare task id.
+        assert_eq!(
+            on_existing(b"t-old").unwrap(),
+            Existing::Stored(TaskId::new("t-old").unwrap())
+        );
+        assert!(on_existing(b"not a task id!").is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! `runtime send` and `runtime inbox`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::attach::DurableInboxMode;
+use protocol::config::DeliveryConfig;
+use protocol::{AgentId, Envelope, MessageId, Meta};
+use runtime::system::messaging::Receipt;
+use runtime::{ActorSystem, SystemError};
+
+use super::{InboxArgs, SendArgs};
+
+pub(super) fn agent(flag: &str, value: &str) -> Result<AgentId, SystemError> {
+    AgentId::new(value).map_err(|e| SystemError::InvalidSetting(format!("{flag}: {e}")))
+}
+
+/// Whether the hub is durable: its ingress stream exists.
+async fn hub_is_durable(client: &async_nats::Client, delivery: &DeliveryConfig) -> bool {
+    let js = async_nats::jetstream::new(client.clone());
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            js.get_stream(&delivery.ingress.name)
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
+/// `runtime send --as alice --to bob TEXT`: a JetStream publish to the ingress when the hub is
+/// durable (the receipt carries the ingress sequence), a core publish otherwise.
+///
+/// # Errors
+/// [`SystemError::InvalidSetting`] for an invalid identity or id; connection and publish
+/// errors.
+pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
+    let from = agent("--as", &args.as_id)?;
+    let to = agent("--to", &args.to)?;
+    let id = match args.id {
+        Some(id) => {
+            MessageId::new(id).map_err(|e| SystemError::InvalidSetting(format!("--id: {e}")))?
+        }
+        None => runtime::system::messaging::new_message_id(),
+    };
+    let delivery = args.hub.delivery()?;
+    let client = args.nats.settings().connect("runtime-send").await?;
+    let durable = hub_is_durable(&client, &delivery).await;
+    let system = ActorSystem::builder()
+        .client(client)
+        .durable(durable)
+        .delivery_config(delivery)
+        .build()
+        .await?;
+    // The trace of a DM starts here: the publish carries this span's `traceparent`, so the
+    // router's `route` span and the recipient's handler span join this trace.
+    let span = tracing::info_span!("send", from = %from, to = %to, id = %id);
+    let mut meta = Meta::new(id);
+    meta.to = Some(to);
+    let envelope = Envelope {
+        meta,
+        body: serde_json::Value::String(args.text),
+        extra: Default::default(),
+    };
+    let receipt = tracing::Instrument::instrument(
+        system.send_envelope(&from, &protocol::Channel::Inbox, &envelope),
+        span,
+    )
+    .await?;
+    let _ = system.client().flush().await;
+    Ok(receipt)
+}
+
+/// `runtime inbox --as bob [--follow] [--json]`: prints each DM on stdout; without `--follow`
+/// exits once no DM arrived for `--idle-secs`.
+///
+/// # Errors
+/// [`SystemError::InvalidSetting`] for an invalid identity or mode; connection and bind errors.
+pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
+    let id = agent("--as", &args.as_id)?;
+    let mode: DurableInboxMode =
+        args.durable_inbox
+            .parse()
+            .map_err(|e: protocol::attach::InvalidInboxMode| {
+                SystemError::InvalidSetting(e.to_string())
+            })?;
+    let signals = runtime::shutdown::Signals::install()
+        .map_err(|e| SystemError::InvalidSetting(format!("cannot install signal handlers: {e}")))?;
+    let delivery = args.hub.delivery()?;
+    let client = args.nats.settings().connect("runtime-inbox").await?;
+    let durable = mode != DurableInboxMode::Off && hub_is_durable(&client, &delivery).await;
+    let system = ActorSystem::builder()
+        .client(client)
+        .durable(durable)
+        .inbox_mode(mode)
+        .delivery_config(delivery)
+        .build()
+        .await?;
+    let json = args.json;
+    let count = Arc::new(AtomicU64::new(0));
+    let seen = count.clone();
+    system
+        .attach_inbox(&id, move |d| {
+            let line = if json {
+                serde_json::to_string(&d.envelope).unwrap_or_default()
+            } else {
+                let from = d
+                    .envelope
+                    .meta
+                    .from
+                    .as_ref()
+                    .map_or("hub", |f| f.as_str())
+                    .to_string();
+                let body = match &d.envelope.body {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                format!("{from}: {body}")
+            };
+            println!("{line}");
+            seen.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async {})
+        })
+        .await?;
+    if args.follow {
+        signals.recv().await;
+    } else {
+        let idle = Duration::from_secs(args.idle_secs);
+        let mut last = count.load(Ordering::Relaxed);
+        let wait_idle = async {
+            loop {
+                tokio::time::sleep(idle).await;
+                let now = count.load(Ordering::Relaxed);
+                if now == last {
+                    break;
+                }
+                last = now;
+            }
+        };
+        tokio::select! {
+            _ = wait_idle => {}
+            _ = signals.recv() => {}
+        }
+    }
+    system.shutdown(Duration::from_secs(10)).await
+}

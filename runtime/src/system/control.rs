@@ -1,0 +1,120 @@
+//! Finding a task and acting on it through an [`ActorSystem`]: its task channel's view, a query
+//! or cancel to the worker holding it, and an answer to its question.
+
+use std::time::Duration;
+
+use protocol::subjects::{self, ControlKind};
+use protocol::task::{Answer, CancelStatus, ChannelView, ControlRequest};
+use protocol::{AgentId, Envelope, Meta, TaskId};
+
+use super::messaging::new_message_id;
+use super::{ActorSystem, SystemError};
+
+/// How long a control request may take.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl ActorSystem {
+    /// What `task_id`'s stored channel says (the system's tasks stream, `tasks.name` of its
+    /// delivery config).
+    ///
+    /// # Errors
+    /// [`SystemError::Request`] when the channel cannot be read.
+    pub async fn task_view(&self, task_id: &TaskId) -> Result<ChannelView, SystemError> {
+        let js = async_nats::jetstream::new(self.client.clone());
+        actors::task_channel::view(&js, &self.delivery.tasks.name, task_id)
+            .await
+            .map_err(|e| SystemError::request(&self.delivery.tasks.name, e))
+    }
+
+    /// Sends a query or cancel to the worker of `task_id`'s latest attempt, as its task
+    /// channel names it, and returns the JSON reply. A finished task is answered from the
+    /// channel (the worker has forgotten it): its state, `active: false`, and for a cancel
+    /// `not_active`.
+    ///
+    /// # Errors
+    /// [`SystemError::Task`] when nothing of the task is stored yet (unknown, or no worker
+    /// took it yet); [`SystemError::Request`] / [`SystemError::Timeout`] when the worker does
+    /// not answer.
+    pub async fn control_task(
+        &self,
+        task_id: &TaskId,
+        kind: ControlKind,
+    ) -> Result<serde_json::Value, SystemError> {
+        let view = self.task_view(task_id).await?;
+        if let Some(result) = &view.final_result {
+            let mut reply = serde_json::json!({"state": result.state, "active": false});
+            if kind == ControlKind::Cancel {
+                reply["cancel"] = serde_json::json!(CancelStatus::NotActive);
+            }
+            return Ok(reply);
+        }
+        let at = view.latest.ok_or_else(|| SystemError::Task {
+            task_id: task_id.clone(),
+            what: "nothing on its task channel yet: unknown task, or no worker took it yet".into(),
+        })?;
+        let request = ControlRequest {
+            task_id: task_id.clone(),
+            attempt_id: at.attempt_id,
+            worker_id: at.worker_id.clone(),
+        };
+        let subject = subjects::control(&at.worker_id, kind);
+        let body = serde_json::to_vec(&request).expect("a control request serializes");
+        let reply = tokio::time::timeout(
+            CONTROL_TIMEOUT,
+            self.client.request(subject.clone(), body.into()),
+        )
+        .await
+        .map_err(|_| SystemError::Timeout {
+            what: format!("worker {} to answer", at.worker_id),
+        })?
+        .map_err(|e| SystemError::request(&subject, e))?;
+        serde_json::from_slice(&reply.payload).map_err(|e| SystemError::request(&subject, e))
+    }
+
+    /// Answers the question `task_id` waits on with `responses`, as `from`: the answer names
+    /// the waiting attempt and its tool call, and goes to the route of the waiting result
+    /// (checked against the worker it names) through `from`'s ingress.
+    ///
+    /// # Errors
+    /// [`SystemError::Task`] when the task is not waiting; [`SystemError::Publish`] when the
+    /// ingress refuses.
+    pub async fn answer_task(
+        &self,
+        from: &AgentId,
+        task_id: &TaskId,
+        responses: Vec<serde_json::Value>,
+    ) -> Result<Answer, SystemError> {
+        let view = self.task_view(task_id).await?;
+        let not_waiting = || SystemError::Task {
+            task_id: task_id.clone(),
+            what: "not waiting for an answer".into(),
+        };
+        let waiting = view.waiting().ok_or_else(not_waiting)?;
+        let suspend = waiting.suspend.clone().ok_or_else(not_waiting)?;
+        let subject = match &waiting.answer_route {
+            Some(route) => subjects::answer_ingress_from_route(from, route, &waiting.worker_id)
+                .map_err(|e| SystemError::Task {
+                    task_id: task_id.clone(),
+                    what: format!("its answer route is not usable: {e}"),
+                })?,
+            None => subjects::answer_ingress(from, &waiting.worker_id),
+        };
+        let message_id = new_message_id();
+        let answer = Answer {
+            message_id: message_id.clone(),
+            task_id: waiting.task_id.clone(),
+            attempt_id: waiting.attempt_id.clone(),
+            worker_id: waiting.worker_id.clone(),
+            tool_call_id: suspend.tool_call_id,
+            responses,
+        };
+        let envelope = Envelope {
+            meta: Meta::new(message_id),
+            body: serde_json::to_value(&answer).expect("an answer serializes"),
+            extra: Default::default(),
+        };
+        let msg_id = format!("{from}:{}", envelope.meta.id);
+        self.publish_envelope(&subject, &msg_id, &envelope).await?;
+        Ok(answer)
+    }
+}

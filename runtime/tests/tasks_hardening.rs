@@ -1,0 +1,292 @@
+//! Tasks that must neither be lost nor run twice: an idempotency key whose first publish
+//! failed, a router whose consumers have a shorter ack wait than the worker's own config, and
+//! a task republished after a broker restart made the work stream forget its message id.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actors::worker::{AttemptContext, Outcome, TaskHandler};
+use async_nats::jetstream;
+use protocol::attach::DurableInboxMode;
+use protocol::config::DeliveryConfig;
+use protocol::subjects;
+use protocol::task::{TaskResult, TaskSpec, TaskState};
+use protocol::{AgentId, QueueName};
+use runtime::system::tasks::new_task;
+use runtime::{ActorSystem, NatsSettings};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Counts runs per task id and completes after `delay`.
+#[derive(Clone, Default)]
+struct Counting {
+    delay: Duration,
+    runs: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Counting {
+    fn runs(&self, task_id: &str) -> u32 {
+        self.runs.lock().unwrap().get(task_id).copied().unwrap_or(0)
+    }
+
+    fn total(&self) -> u32 {
+        self.runs.lock().unwrap().values().sum()
+    }
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for Counting {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(task.task_id.to_string())
+            .or_default() += 1;
+        tokio::time::sleep(self.delay).await;
+        Outcome::Completed(serde_json::json!({"worker": ctx.worker_id.as_str()}))
+    }
+}
+
+fn alice() -> AgentId {
+    AgentId::new("alice").unwrap()
+}
+
+/// Every result stored on `task_id`'s channel.
+async fn results_on(js: &jetstream::Context, task_id: &str) -> Vec<TaskResult> {
+    let subject = subjects::task(&protocol::TaskKey::from_task_id(
+        &protocol::TaskId::new(task_id).unwrap(),
+    ));
+    support::stored_on(js, subjects::TASKS_STREAM, &subject)
+        .await
+        .into_iter()
+        .filter_map(|m| {
+            let env = protocol::decode(&m.payload, protocol::Codec::Json).ok()?;
+            match serde_json::from_value(env.body).ok()? {
+                protocol::task::TaskChannelBody::Result(r) => Some(r),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
+    let mut stream = js.get_stream(stream).await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_whose_first_publish_failed_runs_its_task_exactly_once() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let queue = QueueName::new("idem").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Counting::default();
+    support::start_worker(
+        &hub,
+        "iw1",
+        &queue,
+        2,
+        Arc::new(handler.clone()),
+        journal.path(),
+    )
+    .await;
+    let js = support::js(&server).await;
+
+    // The key is written, then the publish fails: the ingress stream is gone for a moment.
+    let ingress = js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
+    let ingress_config = ingress.cached_info().config.clone();
+    js.delete_stream(subjects::INGRESS_STREAM).await.unwrap();
+    let mut first = new_task("charge order 42", vec![]);
+    first.idempotency_key = Some("order-42".into());
+    let failed = hub.delegate(&alice(), &queue, None, &first).await;
+    assert!(failed.is_err(), "the publish cannot succeed: {failed:?}");
+    js.create_stream(ingress_config).await.unwrap();
+
+    // The client retries with the same key (a fresh task id, as `runtime delegate` makes).
+    let mut retry = new_task("charge order 42", vec![]);
+    retry.idempotency_key = Some("order-42".into());
+    let (receipt, tracking) = hub
+        .delegate_tracked(&alice(), &queue, None, &retry)
+        .await
+        .unwrap();
+    assert_eq!(
+        receipt.task_id, first.task_id,
+        "the key names the first task"
+    );
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("the task ran")
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(result.task_id, first.task_id);
+    // A third submission finds the task done: nothing is sent, nothing runs again.
+    let mut third = new_task("charge order 42", vec![]);
+    third.idempotency_key = Some("order-42".into());
+    let again = hub.delegate(&alice(), &queue, None, &third).await.unwrap();
+    assert_eq!(again.task_id, first.task_id);
+    assert!(again.existing);
+    assert_eq!(handler.runs(first.task_id.as_str()), 1);
+    assert_eq!(handler.total(), 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_idempotency_key_is_refused_before_anything_is_written() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let queue = QueueName::new("idem-bad").unwrap();
+    let mut spec = new_task("charge", vec![]);
+    spec.idempotency_key = Some("order 42".into());
+    let refused = hub.delegate(&alice(), &queue, None, &spec).await;
+    assert!(
+        matches!(refused, Err(runtime::SystemError::InvalidTask(_))),
+        "{refused:?}"
+    );
+    let js = support::js(&server).await;
+    let kv = js
+        .get_key_value(actors::streams::IDEMPOTENCY_BUCKET)
+        .await
+        .unwrap();
+    let mut keys = kv.keys().await.unwrap();
+    use futures::StreamExt;
+    assert!(keys.next().await.is_none(), "an entry was written");
+    assert_eq!(stream_messages(&js, subjects::INGRESS_STREAM).await, 0);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_ack_wait_shorter_than_the_workers_config_runs_a_long_task_once() {
+    let server = harness::run_server().await.unwrap();
+    // The router creates the consumers with a 3 s ack wait; the workers have no delivery
+    // config (the default says 30 s).
+    let router = ActorSystem::builder()
+        .nats(NatsSettings::new(server.url()))
+        .durable(true)
+        .delivery_config(DeliveryConfig {
+            ack_wait_secs: 3,
+            ..DeliveryConfig::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    router.start_router().await.unwrap();
+    let queue = QueueName::new("long").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Counting {
+        delay: Duration::from_secs(10),
+        ..Counting::default()
+    };
+    let mut workers = Vec::new();
+    for id in ["lw1", "lw2"] {
+        let worker = ActorSystem::builder()
+            .nats(NatsSettings::new(server.url()))
+            .durable(true)
+            .build()
+            .await
+            .unwrap();
+        support::start_worker(
+            &worker,
+            id,
+            &queue,
+            1,
+            Arc::new(handler.clone()),
+            journal.path(),
+        )
+        .await;
+        workers.push(worker);
+    }
+    let spec = new_task("a long one", vec![]);
+    let (_, tracking) = router
+        .delegate_tracked(&alice(), &queue, None, &spec)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .expect("a result")
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed);
+    let js = support::js(&server).await;
+    harness::wait_until_async("the work stream drained", DEADLINE, || async {
+        stream_messages(&js, subjects::WORK_STREAM).await == 0
+    })
+    .await
+    .unwrap();
+    assert_eq!(handler.runs(spec.task_id.as_str()), 1, "ran once");
+    let completed = results_on(&js, spec.task_id.as_str()).await;
+    assert_eq!(completed.len(), 1, "one result: {completed:?}");
+    for worker in workers {
+        worker.shutdown(Duration::from_secs(10)).await.unwrap();
+    }
+    router.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_republished_after_a_broker_restart_runs_once() {
+    let mut server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let queue = QueueName::new("again").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Counting::default();
+    support::start_worker(
+        &hub,
+        "aw1",
+        &queue,
+        1,
+        Arc::new(handler.clone()),
+        journal.path(),
+    )
+    .await;
+    let spec = new_task("once only", vec![]);
+    let (_, tracking) = hub
+        .delegate_tracked(&alice(), &queue, None, &spec)
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed);
+    let js = support::js(&server).await;
+    harness::wait_until_async("the task consumed", DEADLINE, || async {
+        stream_messages(&js, subjects::WORK_STREAM).await == 0
+    })
+    .await
+    .unwrap();
+
+    // The broker restarts: a work-queue stream forgets the message ids of consumed messages.
+    server.restart().await.unwrap();
+    let js = support::js(&server).await;
+    // The same ingress envelope again (a router that crashed before its ingress ack, or a
+    // client retry), with the same Nats-Msg-Id.
+    let envelope = protocol::Envelope {
+        meta: protocol::Meta::new(protocol::MessageId::new("retry-1").unwrap()),
+        body: serde_json::to_value(&spec).unwrap(),
+        extra: Default::default(),
+    };
+    let payload = protocol::encode(&envelope, protocol::Codec::Json).unwrap();
+    support::js_publish(
+        &js,
+        &subjects::work_ingress(&alice(), &queue, None),
+        &format!("alice:task:{}", spec.task_id),
+        payload,
+    )
+    .await;
+    harness::wait_until_async(
+        "the republished task routed and settled",
+        DEADLINE,
+        || async {
+            stream_messages(&js, subjects::INGRESS_STREAM).await == 0
+                && stream_messages(&js, subjects::WORK_STREAM).await == 0
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(handler.runs(spec.task_id.as_str()), 1, "ran once");
+    let completed = results_on(&js, spec.task_id.as_str()).await;
+    assert_eq!(completed.len(), 1, "one result: {completed:?}");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

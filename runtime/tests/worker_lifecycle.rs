@@ -1,0 +1,222 @@
+//! Real worker processes across a graceful shutdown (SIGTERM) and a broker crash between a
+//! stored result and its input ack.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use harness::RuntimeProcess;
+use protocol::subjects;
+use protocol::task::{TaskChannelBody, TaskResult, TaskState};
+use protocol::{AgentId, QueueName};
+use runtime::system::tasks::new_task;
+use support::processes::{logs, Scene};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// An exec script that appends `<WORKER_ID> <TASK_RERUN>` to `<markers>/runs`, sleeps
+/// `$SLEEP_<WORKER_ID>` seconds (0 when unset) and answers with its worker id.
+const SCRIPT: &str = "cat > /dev/null\n\
+    echo \"$WORKER_ID $TASK_RERUN\" >> '{markers}/runs'\n\
+    eval \"s=\\${SLEEP_$WORKER_ID:-0}\"\n\
+    sleep \"$s\"\n\
+    printf '{\"response\": \"%s\"}\\n' \"$WORKER_ID\"\n";
+
+fn runs(scene: &Scene) -> Vec<String> {
+    std::fs::read_to_string(scene.markers().join("runs"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn alice() -> AgentId {
+    AgentId::new("alice").unwrap()
+}
+
+/// Every result stored on `task_id`'s channel.
+async fn results_on(
+    js: &async_nats::jetstream::Context,
+    task_id: &protocol::TaskId,
+) -> Vec<TaskResult> {
+    let subject = subjects::task(&protocol::TaskKey::from_task_id(task_id));
+    support::stored_on(js, subjects::TASKS_STREAM, &subject)
+        .await
+        .into_iter()
+        .filter_map(|m| {
+            let env = protocol::decode(&m.payload, protocol::Codec::Json).ok()?;
+            match serde_json::from_value(env.body).ok()? {
+                TaskChannelBody::Result(r) => Some(r),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+async fn work_left(js: &async_nats::jetstream::Context) -> u64 {
+    let mut stream = js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
+async fn wait_exit(process: &mut RuntimeProcess, within: Duration) -> Option<i32> {
+    process.wait_exit(within).await.expect("the process exits")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_task_lets_a_short_task_complete_once_before_exit() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(0)
+        .with_delivery(r#"{"ack_wait_secs": 20}"#)
+        .with_script(SCRIPT);
+    let router = scene.router(&url);
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    let mut w1 = scene.worker_with(&url, "sw1", "sq", &[], &[("SLEEP_sw1", "2")]);
+    let hub = support::durable_system(url.clone()).await;
+    let spec = new_task("finish me", vec![]);
+    let (_, tracking) = hub
+        .delegate_tracked(&alice(), &QueueName::new("sq").unwrap(), None, &spec)
+        .await
+        .unwrap();
+    harness::wait_until("the task started", DEADLINE, || !runs(&scene).is_empty())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("sw1", &w1)])));
+    // Another worker joins; then the first is asked to stop mid-task.
+    let w2 = scene.worker(&url, "sw2", "sq");
+    w1.signal(15);
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no result\n{}",
+                logs(&[("router", &router), ("sw1", &w1), ("sw2", &w2)])
+            )
+        })
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(result.worker_id.as_str(), "sw1", "finished where it ran");
+    assert_eq!(wait_exit(&mut w1, Duration::from_secs(15)).await, Some(0));
+    let js = support::js(&server).await;
+    harness::wait_until_async("the input acked", DEADLINE, || async {
+        work_left(&js).await == 0
+    })
+    .await
+    .unwrap();
+    assert_eq!(runs(&scene), ["sw1 0"], "ran once");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_long_task_hands_it_to_another_worker_at_once() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    // A 20 s ack wait: the task must move long before it.
+    let scene = Scene::new(0)
+        .with_delivery(r#"{"ack_wait_secs": 20}"#)
+        .with_script(SCRIPT);
+    let router = scene.router(&url);
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    let mut w1 = scene.worker_with(
+        &url,
+        "lw1",
+        "lq",
+        &["--shutdown-grace-secs", "2"],
+        &[("SLEEP_lw1", "120")],
+    );
+    let hub = support::durable_system(url.clone()).await;
+    let spec = new_task("too long for the grace", vec![]);
+    let (_, tracking) = hub
+        .delegate_tracked(&alice(), &QueueName::new("lq").unwrap(), None, &spec)
+        .await
+        .unwrap();
+    harness::wait_until("the task started", DEADLINE, || !runs(&scene).is_empty())
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("lw1", &w1)])));
+    let w2 = scene.worker(&url, "lw2", "lq");
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    harness::wait_until_async("lw2 joined", DEADLINE, || async {
+        let client = server.client().await.unwrap();
+        runtime::request_worker_status(&client, Duration::from_millis(300))
+            .await
+            .is_ok_and(|w| w.iter().any(|s| s.worker_id == "lw2"))
+    })
+    .await
+    .unwrap();
+    let stopped = Instant::now();
+    w1.signal(15);
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no result\n{}",
+                logs(&[("router", &router), ("lw1", &w1), ("lw2", &w2)])
+            )
+        })
+        .unwrap();
+    let moved_after = stopped.elapsed();
+    assert_eq!(result.state, TaskState::Completed, "{result:?}");
+    assert_eq!(result.worker_id.as_str(), "lw2");
+    assert!(
+        moved_after < Duration::from_secs(10),
+        "the task moved after {moved_after:?}, not at once (the ack wait is 20 s)"
+    );
+    assert_eq!(wait_exit(&mut w1, Duration::from_secs(15)).await, Some(0));
+    assert_eq!(runs(&scene), ["lw1 0", "lw2 1"]);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_again() {
+    let mut server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(0)
+        .with_delivery(r#"{"ack_wait_secs": 2}"#)
+        .with_script(SCRIPT);
+    let mut router = scene.router(&url);
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    let spec = new_task("stored then crashed", vec![]);
+    // w1 dies (as with kill -9) right after the stream confirmed its result, before its
+    // input ack: the result is stored, the input is not acked.
+    let fault = format!(
+        "sys1/worker-cw1.attempt.{}@result_confirmed=exit",
+        spec.task_id
+    );
+    let mut w1 = scene.worker_with(&url, "cw1", "cq", &[], &[("RUNTIME_FAULTS", &fault)]);
+    let hub = support::durable_system(url.clone()).await;
+    harness::wait_until_async("cw1 joined", DEADLINE, || async {
+        runtime::request_worker_status(hub.client(), Duration::from_millis(300))
+            .await
+            .is_ok_and(|w| w.iter().any(|s| s.worker_id == "cw1"))
+    })
+    .await
+    .unwrap();
+    hub.delegate(&alice(), &QueueName::new("cq").unwrap(), None, &spec)
+        .await
+        .unwrap();
+    let exited = w1.wait_exit(DEADLINE).await.expect("cw1 exits");
+    assert_ne!(exited, Some(0), "the fault fired\n{}", w1.log());
+    assert_eq!(runs(&scene).len(), 1);
+    // Everything restarts: the broker (its delivery counts start again at 1), the router and a
+    // worker with a journal of its own.
+    hub.shutdown(Duration::from_secs(5)).await.unwrap();
+    router.kill9().await;
+    server.restart().await.unwrap();
+    let router = scene.router(&url);
+    let js = support::js(&server).await;
+    harness::wait_until_async("the stored result routed", DEADLINE, || async {
+        !results_on(&js, &spec.task_id).await.is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router)])));
+    let w2 = scene.worker(&url, "cw2", "cq");
+    harness::wait_until_async("the input settled", DEADLINE, || async {
+        work_left(&js).await == 0
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("cw2", &w2)])));
+    let results = results_on(&js, &spec.task_id).await;
+    assert_eq!(runs(&scene), ["cw1 0"], "one execution");
+    assert_eq!(results.len(), 1, "one completed result: {results:?}");
+    assert_eq!(results[0].state, TaskState::Completed);
+    assert_eq!(results[0].worker_id.as_str(), "cw1");
+}

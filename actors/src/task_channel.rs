@@ -38,9 +38,11 @@ pub enum ReadError {
         #[source]
         source: async_nats::jetstream::context::GetStreamError,
     },
-    /// A direct get failed.
-    #[error("reading {subject}: {source}")]
+    /// A direct get failed (the stream does not exist, or allows no direct gets...).
+    #[error("reading {subject} from stream {stream}: {source}")]
     Get {
+        /// The stream.
+        stream: String,
         /// The task channel.
         subject: String,
         /// Why.
@@ -87,6 +89,7 @@ pub async fn read(
     from: u64,
 ) -> Result<Vec<Stored>, ReadError> {
     let subject = subjects::task(&TaskKey::from_task_id(task_id));
+    let stream_name = stream;
     let read = async {
         let stream = js
             .get_stream_no_info(stream)
@@ -106,6 +109,7 @@ pub async fn read(
                 Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
                 Err(source) => {
                     return Err(ReadError::Get {
+                        stream: stream_name.to_owned(),
                         subject: subject.clone(),
                         source,
                     })

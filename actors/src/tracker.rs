@@ -221,18 +221,20 @@ pub enum TrackerMsg {
     PumpFailed(String),
 }
 
-/// Counters of one incarnation.
-#[derive(Debug, Default)]
-struct Counters {
-    live_seen: AtomicU64,
-    stored_seen: AtomicU64,
-    rereads: AtomicU64,
-    malformed: AtomicU64,
-    read_errors: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
+crate::counters! {
+    /// Counters of one tracker incarnation.
+    pub struct TrackerCounters => TrackerCountersSnapshot {
+        /// Bodies handled from the live subscription.
+        live_seen,
+        /// Bodies handled from the stored channel.
+        stored_seen,
+        /// Reads of the stored channel after the first one.
+        rereads,
+        /// Messages on the channel that are not task channel envelopes of this task.
+        malformed,
+        /// Stored reads that failed.
+        read_errors,
+    }
 }
 
 /// Snapshot of a tracker.
@@ -240,24 +242,15 @@ fn bump(c: &AtomicU64) {
 pub struct TrackerSnapshot {
     /// The task followed.
     pub task_id: String,
-    /// Bodies handled from the live subscription (this incarnation).
-    pub live_seen: u64,
-    /// Bodies handled from the stored channel (this incarnation).
-    pub stored_seen: u64,
-    /// Reads of the stored channel after the first one (this incarnation).
-    pub rereads: u64,
-    /// Messages on the channel that are not task channel envelopes of this task.
-    pub malformed: u64,
-    /// Stored reads that failed (this incarnation).
-    #[serde(default)]
-    pub read_errors: u64,
+    /// Counters of this incarnation.
+    pub counters: TrackerCountersSnapshot,
     /// Whether the final result was delivered (by any incarnation).
     pub delivered: bool,
 }
 
 /// State of one incarnation.
 pub struct TrackerState {
-    counters: Arc<Counters>,
+    counters: Arc<TrackerCounters>,
     stop: watch::Sender<bool>,
     pumps: Vec<Owned>,
 }
@@ -294,7 +287,7 @@ impl Actor for TaskTracker {
         // leave the "first" (read-skipping) role to its successor.
         let first_incarnation = self.sink.incarnations.fetch_add(1, Ordering::Relaxed) == 0;
         fault::check(&self.name, FaultPoint::PreStart)?;
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(TrackerCounters::default());
         let (stop, stop_rx) = watch::channel(false);
         if self.sink.is_done() {
             // A restart after delivery (or after the caller left): nothing to follow.
@@ -366,22 +359,17 @@ impl Actor for TaskTracker {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             TrackerMsg::Seen(body, source, span) => {
-                bump(match source {
-                    Source::Live => &state.counters.live_seen,
-                    Source::Stored => &state.counters.stored_seen,
-                });
+                match source {
+                    Source::Live => state.counters.live_seen.bump(),
+                    Source::Stored => state.counters.stored_seen.bump(),
+                }
                 let _entered = span.enter();
                 self.on_body(&myself, *body);
             }
             TrackerMsg::Snapshot(port) => {
-                let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
                 let _ = port.send(TrackerSnapshot {
                     task_id: self.task_id.to_string(),
-                    live_seen: get(&state.counters.live_seen),
-                    stored_seen: get(&state.counters.stored_seen),
-                    rereads: get(&state.counters.rereads),
-                    malformed: get(&state.counters.malformed),
-                    read_errors: get(&state.counters.read_errors),
+                    counters: state.counters.snapshot(),
                     delivered: lock(&self.sink.result).is_none(),
                 });
             }
@@ -442,7 +430,7 @@ struct TrackerPump {
     task_id: TaskId,
     tasks_stream: String,
     reread_every: Duration,
-    counters: Arc<Counters>,
+    counters: Arc<TrackerCounters>,
     sink: TrackerSink,
     myself: ActorRef<TrackerMsg>,
 }
@@ -499,7 +487,7 @@ impl TrackerPump {
                 continue;
             }
             if !first {
-                bump(&self.counters.rereads);
+                self.counters.rereads.bump();
             }
             first = false;
             match crate::task_channel::read(&js, &self.tasks_stream, &self.task_id, next_seq).await
@@ -514,14 +502,11 @@ impl TrackerPump {
                     }
                 }
                 Err(e) => {
-                    bump(&self.counters.read_errors);
+                    self.counters.read_errors.bump();
                     tracing::warn!(task_id = %self.task_id, error = %e, "stored task channel read failed; relying on the live subscription until the next read");
                     if !failing {
                         failing = true;
-                        let key = format!(
-                            "read-failed\u{0}{}",
-                            self.counters.read_errors.load(Ordering::Relaxed)
-                        );
+                        let key = format!("read-failed\u{0}{}", self.counters.read_errors.get());
                         self.sink
                             .progress(key, TrackerEvent::StoredReadFailed(e.to_string()));
                     }
@@ -558,7 +543,7 @@ impl TrackerPump {
                     .is_ok()
             }
             None => {
-                bump(&self.counters.malformed);
+                self.counters.malformed.bump();
                 tracing::debug!(task_id = %self.task_id, "ignored a message that is no task channel envelope of this task");
                 true
             }

@@ -150,6 +150,10 @@ async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
         .await
         .unwrap();
     assert_eq!(snap.counters.redelivered, 0, "never redelivered");
+    assert_eq!(
+        snap.counters.redelivered_while_running, 0,
+        "the broker never sent the input again while it ran: {snap:?}"
+    );
     assert!(
         snap.counters.heartbeats >= 3,
         "heartbeats at ack_wait/3: {snap:?}"

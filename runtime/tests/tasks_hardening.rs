@@ -290,3 +290,73 @@ async fn a_task_republished_after_a_broker_restart_runs_once() {
     assert_eq!(completed.len(), 1, "one result: {completed:?}");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_broker_restart_tasks_resume_as_fast_as_dms() {
+    let mut server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let queue = QueueName::new("resume").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Counting::default();
+    support::start_worker(
+        &hub,
+        "rw1",
+        &queue,
+        2,
+        Arc::new(handler.clone()),
+        journal.path(),
+    )
+    .await;
+    let bob = support::agent("bob");
+    let seen = support::attach_collect(&hub, &bob).await;
+    // Warm: one of each goes through.
+    let (_, tracking) = hub
+        .delegate_tracked(&alice(), &queue, None, &new_task("warm", vec![]))
+        .await
+        .unwrap();
+    tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .unwrap()
+        .unwrap();
+    hub.send(&alice(), &bob, serde_json::json!("warm"))
+        .await
+        .unwrap();
+    support::wait_for(&seen, 1).await;
+
+    server.restart().await.unwrap();
+    // Both clients reconnect; time from the first accepted send to its delivery.
+    let started = std::time::Instant::now();
+    let spec = new_task("after the restart", vec![]);
+    let tracking = loop {
+        match hub.delegate_tracked(&alice(), &queue, None, &spec).await {
+            Ok((_, tracking)) => break tracking,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+        assert!(started.elapsed() < DEADLINE, "no submission accepted");
+    };
+    let submitted = started.elapsed();
+    let result = tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(result.state, TaskState::Completed);
+    let task_latency = started.elapsed() - submitted;
+    let dm_started = std::time::Instant::now();
+    while hub
+        .send(&alice(), &bob, serde_json::json!("after"))
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    support::wait_for(&seen, 2).await;
+    let dm_latency = dm_started.elapsed();
+    println!(
+        "after a restart: submission accepted after {submitted:?}, task result {task_latency:?} later, DM in {dm_latency:?}"
+    );
+    assert!(
+        task_latency < Duration::from_millis(1500),
+        "tasks paused {task_latency:?} after the restart (DMs: {dm_latency:?})"
+    );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
-pub use pump::InboxCounters;
+pub use pump::{InboxCounters, InboxCountersSnapshot};
 
 /// One DM handed to the handler.
 #[derive(Debug, Clone)]
@@ -99,7 +99,7 @@ pub struct InboxSnapshot {
     /// How it is bound.
     pub binding: Binding,
     /// Counters of this incarnation.
-    pub counters: pump::InboxCountersSnapshot,
+    pub counters: InboxCountersSnapshot,
 }
 
 /// State of one incarnation.

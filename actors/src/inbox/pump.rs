@@ -1,7 +1,6 @@
 //! The inbox pump: pulls DMs (or reads a core subscription), drops repeats, hands each DM to
 //! the handler and acks it after the handler returned.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,8 +8,7 @@ use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
-use protocol::{headers, subjects, AgentId, Codec};
-use serde::{Deserialize, Serialize};
+use protocol::{headers, subjects, AgentId};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -22,42 +20,17 @@ const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Expiry of one pull request.
 const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
-/// Counters of one inbox incarnation.
-#[derive(Debug, Default)]
-pub struct InboxCounters {
-    delivered: AtomicU64,
-    duplicates: AtomicU64,
-    malformed: AtomicU64,
-    repulls: AtomicU64,
-}
-
-/// A copy of [`InboxCounters`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InboxCountersSnapshot {
-    /// DMs handed to the handler.
-    pub delivered: u64,
-    /// Redeliveries dropped by the dedupe set (acked, not handed over).
-    pub duplicates: u64,
-    /// Stored messages that do not decode (terminated).
-    pub malformed: u64,
-    /// Pulls re-issued after a missed heartbeat or a pull error.
-    pub repulls: u64,
-}
-
-impl InboxCounters {
-    /// Copies the counters.
-    pub fn snapshot(&self) -> InboxCountersSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        InboxCountersSnapshot {
-            delivered: get(&self.delivered),
-            duplicates: get(&self.duplicates),
-            malformed: get(&self.malformed),
-            repulls: get(&self.repulls),
-        }
-    }
-
-    fn bump(c: &AtomicU64) {
-        c.fetch_add(1, Ordering::Relaxed);
+crate::counters! {
+    /// Counters of one inbox incarnation.
+    pub struct InboxCounters => InboxCountersSnapshot {
+        /// DMs handed to the handler.
+        delivered,
+        /// Redeliveries dropped by the dedupe set (acked, not handed over).
+        duplicates,
+        /// Stored messages that do not decode (terminated).
+        malformed,
+        /// Pulls re-issued after a missed heartbeat or a pull error.
+        repulls,
     }
 }
 
@@ -127,7 +100,7 @@ impl InboxPump {
                         return Err(e.to_string())
                     }
                     _ => {
-                        InboxCounters::bump(&self.counters.repulls);
+                        self.counters.repulls.bump();
                         tracing::warn!(error = %e, id = %self.id, "inbox pull error; pulling again");
                         continue;
                     }
@@ -189,15 +162,13 @@ impl InboxPump {
             .as_ref()
             .and_then(|h| h.get(headers::CONTENT_TYPE))
             .map(|v| v.as_str());
-        let envelope = Codec::from_content_type(content_type)
-            .ok()
-            .and_then(|codec| protocol::decode(&msg.payload, codec).ok());
+        let envelope = protocol::decode_with_content_type(&msg.payload, content_type).ok();
         let Some(envelope) = envelope else {
-            InboxCounters::bump(&self.counters.malformed);
+            self.counters.malformed.bump();
             return Verdict::Malformed;
         };
         if !seen.first_time(envelope.meta.from.as_ref(), &envelope.meta.id) {
-            InboxCounters::bump(&self.counters.duplicates);
+            self.counters.duplicates.bump();
             return Verdict::Duplicate;
         }
         Verdict::Handle(Delivery {
@@ -223,7 +194,7 @@ impl InboxPump {
         );
         crate::trace_context::set_parent_from(&span, headers);
         (self.handler)(delivery).instrument(span).await;
-        InboxCounters::bump(&self.counters.delivered);
+        self.counters.delivered.bump();
         Ok(())
     }
 }

@@ -276,6 +276,26 @@ impl Journal {
         self.attempts.get(seq)
     }
 
+    /// The open attempt `attempt_id` of `task_id`.
+    pub fn lookup_attempt(&self, task_id: &str, attempt_id: &str) -> Option<&AttemptRecord> {
+        self.by_task
+            .get(task_id)?
+            .iter()
+            .rev()
+            .filter_map(|seq| self.attempts.get(seq))
+            .find(|r| r.attempt_id == attempt_id)
+    }
+
+    /// The parked attempt of `task_id` (the most recent one, if several).
+    pub fn parked_by_task(&self, task_id: &str) -> Option<&AttemptRecord> {
+        self.by_task
+            .get(task_id)?
+            .iter()
+            .rev()
+            .filter_map(|seq| self.attempts.get(seq))
+            .find(|r| r.task.is_some())
+    }
+
     /// Saves the (latest) result of the attempt of `input_seq`, durably, replacing an earlier
     /// one and clearing its published mark.
     pub fn save_result(&mut self, input_seq: u64, result: &Value) -> Result<(), JournalError> {

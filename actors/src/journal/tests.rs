@@ -349,3 +349,28 @@ fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
     let journal = Journal::open(tmp.path(), "w-1").unwrap();
     assert_eq!(journal.open_attempts().len(), 1);
 }
+
+#[test]
+fn a_parked_attempt_is_found_by_task_and_attempt_beside_a_newer_admission() {
+    let tmp = TempDir::new("parked");
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    journal.admit(1, "task-a", "att-1").unwrap();
+    journal.save_result(1, &json!({"waiting": true})).unwrap();
+    journal.park(1, &json!({"task": "a"})).unwrap();
+    // The same task delivered again (a second copy of its input): a newer open record.
+    journal.admit(2, "task-a", "att-2").unwrap();
+    assert_eq!(journal.lookup_by_task("task-a").unwrap().input_seq, 2);
+    assert_eq!(journal.parked_by_task("task-a").unwrap().input_seq, 1);
+    assert_eq!(
+        journal.lookup_attempt("task-a", "att-1").unwrap().input_seq,
+        1
+    );
+    assert!(journal.lookup_attempt("task-a", "att-9").is_none());
+    assert_eq!(journal.parked_count(), 1);
+    drop(journal);
+    // Parked survives a reopen (and its compaction).
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let parked = journal.parked_by_task("task-a").unwrap();
+    assert_eq!(parked.task, Some(json!({"task": "a"})));
+    assert_eq!(parked.result, Some(json!({"waiting": true})));
+}

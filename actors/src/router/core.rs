@@ -113,7 +113,7 @@ impl CorePump {
                     codec,
                     ..
                 } => {
-                    self.counters.broadcast();
+                    self.counters.broadcast.bump();
                     (subject, payload, codec)
                 }
                 RouteDecision::Reject {
@@ -121,17 +121,17 @@ impl CorePump {
                     rejected_id,
                     error,
                 } => {
-                    self.counters.malformed();
+                    self.counters.malformed.bump();
                     let (subject, _, notice) =
                         rejection(&sender, rejected_id.as_ref(), &error, seq);
                     let Ok(payload) = protocol::encode(&notice, Codec::Json) else {
                         return;
                     };
-                    self.counters.rejections_sent();
+                    self.counters.rejections_sent.bump();
                     (subject, payload, Codec::Json)
                 }
                 RouteDecision::Drop { .. } => {
-                    self.counters.dropped_by_guard();
+                    self.counters.dropped_by_guard.bump();
                     return;
                 }
             };

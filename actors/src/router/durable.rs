@@ -25,9 +25,8 @@ use tracing::Instrument;
 use super::counters::RouterCounters;
 use super::outbound::{header_pairs, routed_headers, view};
 use super::RouterError;
+use crate::PUBLISH_ACK_TIMEOUT;
 
-/// How long a store publish may wait for its ack before the ingress message is nak'd.
-pub const PUBLISH_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Delay of a nak after a failed store: the message comes back after this long.
 pub const NAK_DELAY: Duration = Duration::from_secs(1);
 /// Idle heartbeat of the pull requests: a pull that stays silent for 2× this is re-issued.
@@ -88,7 +87,7 @@ impl DurablePump {
         let js = jetstream::ContextBuilder::new()
             .max_ack_inflight(max_in_flight * protocol::routing::MAX_BUNDLE_ITEMS + 1)
             .build(self.client.clone());
-        let consumer_err = |e: &dyn std::fmt::Display| RouterError::Consumer(e.to_string());
+        let consumer_err = |e: &dyn std::fmt::Display| RouterError::Consumer(e.to_string().into());
         let stream = js
             .get_stream(&self.delivery.ingress.name)
             .await
@@ -126,7 +125,7 @@ impl DurablePump {
                             .map_err(|e| RouterError::Pump(e.to_string()))?;
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
-                        self.counters.enter();
+                        self.counters.in_flight.bump();
                         in_flight.push_back(self.start(&js, &msg, seq).await);
                         held.push_back(msg);
                     }
@@ -134,15 +133,15 @@ impl DurablePump {
                         MessagesErrorKind::MissingHeartbeat => {
                             // The stream re-issues its pull by itself; count it so a silent
                             // stall is visible in snapshots.
-                            self.counters.reconnects();
+                            self.counters.reconnects.bump();
                             tracing::warn!("router pull missed its heartbeat; pulling again");
                         }
                         MessagesErrorKind::ConsumerDeleted
                         | MessagesErrorKind::PushBasedConsumer => {
-                            return Err(RouterError::Consumer(e.to_string()));
+                            return Err(RouterError::Consumer(Box::new(e)));
                         }
                         _ => {
-                            self.counters.reconnects();
+                            self.counters.reconnects.bump();
                             tracing::warn!(error = %e, "router pull error; pulling again");
                         }
                     },
@@ -230,7 +229,7 @@ impl DurablePump {
                         .await
                     {
                         Ok(()) => {
-                            self.counters.broadcast();
+                            self.counters.broadcast.bump();
                             ready(Done::Immediate { terminate: false })
                         }
                         Err(e) => ready(Done::Failed(e.to_string())),
@@ -241,7 +240,7 @@ impl DurablePump {
                     rejected_id,
                     error,
                 } => {
-                    self.counters.malformed();
+                    self.counters.malformed.bump();
                     tracing::warn!(%sender, kind = error.kind.as_str(), detail = %error.detail, "malformed envelope refused");
                     let (subject, msg_id, notice) =
                         rejection(&sender, rejected_id.as_ref(), &error, seq);
@@ -254,7 +253,7 @@ impl DurablePump {
                     }
                 }
                 RouteDecision::Drop { reason } => {
-                    self.counters.dropped_by_guard();
+                    self.counters.dropped_by_guard.bump();
                     tracing::warn!(?reason, "replay guard dropped an ingress message");
                     ready(Done::Immediate { terminate: true })
                 }
@@ -304,14 +303,14 @@ impl DurablePump {
     }
 
     async fn finish(&self, msg: Message, done: Done) {
-        self.counters.leave();
+        self.counters.in_flight.sub();
         let result = match done {
             Done::Stored {
                 duplicate,
                 terminate,
             } => {
                 if terminate {
-                    self.counters.rejections_sent();
+                    self.counters.rejections_sent.bump();
                     msg.ack_with(AckKind::Term).await
                 } else {
                     self.counters.add_stored(duplicate);
@@ -327,7 +326,7 @@ impl DurablePump {
             Done::Immediate { terminate: true } => msg.ack_with(AckKind::Term).await,
             Done::Immediate { terminate: false } => msg.ack().await,
             Done::Failed(reason) => {
-                self.counters.naks();
+                self.counters.naks.bump();
                 tracing::warn!(%reason, "store failed; nak with delay");
                 msg.ack_with(AckKind::Nak(Some(NAK_DELAY))).await
             }
@@ -356,8 +355,8 @@ impl DurablePump {
             );
         }
         for msg in held {
-            self.counters.leave();
-            self.counters.naks();
+            self.counters.in_flight.sub();
+            self.counters.naks.bump();
             let _ = msg.ack_with(AckKind::Nak(None)).await;
         }
         let _ = self.client.flush().await;

@@ -94,7 +94,7 @@ pub enum RouterError {
     Streams(#[from] crate::streams::StreamError),
     /// The router consumer could not be bound, or was deleted under the router.
     #[error("router consumer: {0}")]
-    Consumer(String),
+    Consumer(#[source] async_nats::Error),
     /// The message stream or subscription ended (connection closed).
     #[error("the router's message stream ended")]
     PullEnded,

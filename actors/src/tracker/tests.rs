@@ -149,7 +149,7 @@ async fn result_published_while_tracking_is_delivered_once() {
     // The first stored read is done (so the result comes during tracking).
     harness::wait_until_async("first re-read", DEADLINE, || {
         let actor = actor.clone();
-        async move { snapshot(&actor).await.rereads >= 1 }
+        async move { snapshot(&actor).await.counters.rereads >= 1 }
     })
     .await
     .unwrap();
@@ -273,7 +273,7 @@ async fn result_stored_during_a_nats_server_outage_is_found_after_reconnect() {
     let (actor, join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
     harness::wait_until_async("first re-read", DEADLINE, || {
         let actor = actor.clone();
-        async move { snapshot(&actor).await.rereads >= 1 }
+        async move { snapshot(&actor).await.counters.rereads >= 1 }
     })
     .await
     .unwrap();
@@ -348,7 +348,7 @@ async fn a_fresh_tracker_skips_only_its_first_read_and_a_restarted_one_reads_the
     );
     let first = snapshot(&actor).await;
     assert_eq!(
-        (first.stored_seen, first.rereads),
+        (first.counters.stored_seen, first.counters.rereads),
         (0, 0),
         "no initial read"
     );
@@ -358,4 +358,33 @@ async fn a_fresh_tracker_skips_only_its_first_read_and_a_restarted_one_reads_the
     assert_eq!(final_result(rx).await, done);
     crate::fault::disarm(name, FaultPoint::Handle);
     supervision::shutdown(&sup, Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_tracker_whose_stored_read_fails_says_so_and_still_delivers_live() {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let js = tasks_stream(&client).await;
+    // The tracker is told the wrong stream (a client without the router's stream names).
+    let (t, rx, mut events) = tracker("tracker-wrong-stream", client, "t-wrong");
+    let t = t.with_tasks_stream("NO_SUCH_STREAM");
+    let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    match next_event(&mut events).await {
+        TrackerEvent::StoredReadFailed(reason) => {
+            assert!(reason.contains("NO_SUCH_STREAM"), "{reason}")
+        }
+        other => panic!("expected a stored read failure, got {other:?}"),
+    }
+    assert!(snapshot(&actor).await.counters.read_errors >= 1);
+    // Said once per run of failures, not at every re-read.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while snapshot(&actor).await.counters.read_errors < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "no re-reads");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(events.try_recv().is_err(), "the failure is reported once");
+    // The live subscription still delivers.
+    let done = result("t-wrong", "a1", TaskState::Completed);
+    publish_stored(&js, "t-wrong", "r1", TaskChannelBody::Result(done.clone())).await;
+    assert_eq!(final_result(rx).await, done);
 }

@@ -197,8 +197,7 @@ impl Worker {
             let record = {
                 let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
                 journal
-                    .lookup_by_task(request.task_id.as_str())
-                    .filter(|r| r.attempt_id == request.attempt_id.as_str())
+                    .lookup_attempt(request.task_id.as_str(), request.attempt_id.as_str())
                     .map(|r| (r.result.clone(), r.task.is_some()))
             };
             let Some((saved, parked)) = record.filter(|_| request.worker_id == self.worker_id)

@@ -38,7 +38,7 @@ pub(crate) struct Parked {
 impl Parked {
     /// The parked attempt of `task_id` in `journal`, when it has one.
     pub fn find(journal: &Journal, task_id: &str) -> Option<Parked> {
-        let record = journal.lookup_by_task(task_id)?;
+        let record = journal.parked_by_task(task_id)?;
         let task: TaskSpec = serde_json::from_value(record.task.clone()?).ok()?;
         Some(Parked {
             record_seq: record.input_seq,

@@ -212,5 +212,12 @@ async fn the_answer_route_can_be_filled_by_any_answerer() {
     // The route names the worker's answer channel, not a sender: any answerer puts its own
     // identity in front of it.
     assert_eq!(route, subjects::answer(&waiting.worker_id), "{route}");
+    let boss = protocol::AgentId::new("boss").unwrap();
+    let subject = subjects::answer_ingress_from_route(&boss, &route, &waiting.worker_id)
+        .expect("the route checks out against the worker the result names");
+    assert_eq!(
+        subject,
+        format!("hub.pub.boss.answer.{}", waiting.worker_id)
+    );
     stop(worker).await;
 }

@@ -8,21 +8,22 @@
 
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+mod support;
 
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
 use harness::{NatsServer, RuntimeProcess};
 use serde_json::Value;
+use support::oneshot::{
+    assert_exit, one_stderr_line, run_cli, run_cli_env, stderr, stdout, RUNTIME,
+};
 
-/// The binary cargo built for this test target.
-const RUNTIME: &str = env!("CARGO_BIN_EXE_runtime");
 /// Deadline for anything awaited in these tests (server start, router up, process exit).
 const DEADLINE: Duration = Duration::from_secs(20);
-/// How long a one-shot command may run before the test gives up on it.
-const ONE_SHOT_LIMIT: Duration = Duration::from_secs(30);
 /// A URL where nothing listens (port 1 is never a nats-server in these tests).
 const DEAD_URL: &str = "nats://127.0.0.1:1";
 /// The streams a durable router provisions, with their subject filters, in provisioning order.
@@ -37,78 +38,6 @@ const STREAMS: [(&str, &str); 5] = [
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// Environment variables that would change what the binary does (its flag fallbacks, log
-/// filter, trace export). Removed from every one-shot command.
-fn affects_runtime(key: &str) -> bool {
-    key.starts_with("NATS_")
-        || key.starts_with("RUNTIME_")
-        || key.starts_with("OTEL_")
-        || key == "RUST_LOG"
-}
-
-/// Runs `runtime <args>` with a clean environment plus `envs`, and returns its output.
-/// Panics when it has not exited within [`ONE_SHOT_LIMIT`] (it is killed then).
-async fn run_cli_env(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = tokio::process::Command::new(RUNTIME);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (key, _) in std::env::vars_os() {
-        if key.to_str().is_some_and(affects_runtime) {
-            cmd.env_remove(&key);
-        }
-    }
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    match tokio::time::timeout(ONE_SHOT_LIMIT, cmd.output()).await {
-        Ok(output) => output.unwrap_or_else(|e| panic!("cannot run {RUNTIME}: {e}")),
-        Err(_) => panic!(
-            "`runtime {}` did not exit within {ONE_SHOT_LIMIT:?}",
-            args.join(" ")
-        ),
-    }
-}
-
-/// [`run_cli_env`] without extra environment.
-async fn run_cli(args: &[&str]) -> Output {
-    run_cli_env(args, &[]).await
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Asserts the exit code, with the whole output in the failure message.
-fn assert_exit(out: &Output, code: i32, what: &str) {
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "{what}: expected exit {code}, got {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.status,
-        stdout(out),
-        stderr(out)
-    );
-}
-
-/// Asserts that stderr is exactly one non-empty line and returns it.
-fn one_stderr_line(out: &Output, what: &str) -> String {
-    let text = stderr(out);
-    let lines: Vec<&str> = text.lines().collect();
-    assert!(
-        lines.len() == 1 && !lines[0].trim().is_empty(),
-        "{what}: expected exactly one line on stderr, got {}:\n{text}",
-        lines.len()
-    );
-    lines[0].to_string()
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -14,14 +14,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const DEADLINE: Duration = Duration::from_secs(30);
 
 async fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut cmd = one_shot(args);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    tokio::time::timeout(DEADLINE, cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("`runtime {}` did not exit in time", args.join(" ")))
-        .unwrap()
+    support::oneshot::run_cli_env(args, envs).await
 }
 
 fn describe(out: &Output) -> String {

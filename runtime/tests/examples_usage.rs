@@ -4,9 +4,9 @@
 //! The Rust examples (`examples/*.rs`) are tested in `examples/tests/usage.rs`, next to the
 //! binaries cargo builds for that package.
 
-mod oneshot;
+mod support;
 
-use oneshot::{assert_exit, dead_url, one_stderr_line, run_cli};
+use support::oneshot::{assert_exit, dead_url, one_stderr_line, run_cli};
 
 // ---------------------------------------------------------------------------------------------
 // Reserved identities: refused before connecting
@@ -80,13 +80,17 @@ async fn dm_py(args: &[&str], with_nats_py: bool) -> std::process::Output {
     } else {
         vec![]
     };
-    oneshot::run_program("python3", &all, &envs).await
+    support::oneshot::run_program("python3", &all, &envs).await
 }
 
 /// Asserts a usage error: exit 64, one stderr line with the usage, no traceback.
 fn assert_dm_usage_error(out: &std::process::Output, what: &str) -> String {
     assert_exit(out, 64, what);
-    let all = format!("{}{}", oneshot::stdout(out), oneshot::stderr(out));
+    let all = format!(
+        "{}{}",
+        support::oneshot::stdout(out),
+        support::oneshot::stderr(out)
+    );
     assert!(!all.contains("Traceback"), "{what}: traceback:\n{all}");
     let line = one_stderr_line(out, what);
     assert!(
@@ -138,9 +142,9 @@ async fn python_dm_help_prints_its_usage_and_exits_0() {
         let out = dm_py(&[flag], false).await;
         assert_exit(&out, 0, flag);
         assert!(
-            oneshot::stdout(&out).contains("usage: dm.py NATS_URL SENDER RECIPIENT N"),
+            support::oneshot::stdout(&out).contains("usage: dm.py NATS_URL SENDER RECIPIENT N"),
             "{flag}: {}",
-            oneshot::stdout(&out)
+            support::oneshot::stdout(&out)
         );
     }
 }

@@ -4,12 +4,12 @@
 //! on exit codes (README: 64 usage or configuration error, 69 NATS unreachable or refusing) and
 //! on stdout and stderr never containing the secret.
 
-mod oneshot;
+mod support;
 
 use std::path::Path;
 use std::process::Output;
 
-use oneshot::{assert_exit, dead_url, one_stderr_line, run_cli_env, stderr, stdout};
+use support::oneshot::{assert_exit, dead_url, one_stderr_line, run_cli_env, stderr, stdout};
 
 /// A real user nkey seed (the async-nats test suite's `TestUser`), so the nkey and creds
 /// methods get as far as the server.

@@ -13,7 +13,7 @@ use async_nats::jetstream;
 use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
-use protocol::task::{TaskResult, TaskSpec, TaskState};
+use protocol::task::{TaskSpec, TaskState};
 use protocol::{AgentId, QueueName};
 use runtime::system::tasks::new_task;
 use runtime::{ActorSystem, NatsSettings};
@@ -53,24 +53,6 @@ impl TaskHandler for Counting {
 
 fn alice() -> AgentId {
     AgentId::new("alice").unwrap()
-}
-
-/// Every result stored on `task_id`'s channel.
-async fn results_on(js: &jetstream::Context, task_id: &str) -> Vec<TaskResult> {
-    let subject = subjects::task(&protocol::TaskKey::from_task_id(
-        &protocol::TaskId::new(task_id).unwrap(),
-    ));
-    support::stored_on(js, subjects::TASKS_STREAM, &subject)
-        .await
-        .into_iter()
-        .filter_map(|m| {
-            let env = protocol::decode(&m.payload, protocol::Codec::Json).ok()?;
-            match serde_json::from_value(env.body).ok()? {
-                protocol::task::TaskChannelBody::Result(r) => Some(r),
-                _ => None,
-            }
-        })
-        .collect()
 }
 
 async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
@@ -216,7 +198,7 @@ async fn a_router_ack_wait_shorter_than_the_workers_config_runs_a_long_task_once
     .await
     .unwrap();
     assert_eq!(handler.runs(spec.task_id.as_str()), 1, "ran once");
-    let completed = results_on(&js, spec.task_id.as_str()).await;
+    let completed = support::results_on(&js, &spec.task_id).await;
     assert_eq!(completed.len(), 1, "one result: {completed:?}");
     for worker in workers {
         worker.shutdown(Duration::from_secs(10)).await.unwrap();
@@ -286,7 +268,7 @@ async fn a_task_republished_after_a_broker_restart_runs_once() {
     .await
     .unwrap();
     assert_eq!(handler.runs(spec.task_id.as_str()), 1, "ran once");
-    let completed = results_on(&js, spec.task_id.as_str()).await;
+    let completed = support::results_on(&js, &spec.task_id).await;
     assert_eq!(completed.len(), 1, "one result: {completed:?}");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

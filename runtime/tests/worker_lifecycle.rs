@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use harness::RuntimeProcess;
 use protocol::subjects;
-use protocol::task::{TaskChannelBody, TaskResult, TaskState};
+use protocol::task::TaskState;
 use protocol::{AgentId, QueueName};
 use runtime::system::tasks::new_task;
 use support::processes::{logs, Scene};
@@ -32,25 +32,6 @@ fn runs(scene: &Scene) -> Vec<String> {
 
 fn alice() -> AgentId {
     AgentId::new("alice").unwrap()
-}
-
-/// Every result stored on `task_id`'s channel.
-async fn results_on(
-    js: &async_nats::jetstream::Context,
-    task_id: &protocol::TaskId,
-) -> Vec<TaskResult> {
-    let subject = subjects::task(&protocol::TaskKey::from_task_id(task_id));
-    support::stored_on(js, subjects::TASKS_STREAM, &subject)
-        .await
-        .into_iter()
-        .filter_map(|m| {
-            let env = protocol::decode(&m.payload, protocol::Codec::Json).ok()?;
-            match serde_json::from_value(env.body).ok()? {
-                TaskChannelBody::Result(r) => Some(r),
-                _ => None,
-            }
-        })
-        .collect()
 }
 
 async fn work_left(js: &async_nats::jetstream::Context) -> u64 {
@@ -204,7 +185,7 @@ async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_agai
     let router = scene.router(&url);
     let js = support::js(&server).await;
     harness::wait_until_async("the stored result routed", DEADLINE, || async {
-        !results_on(&js, &spec.task_id).await.is_empty()
+        !support::results_on(&js, &spec.task_id).await.is_empty()
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router)])));
@@ -214,7 +195,7 @@ async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_agai
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("cw2", &w2)])));
-    let results = results_on(&js, &spec.task_id).await;
+    let results = support::results_on(&js, &spec.task_id).await;
     assert_eq!(runs(&scene), ["cw1 0"], "one execution");
     assert_eq!(results.len(), 1, "one completed result: {results:?}");
     assert_eq!(results[0].state, TaskState::Completed);

@@ -51,12 +51,7 @@ impl Worker {
             state.counters.redelivered_while_running.bump();
             return;
         }
-        let content_type = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
-            .map(|v| v.as_str());
-        let answer = protocol::decode_with_content_type(&msg.payload, content_type)
+        let answer = super::decode_envelope(&msg)
             .map_err(|e| e.to_string())
             .and_then(|env| serde_json::from_value::<Answer>(env.body).map_err(|e| e.to_string()));
         let answer = match answer {

@@ -688,17 +688,24 @@ impl Worker {
     }
 }
 
-/// Decodes a task input; on failure returns the salvageable task id and the error.
-fn decode_input(
+/// Decodes the envelope of a stored input with the one rule of every reader
+/// ([`protocol::decode_with_content_type`]).
+fn decode_envelope(
     msg: &jetstream::Message,
-) -> Result<protocol::task::TaskSpec, (Option<TaskId>, WireError)> {
+) -> Result<protocol::Envelope, protocol::EnvelopeError> {
     let content_type = msg
         .headers
         .as_ref()
         .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
         .map(|v| v.as_str());
-    let env = protocol::decode_with_content_type(&msg.payload, content_type)
-        .map_err(|e| (None, WireError::from(&e)))?;
+    protocol::decode_with_content_type(&msg.payload, content_type)
+}
+
+/// Decodes a task input; on failure returns the salvageable task id and the error.
+fn decode_input(
+    msg: &jetstream::Message,
+) -> Result<protocol::task::TaskSpec, (Option<TaskId>, WireError)> {
+    let env = decode_envelope(msg).map_err(|e| (None, WireError::from(&e)))?;
     decode_task(&env.body).map_err(|e| {
         let task_id = env
             .body

@@ -1,6 +1,7 @@
 //! Helpers shared by the messaging integration tests (each test binary uses a subset).
 #![allow(dead_code)]
 
+pub mod oneshot;
 pub mod processes;
 
 use std::sync::{Arc, Mutex};
@@ -284,4 +285,23 @@ pub async fn wait_router_answers(client: &async_nats::Client) {
     })
     .await
     .unwrap();
+}
+
+/// Every result stored on `task_id`'s channel in `HUB_TASKS`, in order.
+pub async fn results_on(
+    js: &jetstream::Context,
+    task_id: &protocol::TaskId,
+) -> Vec<protocol::task::TaskResult> {
+    let subject = protocol::subjects::task(&protocol::TaskKey::from_task_id(task_id));
+    stored_on(js, protocol::subjects::TASKS_STREAM, &subject)
+        .await
+        .into_iter()
+        .filter_map(|m| {
+            let env = protocol::decode(&m.payload, protocol::Codec::Json).ok()?;
+            match serde_json::from_value(env.body).ok()? {
+                protocol::task::TaskChannelBody::Result(r) => Some(r),
+                _ => None,
+            }
+        })
+        .collect()
 }

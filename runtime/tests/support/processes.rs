@@ -3,7 +3,6 @@
 //! [`RuntimeProcess`]es, and one-shot client commands.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 
 use harness::RuntimeProcess;
 
@@ -149,21 +148,9 @@ impl Scene {
     }
 }
 
-/// `runtime <args>` without the NATS_*/RUNTIME_* environment of the test run.
+/// `runtime <args>` without the environment of the test run that would change what it does.
 pub fn one_shot(args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_runtime"));
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("NATS_") || key.starts_with("RUNTIME_") {
-            cmd.env_remove(key.as_ref());
-        }
-    }
-    cmd
+    super::oneshot::command(super::oneshot::RUNTIME, args)
 }
 
 pub fn logs(processes: &[(&str, &RuntimeProcess)]) -> String {

@@ -1,6 +1,5 @@
 //! Runs a one-shot command (the `runtime` binary, an example) as a child process with a clean
-//! environment and a deadline. Shared by `secrets.rs` and `examples_usage.rs`.
-#![allow(dead_code)]
+//! environment and a deadline.
 
 use std::ffi::OsStr;
 use std::process::{Output, Stdio};
@@ -20,15 +19,8 @@ fn affects_runtime(key: &str) -> bool {
         || key == "RUST_LOG"
 }
 
-/// Runs `program <args>` with the environment minus [`affects_runtime`] plus `envs`, and
-/// returns its output. Panics when it has not exited within [`ONE_SHOT_LIMIT`] (it is killed
-/// then).
-pub async fn run_program(
-    program: impl AsRef<OsStr>,
-    args: &[&str],
-    envs: &[(&str, &str)],
-) -> Output {
-    let program = program.as_ref();
+/// `program <args>` with the environment minus [`affects_runtime`], piped, killed on drop.
+pub fn command(program: impl AsRef<OsStr>, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -40,6 +32,19 @@ pub async fn run_program(
             cmd.env_remove(&key);
         }
     }
+    cmd
+}
+
+/// Runs `program <args>` with the environment minus [`affects_runtime`] plus `envs`, and
+/// returns its output. Panics when it has not exited within [`ONE_SHOT_LIMIT`] (it is killed
+/// then).
+pub async fn run_program(
+    program: impl AsRef<OsStr>,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> Output {
+    let program = program.as_ref();
+    let mut cmd = command(program, args);
     for (k, v) in envs {
         cmd.env(k, v);
     }

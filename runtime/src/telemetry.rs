@@ -99,9 +99,11 @@ pub fn otlp_protocol_from_env() -> Result<OtlpProtocol, TelemetryError> {
 }
 
 /// What goes to the exporter: spans (and their events) from `info` up, except the exporter's
-/// own transport stack, whose spans would otherwise be exported by the export itself.
+/// own transport stack, whose spans would otherwise be exported by the export itself, and
+/// ractor's per-actor lifecycle spans (one trace per actor, unrelated to any message; the
+/// runtime's own spans carry the traces of messages and tasks).
 const EXPORT_FILTER: &str =
-    "info,h2=off,hyper=off,tonic=off,tower=off,reqwest=off,opentelemetry=off";
+    "info,h2=off,hyper=off,tonic=off,tower=off,reqwest=off,opentelemetry=off,ractor=off";
 
 fn span_exporter(
     protocol: OtlpProtocol,

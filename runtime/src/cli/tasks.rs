@@ -101,18 +101,23 @@ pub async fn delegate(
                 args.context.clone(),
             );
             spec.idempotency_key = args.idempotency_key.clone();
+            // A task's trace starts here: the submission carries this span's traceparent.
+            let span = tracing::info_span!("delegate", from = %from, queue = %queue, task_id = %spec.task_id);
             // With --wait the tracker subscribes before the task is submitted.
-            let (receipt, tracking) = if args.wait {
-                let (receipt, tracking) = system
-                    .delegate_tracked(&from, &queue, worker.as_ref(), &spec)
-                    .await?;
-                (receipt, Some(tracking))
-            } else {
-                let receipt = system
-                    .delegate(&from, &queue, worker.as_ref(), &spec)
-                    .await?;
-                (receipt, None)
+            let submitted = async {
+                if args.wait {
+                    let (receipt, tracking) = system
+                        .delegate_tracked(&from, &queue, worker.as_ref(), &spec)
+                        .await?;
+                    Ok::<_, SystemError>((receipt, Some(tracking)))
+                } else {
+                    let receipt = system
+                        .delegate(&from, &queue, worker.as_ref(), &spec)
+                        .await?;
+                    Ok((receipt, None))
+                }
             };
+            let (receipt, tracking) = tracing::Instrument::instrument(submitted, span).await?;
             print(&serde_json::to_string(&receipt).unwrap_or_default());
             let task_id = receipt.task_id.clone();
             (Some(receipt), task_id, tracking)
@@ -298,9 +303,12 @@ pub async fn answer(args: AnswerArgs) -> Result<protocol::task::Answer, SystemEr
     let task_id = TaskId::new(args.task_id.as_str()).map_err(|e| invalid("TASK_ID", &e))?;
     let from = agent("--as", &args.as_id)?;
     let system = client_system(&args.nats, &args.hub, "runtime-answer").await?;
-    let answer = system
-        .answer_task(&from, &task_id, vec![serde_json::Value::String(args.text)])
-        .await;
+    let span = tracing::info_span!("answer", from = %from, task_id = %task_id);
+    let answer = tracing::Instrument::instrument(
+        system.answer_task(&from, &task_id, vec![serde_json::Value::String(args.text)]),
+        span,
+    )
+    .await;
     let _ = system.shutdown(Duration::from_secs(5)).await;
     answer
 }

@@ -6,19 +6,26 @@
 //!
 //! 1. validates the whole task (key included) — nothing is written for an invalid task;
 //! 2. creates the entry (create-only) as [`Submission::Pending`], holding the envelope it is
-//!    about to publish, its subject and its `Nats-Msg-Id`;
+//!    about to publish (unless it is larger than [`MAX_RECORDED_ENVELOPE`]), its subject and
+//!    its `Nats-Msg-Id`;
 //! 3. publishes the envelope to the ingress and awaits the stream's ack;
 //! 4. marks the entry [`Submission::Stored`].
 //!
 //! A later submission with the same key that finds the entry ([`on_existing`]): a stored task
 //! is named, nothing is sent; a pending one (step 3 failed or timed out, or the submitter died
 //! between 2 and 4) is published again — the same envelope under the same `Nats-Msg-Id`, so
-//! a first publish that did reach the ingress is deduplicated — and then marked stored.
+//! a first publish that did reach the ingress is deduplicated — and then marked stored. A
+//! record without its envelope (too large to keep) is republished from the later caller's
+//! task, under the recorded task id ([`republished_body`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::Envelope;
 use crate::ids::{QueueName, TaskId};
+
+/// The largest envelope (its JSON encoding) an idempotency record keeps: a KV value is one
+/// message, and a task near the server's payload limit would not fit beside its record.
+pub const MAX_RECORDED_ENVELOPE: usize = 64 * 1024;
 
 /// Whether the ingress acknowledged the task an entry was taken for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +49,34 @@ pub struct IdempotencyRecord {
     pub subject: String,
     /// Its ingress `Nats-Msg-Id`.
     pub msg_id: String,
-    /// The envelope published (and published again while pending).
-    pub envelope: Envelope,
+    /// The envelope published (and published again while pending); `None` when it was larger
+    /// than [`MAX_RECORDED_ENVELOPE`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope: Option<Envelope>,
+}
+
+/// The envelope a record keeps: `envelope` unless its encoding is larger than
+/// [`MAX_RECORDED_ENVELOPE`].
+pub fn recorded_envelope(envelope: &Envelope) -> Option<Envelope> {
+    let size = serde_json::to_vec(envelope).map_or(usize::MAX, |v| v.len());
+    (size <= MAX_RECORDED_ENVELOPE).then(|| envelope.clone())
+}
+
+/// The task body a pending record without its envelope is published again with: the later
+/// caller's task (`caller`, the same key's submission) under the recorded task id, so that the
+/// key and the stored task agree.
+pub fn republished_body(
+    record: &IdempotencyRecord,
+    caller: &serde_json::Value,
+) -> serde_json::Value {
+    let mut body = caller.clone();
+    if let Some(map) = body.as_object_mut() {
+        map.insert(
+            "task_id".into(),
+            serde_json::Value::String(record.task_id.to_string()),
+        );
+    }
+    body
 }
 
 /// What a submission that finds an existing entry does.
@@ -102,8 +135,37 @@ mod tests {
             state,
             subject: "hub.pub.alice.work.q".into(),
             msg_id: "alice:task:t1".into(),
-            envelope: Envelope::new(MessageId::new("m1").unwrap(), serde_json::json!({"x": 1})),
+            envelope: Some(Envelope::new(
+                MessageId::new("m1").unwrap(),
+                serde_json::json!({"x": 1}),
+            )),
         }
+    }
+
+    #[test]
+    fn a_large_envelope_is_not_kept_and_is_republished_from_the_callers_task_under_the_recorded_id()
+    {
+        let small = Envelope::new(MessageId::new("m1").unwrap(), serde_json::json!({"x": 1}));
+        assert_eq!(recorded_envelope(&small), Some(small));
+        let text = "x".repeat(MAX_RECORDED_ENVELOPE);
+        let large = Envelope::new(
+            MessageId::new("m2").unwrap(),
+            serde_json::json!({ "text": text }),
+        );
+        assert_eq!(recorded_envelope(&large), None);
+        let mut pending = record(Submission::Pending);
+        pending.envelope = None;
+        let bytes = serde_json::to_vec(&pending).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("envelope"));
+        match on_existing(&bytes).unwrap() {
+            Existing::Republish(r) => assert_eq!(r.envelope, None),
+            other => panic!("{other:?}"),
+        }
+        let caller = serde_json::json!({"version": 1, "task_id": "t-later", "text": "same"});
+        assert_eq!(
+            republished_body(&pending, &caller),
+            serde_json::json!({"version": 1, "task_id": "t1", "text": "same"})
+        );
     }
 
     #[test]

@@ -13,8 +13,10 @@ use super::{ActorSystem, SystemError};
 pub struct TaskReceipt {
     /// The task id (for an idempotency key seen before: the first submission's task id).
     pub task_id: TaskId,
-    /// Ingress sequence of this submission; `None` when an earlier submission with the same
-    /// idempotency key already created the task (nothing was sent).
+    /// Ingress sequence of what this submission published: its task, or — for an idempotency
+    /// key whose earlier submission was never confirmed stored — that task again (the ingress
+    /// dedupes it when the first publish did arrive). `None` when an earlier submission with
+    /// the same key had its task stored already (nothing was sent).
     pub ingress_seq: Option<u64>,
     /// True when the idempotency key named an existing task.
     pub existing: bool,
@@ -93,13 +95,13 @@ impl ActorSystem {
             state: Submission::Pending,
             subject,
             msg_id,
-            envelope,
+            envelope: idempotency::recorded_envelope(&envelope),
         };
         let value = serde_json::to_vec(&record).expect("an idempotency record serializes");
         match kv.create(&entry, value.into()).await {
             Ok(revision) => {
                 let ack = self
-                    .publish_envelope(&record.subject, &record.msg_id, &record.envelope)
+                    .publish_envelope(&record.subject, &record.msg_id, &envelope)
                     .await?;
                 mark_stored(&kv, &entry, record, revision).await;
                 Ok(TaskReceipt {
@@ -136,8 +138,15 @@ impl ActorSystem {
                     record.msg_id = task_ingress_msg_id(from, &record.task_id);
                 }
                 tracing::info!(task_id = %record.task_id, "idempotency key pending: publishing its task again");
+                // A record too large to keep its envelope: this caller's task, under the
+                // recorded task id.
+                let again = record.envelope.clone().unwrap_or_else(|| Envelope {
+                    meta: Meta::new(new_message_id()),
+                    body: idempotency::republished_body(&record, &envelope.body),
+                    extra: Default::default(),
+                });
                 let ack = self
-                    .publish_envelope(&record.subject, &record.msg_id, &record.envelope)
+                    .publish_envelope(&record.subject, &record.msg_id, &again)
                     .await?;
                 let task_id = record.task_id.clone();
                 mark_stored(&kv, &entry, *record, found.revision).await;

@@ -238,6 +238,7 @@ impl Attach {
                     answers_stream: subjects::ANSWERS_STREAM.to_string(),
                     answer_consumer: subjects::answer_consumer(&worker),
                     tasks_stream: self.delivery.tasks.name.clone(),
+                    ingress_stream: self.delivery.ingress.name.clone(),
                 })
             }
             Ok(Err(e)) => refuse(WireErrorKind::Internal, e.to_string()),

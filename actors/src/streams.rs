@@ -96,6 +96,10 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 5] {
         storage: StorageType::File,
         duplicate_window: dup,
         discard: DiscardPolicy::Old,
+        // Workers read it for a result stored here but not routed yet (`hub.pub.*.task.<key>`)
+        // before they run a task. A direct get's reply carries `Nats-Stream` headers, which
+        // the replay guard drops should one be aimed back at the ingress.
+        allow_direct: true,
         ..Default::default()
     };
     let inbox = Config {

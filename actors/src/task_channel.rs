@@ -131,6 +131,69 @@ pub async fn read(
         })?
 }
 
+/// The task channel bodies of `task_id` still in the `ingress` stream: published by some
+/// worker (a bundle's items expanded) and not routed yet (a router acks an ingress message
+/// once it stored it, and the ingress drops it then). Usually none.
+///
+/// # Errors
+/// As [`read`]; the ingress must allow direct gets (the router provisions it so).
+pub async fn unrouted(
+    js: &jetstream::Context,
+    ingress: &str,
+    task_id: &TaskId,
+) -> Result<Vec<TaskChannelBody>, ReadError> {
+    let subject = subjects::task_ingress_filter(&TaskKey::from_task_id(task_id));
+    let read = async {
+        let stream = js
+            .get_stream_no_info(ingress)
+            .await
+            .map_err(|source| ReadError::Stream {
+                stream: ingress.to_owned(),
+                source,
+            })?;
+        let mut out = Vec::new();
+        let mut next = 1;
+        for _ in 0..MAX_READ {
+            let msg = match stream
+                .direct_get_next_for_subject(subject.as_str(), Some(next))
+                .await
+            {
+                Ok(msg) => msg,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                Err(source) => {
+                    return Err(ReadError::Get {
+                        stream: ingress.to_owned(),
+                        subject: subject.clone(),
+                        source,
+                    })
+                }
+            };
+            next = msg.sequence + 1;
+            let content_type = msg.headers.get(headers::CONTENT_TYPE).map(|v| v.as_str());
+            let Ok(env) = protocol::decode_with_content_type(&msg.payload, content_type) else {
+                continue;
+            };
+            let bodies = match protocol::routing::bundle_items(&env.body) {
+                Some(Ok(items)) => items.into_iter().map(|item| item.body).collect(),
+                Some(Err(_)) => Vec::new(),
+                None => vec![env.body],
+            };
+            out.extend(
+                bodies
+                    .into_iter()
+                    .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
+                    .filter(|b| b.task_id() == task_id),
+            );
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .map_err(|_| ReadError::Timeout {
+            subject: subject.clone(),
+        })?
+}
+
 /// The [`ChannelView`] of `task_id`'s whole channel in `stream`.
 ///
 /// # Errors

@@ -62,6 +62,20 @@ async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotency_key_whose_first_publish_failed_runs_its_task_exactly_once() {
+    first_publish_fails_then_retry("charge order 42".into(), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_task_whose_first_publish_failed_is_published_from_the_retry_and_runs_once() {
+    // 100 KB: too large for its idempotency record to keep (64 KiB), so the retry's own task
+    // is published under the first task id.
+    first_publish_fails_then_retry("x".repeat(100_000), false).await;
+}
+
+/// A keyed task whose first publish fails (the ingress is gone for a moment), then a retry with
+/// the same key and a fresh task id, then a third submission: one task, run once, under the
+/// first task id. `recorded` says whether the pending record keeps the envelope.
+async fn first_publish_fails_then_retry(text: String, recorded: bool) {
     let server = harness::run_server().await.unwrap();
     let hub = support::durable_hub(&server, DurableInboxMode::On).await;
     let queue = QueueName::new("idem").unwrap();
@@ -82,14 +96,28 @@ async fn an_idempotency_key_whose_first_publish_failed_runs_its_task_exactly_onc
     let ingress = js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
     let ingress_config = ingress.cached_info().config.clone();
     js.delete_stream(subjects::INGRESS_STREAM).await.unwrap();
-    let mut first = new_task("charge order 42", vec![]);
+    let mut first = new_task(text.clone(), vec![]);
     first.idempotency_key = Some("order-42".into());
     let failed = hub.delegate(&alice(), &queue, None, &first).await;
     assert!(failed.is_err(), "the publish cannot succeed: {failed:?}");
     js.create_stream(ingress_config).await.unwrap();
+    let kv = js
+        .get_key_value(subjects::IDEMPOTENCY_BUCKET)
+        .await
+        .unwrap();
+    let entry = protocol::task::idempotency::entry_key(&queue, "order-42");
+    let pending: serde_json::Value =
+        serde_json::from_slice(&kv.get(&entry).await.unwrap().unwrap()).unwrap();
+    assert_eq!(pending["state"], "pending");
+    assert_eq!(
+        pending.get("envelope").is_some(),
+        recorded,
+        "{}",
+        pending["state"]
+    );
 
     // The client retries with the same key (a fresh task id, as `runtime delegate` makes).
-    let mut retry = new_task("charge order 42", vec![]);
+    let mut retry = new_task(text.clone(), vec![]);
     retry.idempotency_key = Some("order-42".into());
     let (receipt, tracking) = hub
         .delegate_tracked(&alice(), &queue, None, &retry)
@@ -99,6 +127,10 @@ async fn an_idempotency_key_whose_first_publish_failed_runs_its_task_exactly_onc
         receipt.task_id, first.task_id,
         "the key names the first task"
     );
+    assert!(
+        receipt.existing && receipt.ingress_seq.is_some(),
+        "{receipt:?}"
+    );
     let result = tokio::time::timeout(DEADLINE, tracking.result)
         .await
         .expect("the task ran")
@@ -106,7 +138,7 @@ async fn an_idempotency_key_whose_first_publish_failed_runs_its_task_exactly_onc
     assert_eq!(result.state, TaskState::Completed, "{result:?}");
     assert_eq!(result.task_id, first.task_id);
     // A third submission finds the task done: nothing is sent, nothing runs again.
-    let mut third = new_task("charge order 42", vec![]);
+    let mut third = new_task(text.clone(), vec![]);
     third.idempotency_key = Some("order-42".into());
     let again = hub.delegate(&alice(), &queue, None, &third).await.unwrap();
     assert_eq!(again.task_id, first.task_id);
@@ -340,5 +372,81 @@ async fn after_a_broker_restart_tasks_resume_as_fast_as_dms() {
         task_latency < Duration::from_millis(1500),
         "tasks paused {task_latency:?} after the restart (DMs: {dm_latency:?})"
     );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_stops_its_workers_together_and_every_long_task_is_handed_back_at_once() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let host = support::durable_system(server.url()).await;
+    let queue = QueueName::new("drain").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let slow = Counting {
+        delay: Duration::from_secs(120),
+        ..Counting::default()
+    };
+    for id in ["dw1", "dw2", "dw3"] {
+        host.start_worker(runtime::system::worker::WorkerSettings {
+            concurrency: 1,
+            shutdown_grace: Duration::from_secs(1),
+            ..runtime::system::worker::WorkerSettings::new(
+                protocol::WorkerId::new(id).unwrap(),
+                queue.clone(),
+                journal.path().to_path_buf(),
+                Arc::new(slow.clone()),
+            )
+        })
+        .await
+        .unwrap();
+    }
+    let mut trackings = Vec::new();
+    for n in 0..3 {
+        let spec = new_task(format!("long {n}"), vec![]);
+        let (_, tracking) = hub
+            .delegate_tracked(&alice(), &queue, None, &spec)
+            .await
+            .unwrap();
+        trackings.push(tracking);
+    }
+    harness::wait_until("each worker runs one", DEADLINE, || slow.total() == 3)
+        .await
+        .unwrap();
+    // Stopped one after another, three workers with a 1 s grace each would need 3 s.
+    let stopping = std::time::Instant::now();
+    host.shutdown(Duration::from_secs(1))
+        .await
+        .expect("stopped within the grace");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(3),
+        "stopped after {:?}",
+        stopping.elapsed()
+    );
+    // Handed back (not left to the 30 s ack wait): a new worker finishes all three now.
+    let quick = Counting::default();
+    support::start_worker(
+        &hub,
+        "dw4",
+        &queue,
+        3,
+        Arc::new(quick.clone()),
+        journal.path(),
+    )
+    .await;
+    let moved = std::time::Instant::now();
+    for tracking in trackings {
+        let result = tokio::time::timeout(DEADLINE, tracking.result)
+            .await
+            .expect("the task moved")
+            .unwrap();
+        assert_eq!(result.state, TaskState::Completed, "{result:?}");
+        assert_eq!(result.response.unwrap()["worker"], "dw4");
+    }
+    assert!(
+        moved.elapsed() < Duration::from_secs(10),
+        "moved after {:?} (the ack wait is 30 s)",
+        moved.elapsed()
+    );
+    assert_eq!(quick.total(), 3);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -39,10 +39,12 @@ pub enum JournalError {
     },
     /// The operation names an input sequence that is not an open (admitted, not forgotten)
     /// attempt.
-    #[error("journal has no open attempt for input sequence {input_seq}")]
+    #[error("journal has no open attempt for input sequence {input_seq} of task {task_id}")]
     Unknown {
         /// The input stream sequence.
         input_seq: u64,
+        /// The task id.
+        task_id: String,
     },
 }
 

@@ -49,12 +49,12 @@
 
 mod error;
 mod group_sync;
+mod index;
 mod lock;
 mod record;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -66,6 +66,7 @@ use serde_json::Value;
 pub use error::JournalError;
 use group_sync::GroupSync;
 pub use group_sync::SyncToken;
+use index::Index;
 use record::Record;
 
 /// File name of the lock file inside the worker's journal directory.
@@ -133,9 +134,8 @@ pub struct Journal {
     log: File,
     /// Length of the log up to the last acknowledged record.
     len: u64,
-    attempts: BTreeMap<u64, AttemptRecord>,
-    by_task: HashMap<String, BTreeSet<u64>>,
-    forgotten: usize,
+    /// The open attempts, by (input sequence, task id).
+    index: Index,
     /// Group commit of the log.
     sync: Arc<GroupSync>,
     /// While true (inside [`Journal::deferring`]), durable appends leave their fsync to the
@@ -194,16 +194,14 @@ impl Journal {
             pending: None,
             log,
             len: 0,
-            attempts: BTreeMap::new(),
-            by_task: HashMap::new(),
-            forgotten: 0,
+            index: Index::default(),
             _lock: lock,
         };
         if let Some(data) = data {
             journal.replay(&data)?;
         }
         journal.reset_sync()?;
-        if journal.forgotten > 0 {
+        if journal.index.forgotten > 0 {
             // Finished attempts are still in the log: start from a compact one, so that a
             // worker restarted more often than it compacts while running keeps a small log.
             journal.compact()?;
@@ -219,26 +217,18 @@ impl Journal {
     /// Records the admission of input `input_seq` as attempt `attempt_id` of `task_id`, or,
     /// if the input was already admitted, returns the journalled attempt (its id and saved
     /// result) without writing anything.
+    ///
+    /// An attempt is named by (input sequence, task id): the work stream's sequences start over
+    /// when it is recreated. An open record of the same sequence for *another* task is of an
+    /// input that no longer exists: unless that attempt is parked (its input acked long ago; it
+    /// lives on until answered), it is forgotten.
     pub fn admit(
         &mut self,
         input_seq: u64,
         task_id: &str,
         attempt_id: &str,
     ) -> Result<Admission, JournalError> {
-        if let Some(existing) = self.attempts.get(&input_seq) {
-            if existing.task_id != task_id {
-                // The same sequence for another task: the work stream was recreated and its
-                // sequences started over. The old record is of an input that no longer
-                // exists; this one is a new input.
-                tracing::warn!(
-                    input_seq,
-                    journalled = %existing.task_id,
-                    task_id,
-                    "input sequence reused by another task (work stream recreated?): the old record is forgotten"
-                );
-                self.write_lazy(Record::Done { seq: input_seq })?;
-                return self.admit(input_seq, task_id, attempt_id);
-            }
+        if let Some(existing) = self.index.get(input_seq, task_id) {
             return Ok(Admission {
                 attempt_id: existing.attempt_id.clone(),
                 task_id: existing.task_id.clone(),
@@ -246,6 +236,24 @@ impl Journal {
                 result: existing.result.clone(),
                 published: existing.published,
             });
+        }
+        let stale: Vec<String> = self
+            .index
+            .of_seq(input_seq)
+            .filter(|r| r.task.is_none())
+            .map(|r| r.task_id.clone())
+            .collect();
+        for old in stale {
+            tracing::warn!(
+                input_seq,
+                journalled = %old,
+                task_id,
+                "input sequence reused by another task (work stream recreated?): the old record is forgotten"
+            );
+            self.write_lazy(Record::Done {
+                seq: input_seq,
+                tid: Some(old),
+            })?;
         }
         // Written, not fsync'd: it survives the process (the page cache does), and the next
         // durable record (the attempt's result) makes it durable. A power loss mid-run may lose
@@ -264,133 +272,141 @@ impl Journal {
         })
     }
 
-    /// The open attempt of input `input_seq`.
-    pub fn lookup(&self, input_seq: u64) -> Option<&AttemptRecord> {
-        self.attempts.get(&input_seq)
+    /// The open attempt of input `input_seq` for `task_id`.
+    pub fn lookup(&self, input_seq: u64, task_id: &str) -> Option<&AttemptRecord> {
+        self.index.get(input_seq, task_id)
     }
 
     /// The open attempt of `task_id` (the most recently admitted one, if several inputs carry
     /// the same task id).
     pub fn lookup_by_task(&self, task_id: &str) -> Option<&AttemptRecord> {
-        let seq = self.by_task.get(task_id)?.last()?;
-        self.attempts.get(seq)
+        self.index.of_task(task_id).next()
     }
 
     /// The open attempt `attempt_id` of `task_id`.
     pub fn lookup_attempt(&self, task_id: &str, attempt_id: &str) -> Option<&AttemptRecord> {
-        self.by_task
-            .get(task_id)?
-            .iter()
-            .rev()
-            .filter_map(|seq| self.attempts.get(seq))
+        self.index
+            .of_task(task_id)
             .find(|r| r.attempt_id == attempt_id)
     }
 
-    /// The parked attempt of `task_id` (the most recent one, if several).
-    pub fn parked_by_task(&self, task_id: &str) -> Option<&AttemptRecord> {
-        self.by_task
-            .get(task_id)?
-            .iter()
-            .rev()
-            .filter_map(|seq| self.attempts.get(seq))
-            .find(|r| r.task.is_some())
-    }
-
-    /// Saves the (latest) result of the attempt of `input_seq`, durably, replacing an earlier
-    /// one and clearing its published mark.
-    pub fn save_result(&mut self, input_seq: u64, result: &Value) -> Result<(), JournalError> {
-        self.require(input_seq)?;
+    /// Saves the (latest) result of the attempt of `input_seq`/`task_id`, durably, replacing
+    /// an earlier one and clearing its published mark.
+    pub fn save_result(
+        &mut self,
+        input_seq: u64,
+        task_id: &str,
+        result: &Value,
+    ) -> Result<(), JournalError> {
+        self.require(input_seq, task_id)?;
         self.write(Record::Result {
             seq: input_seq,
+            tid: Some(task_id.to_owned()),
             result: result.clone(),
         })
     }
 
-    /// Journals an answer for the attempt of `input_seq` before it is resumed. Returns
-    /// `false`, writing nothing, when an answer with the same `message_id` was already
+    /// Journals an answer for the attempt of `input_seq`/`task_id` before it is resumed.
+    /// Returns `false`, writing nothing, when an answer with the same `message_id` was already
     /// recorded (a duplicate: answer it with the saved result, do not resume again).
     pub fn record_answer(
         &mut self,
         input_seq: u64,
+        task_id: &str,
         message_id: &str,
         payload: &Value,
     ) -> Result<bool, JournalError> {
-        let attempt = self.require(input_seq)?;
+        let attempt = self.require(input_seq, task_id)?;
         if attempt.answers.iter().any(|a| a.message_id == message_id) {
             return Ok(false);
         }
         self.write(Record::Answer {
             seq: input_seq,
+            tid: Some(task_id.to_owned()),
             message_id: message_id.to_owned(),
             payload: payload.clone(),
         })?;
         Ok(true)
     }
 
-    /// The recorded answer `message_id` of the attempt of `input_seq`.
-    pub fn answer(&self, input_seq: u64, message_id: &str) -> Option<&AnswerRecord> {
-        self.attempts
-            .get(&input_seq)?
+    /// The recorded answer `message_id` of the attempt of `input_seq`/`task_id`.
+    pub fn answer(&self, input_seq: u64, task_id: &str, message_id: &str) -> Option<&AnswerRecord> {
+        self.index
+            .get(input_seq, task_id)?
             .answers
             .iter()
             .find(|a| a.message_id == message_id)
     }
 
-    /// Parks the attempt of `input_seq`, durably: it waits for an answer and its input is about
-    /// to be acked, so the journal keeps `task` to resume it with. Idempotent.
-    pub fn park(&mut self, input_seq: u64, task: &Value) -> Result<(), JournalError> {
-        if self.require(input_seq)?.task.as_ref() == Some(task) {
+    /// Parks the attempt of `input_seq`/`task_id`, durably: it waits for an answer and its
+    /// input is about to be acked, so the journal keeps `task` to resume it with. Idempotent.
+    pub fn park(
+        &mut self,
+        input_seq: u64,
+        task_id: &str,
+        task: &Value,
+    ) -> Result<(), JournalError> {
+        if self.require(input_seq, task_id)?.task.as_ref() == Some(task) {
             return Ok(());
         }
         self.write(Record::Parked {
             seq: input_seq,
+            tid: Some(task_id.to_owned()),
             task: task.clone(),
         })
     }
 
     /// How many open attempts are parked (waiting for an answer, input acked).
     pub fn parked_count(&self) -> usize {
-        self.attempts.values().filter(|a| a.task.is_some()).count()
+        self.index.values().filter(|a| a.task.is_some()).count()
     }
 
-    /// Marks the current result of the attempt of `input_seq` as confirmed by the broker.
-    pub fn mark_published(&mut self, input_seq: u64) -> Result<(), JournalError> {
-        self.require(input_seq)?;
+    /// Marks the current result of the attempt of `input_seq`/`task_id` as confirmed by the
+    /// broker.
+    pub fn mark_published(&mut self, input_seq: u64, task_id: &str) -> Result<(), JournalError> {
+        self.require(input_seq, task_id)?;
         // A hint, not a promise: lost in a crash, it only means the saved result is published
         // again (the stream dedupes it), so it is not fsync'd on its own.
-        self.write_lazy(Record::Published { seq: input_seq })
+        self.write_lazy(Record::Published {
+            seq: input_seq,
+            tid: Some(task_id.to_owned()),
+        })
     }
 
-    /// Marks the attempt of `input_seq` finished (its input was acknowledged). Returns
-    /// `false` when there was no such open attempt. The entry leaves the log at the next
-    /// [`compact`](Self::compact).
-    pub fn forget(&mut self, input_seq: u64) -> Result<bool, JournalError> {
-        if !self.attempts.contains_key(&input_seq) {
+    /// Marks the attempt of `input_seq`/`task_id` finished (its input was acknowledged, or it
+    /// was settled elsewhere). Returns `false` when there was no such open attempt. The entry
+    /// leaves the log at the next [`compact`](Self::compact).
+    pub fn forget(&mut self, input_seq: u64, task_id: &str) -> Result<bool, JournalError> {
+        if self.index.get(input_seq, task_id).is_none() {
             return Ok(false);
         }
         // Written after the input was acked: lost in a crash, the entry merely stays open in
         // the journal (nothing can redeliver an acked input), so it is not fsync'd on its own.
-        self.write_lazy(Record::Done { seq: input_seq })?;
+        self.write_lazy(Record::Done {
+            seq: input_seq,
+            tid: Some(task_id.to_owned()),
+        })?;
         Ok(true)
     }
 
     /// The open attempts (admitted, not forgotten), by input sequence.
     pub fn open_attempts(&self) -> Vec<AttemptRecord> {
-        self.attempts.values().cloned().collect()
+        self.index.values().cloned().collect()
     }
 
     /// How many attempts were forgotten since the log was last compacted (or opened); a hint
     /// for when to call [`compact`](Self::compact).
     pub fn forgotten_since_compaction(&self) -> usize {
-        self.forgotten
+        self.index.forgotten
     }
 
     /// Rewrites the log with only the open attempts: writes a temporary file, fsyncs it,
     /// renames it over the log and fsyncs the directory.
     pub fn compact(&mut self) -> Result<(), JournalError> {
         let mut data = Vec::new();
-        for attempt in self.attempts.values() {
+        for attempt in self.index.values() {
             let seq = attempt.input_seq;
+            let tid = || Some(attempt.task_id.clone());
             data.extend(record::encode(&Record::Admitted {
                 seq,
                 task_id: attempt.task_id.clone(),
@@ -399,6 +415,7 @@ impl Journal {
             if let Some(task) = &attempt.task {
                 data.extend(record::encode(&Record::Parked {
                     seq,
+                    tid: tid(),
                     task: task.clone(),
                 }));
             }
@@ -406,6 +423,7 @@ impl Journal {
             for answer in &attempt.answers {
                 data.extend(record::encode(&Record::Answer {
                     seq,
+                    tid: tid(),
                     message_id: answer.message_id.clone(),
                     payload: answer.payload.clone(),
                 }));
@@ -413,11 +431,12 @@ impl Journal {
             if let Some(result) = &attempt.result {
                 data.extend(record::encode(&Record::Result {
                     seq,
+                    tid: tid(),
                     result: result.clone(),
                 }));
             }
             if attempt.published {
-                data.extend(record::encode(&Record::Published { seq }));
+                data.extend(record::encode(&Record::Published { seq, tid: tid() }));
             }
         }
         let tmp = self.dir.join(COMPACT_TMP_FILE);
@@ -447,7 +466,7 @@ impl Journal {
         fs::rename(&tmp, &self.log_path).map_err(|e| JournalError::io(&self.log_path, e))?;
         self.log = log;
         self.len = data.len() as u64;
-        self.forgotten = 0;
+        self.index.forgotten = 0;
         self.sync = GroupSync::new(sync_handle, self.len);
         self.pending = None;
         if let Err(e) = sync_dir(&self.dir) {
@@ -484,10 +503,13 @@ impl Journal {
         (out, self.pending.take())
     }
 
-    fn require(&self, input_seq: u64) -> Result<&AttemptRecord, JournalError> {
-        self.attempts
-            .get(&input_seq)
-            .ok_or(JournalError::Unknown { input_seq })
+    fn require(&self, input_seq: u64, task_id: &str) -> Result<&AttemptRecord, JournalError> {
+        self.index
+            .get(input_seq, task_id)
+            .ok_or_else(|| JournalError::Unknown {
+                input_seq,
+                task_id: task_id.to_owned(),
+            })
     }
 
     /// Appends `record` durably (fsync), then applies it to the index.
@@ -519,7 +541,7 @@ impl Journal {
             return Err(JournalError::io(&self.log_path, e));
         }
         self.len += line.len() as u64;
-        self.apply(record);
+        self.index.apply(record);
         Ok(())
     }
 
@@ -538,7 +560,7 @@ impl Journal {
                 Err("incomplete line".to_owned())
             };
             match decoded {
-                Ok(record) => self.apply(record),
+                Ok(record) => self.index.apply(record),
                 Err(reason) if next >= data.len() => {
                     tracing::warn!(
                         path = %self.log_path.display(),
@@ -567,85 +589,6 @@ impl Journal {
             cut.map_err(|e| JournalError::io(&self.log_path, e))?;
         }
         Ok(())
-    }
-
-    fn apply(&mut self, record: Record) {
-        match record {
-            Record::Admitted {
-                seq,
-                task_id,
-                attempt_id,
-            } => {
-                if self.attempts.contains_key(&seq) {
-                    tracing::warn!(seq, "journal admits an open input twice; keeping the first");
-                    return;
-                }
-                self.by_task.entry(task_id.clone()).or_default().insert(seq);
-                self.attempts.insert(
-                    seq,
-                    AttemptRecord {
-                        input_seq: seq,
-                        task_id,
-                        attempt_id,
-                        result: None,
-                        answers: Vec::new(),
-                        published: false,
-                        task: None,
-                    },
-                );
-            }
-            Record::Parked { seq, task } => {
-                if let Some(attempt) = self.open_mut(seq) {
-                    attempt.task = Some(task);
-                }
-            }
-            Record::Result { seq, result } => {
-                if let Some(attempt) = self.open_mut(seq) {
-                    attempt.result = Some(result);
-                    attempt.published = false;
-                }
-            }
-            Record::Answer {
-                seq,
-                message_id,
-                payload,
-            } => {
-                if let Some(attempt) = self.open_mut(seq) {
-                    if attempt.answers.iter().all(|a| a.message_id != message_id) {
-                        attempt.answers.push(AnswerRecord {
-                            message_id,
-                            payload,
-                        });
-                        attempt.result = None;
-                        attempt.published = false;
-                    }
-                }
-            }
-            Record::Published { seq } => {
-                if let Some(attempt) = self.open_mut(seq) {
-                    attempt.published = true;
-                }
-            }
-            Record::Done { seq } => {
-                if let Some(attempt) = self.attempts.remove(&seq) {
-                    if let Some(seqs) = self.by_task.get_mut(&attempt.task_id) {
-                        seqs.remove(&seq);
-                        if seqs.is_empty() {
-                            self.by_task.remove(&attempt.task_id);
-                        }
-                    }
-                    self.forgotten += 1;
-                }
-            }
-        }
-    }
-
-    fn open_mut(&mut self, seq: u64) -> Option<&mut AttemptRecord> {
-        let attempt = self.attempts.get_mut(&seq);
-        if attempt.is_none() {
-            tracing::warn!(seq, "journal record for an input that is not open; ignored");
-        }
-        attempt
     }
 }
 

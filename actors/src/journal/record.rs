@@ -2,6 +2,10 @@
 //!
 //! Each record is one line: `<crc32 of the JSON as 8 lowercase hex digits> <JSON>\n`. The
 //! checksum detects a torn or damaged line; a line without its trailing newline is incomplete.
+//!
+//! A record names its attempt by input sequence and task id (`tid`): the work stream's
+//! sequences start over when it is recreated, so a sequence alone may name two attempts. A
+//! record of an earlier version has no `tid` and names the one open attempt of its sequence.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,20 +21,40 @@ pub(crate) enum Record {
         attempt_id: String,
     },
     /// The attempt produced `result` (latest boundary result; replaces an earlier one).
-    Result { seq: u64, result: Value },
+    Result {
+        seq: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tid: Option<String>,
+        result: Value,
+    },
     /// An answer was accepted for the attempt (before resuming it).
     Answer {
         seq: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tid: Option<String>,
         message_id: String,
         payload: Value,
     },
     /// The current result was confirmed by the broker.
-    Published { seq: u64 },
+    Published {
+        seq: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tid: Option<String>,
+    },
     /// The attempt waits for an answer with its input acked: the task it runs, kept so that
     /// an answer can resume it after the input is gone from the stream.
-    Parked { seq: u64, task: Value },
+    Parked {
+        seq: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tid: Option<String>,
+        task: Value,
+    },
     /// The input was acknowledged; the attempt is finished and can be compacted away.
-    Done { seq: u64 },
+    Done {
+        seq: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tid: Option<String>,
+    },
 }
 
 /// Encodes a record as one log line, including the trailing newline.
@@ -102,6 +126,7 @@ mod tests {
     fn records_round_trip_and_damage_is_detected() {
         let record = Record::Answer {
             seq: 7,
+            tid: Some("t-7".into()),
             message_id: "m-1".into(),
             payload: serde_json::json!({"text": "yes"}),
         };

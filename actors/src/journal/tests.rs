@@ -58,10 +58,11 @@ fn journal_admission_survives_reopen_and_is_idempotent() {
     assert_eq!(admission.attempt_id, "att-1");
     assert_eq!(admission.result, None);
     assert!(admission.is_rerun(), "admitted without result means re-run");
-    let record = journal.lookup(5).unwrap();
+    let record = journal.lookup(5, "task-a").unwrap();
     assert_eq!(record.task_id, "task-a");
     assert_eq!(record.attempt_id, "att-1");
-    assert!(journal.lookup(6).is_none());
+    assert!(journal.lookup(6, "task-a").is_none());
+    assert!(journal.lookup(5, "task-b").is_none());
 }
 
 #[test]
@@ -71,11 +72,17 @@ fn journal_saved_result_survives_crash() {
         let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
         journal.admit(1, "task-a", "att-1").unwrap();
         journal
-            .save_result(1, &json!({"state": "completed", "response": "ok"}))
+            .save_result(
+                1,
+                "task-a",
+                &json!({"state": "completed", "response": "ok"}),
+            )
             .unwrap();
         journal.admit(2, "task-b", "att-2").unwrap();
-        journal.save_result(2, &json!({"state": "failed"})).unwrap();
-        journal.mark_published(2).unwrap();
+        journal
+            .save_result(2, "task-b", &json!({"state": "failed"}))
+            .unwrap();
+        journal.mark_published(2, "task-b").unwrap();
     }
     let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
     let admission = journal.admit(1, "task-a", "att-x").unwrap();
@@ -85,13 +92,11 @@ fn journal_saved_result_survives_crash() {
         Some(json!({"state": "completed", "response": "ok"}))
     );
     assert!(!admission.published);
-    assert!(journal.lookup(2).unwrap().published);
-    assert_eq!(
-        journal
-            .save_result(99, &json!(null))
-            .unwrap_err()
-            .to_string(),
-        "journal has no open attempt for input sequence 99"
+    assert!(journal.lookup(2, "task-b").unwrap().published);
+    let err = journal.save_result(99, "task-z", &json!(null)).unwrap_err();
+    assert!(
+        matches!(&err, JournalError::Unknown { input_seq: 99, task_id } if task_id == "task-z"),
+        "{err:?}"
     );
 }
 
@@ -101,13 +106,16 @@ fn journal_ignores_torn_last_line() {
     {
         let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
         journal.admit(1, "task-a", "att-1").unwrap();
-        journal.save_result(1, &json!("done")).unwrap();
+        journal.save_result(1, "task-a", &json!("done")).unwrap();
     }
     // A crash in the middle of writing a record.
     append_raw(tmp.path(), br#"0badc0de {"kind":"result","seq":1,"res"#);
     {
         let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
-        assert_eq!(journal.lookup(1).unwrap().result, Some(json!("done")));
+        assert_eq!(
+            journal.lookup(1, "task-a").unwrap().result,
+            Some(json!("done"))
+        );
         // The torn tail was cut off: new records are not appended after garbage.
         journal.admit(2, "task-b", "att-2").unwrap();
     }
@@ -115,7 +123,7 @@ fn journal_ignores_torn_last_line() {
     append_raw(tmp.path(), b"garbage\n");
     let journal = Journal::open(tmp.path(), "w-1").unwrap();
     assert_eq!(journal.open_attempts().len(), 2);
-    assert_eq!(journal.lookup(2).unwrap().attempt_id, "att-2");
+    assert_eq!(journal.lookup(2, "task-b").unwrap().attempt_id, "att-2");
 }
 
 #[test]
@@ -126,7 +134,13 @@ fn journal_reports_corruption_before_the_last_line() {
         journal.admit(1, "task-a", "att-1").unwrap();
     }
     append_raw(tmp.path(), b"garbage\n");
-    append_raw(tmp.path(), &record::encode(&Record::Published { seq: 1 }));
+    append_raw(
+        tmp.path(),
+        &record::encode(&Record::Published {
+            seq: 1,
+            tid: Some("task-a".into()),
+        }),
+    );
     let err = Journal::open(tmp.path(), "w-1").unwrap_err();
     assert!(
         matches!(err, JournalError::Corrupt { line: 2, .. }),
@@ -169,39 +183,45 @@ fn journal_duplicate_answers_detected_across_reopen() {
         let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
         journal.admit(3, "task-a", "att-1").unwrap();
         journal
-            .save_result(3, &json!({"state": "waiting"}))
+            .save_result(3, "task-a", &json!({"state": "waiting"}))
             .unwrap();
-        journal.mark_published(3).unwrap();
+        journal.mark_published(3, "task-a").unwrap();
         assert!(journal
-            .record_answer(3, "m-1", &json!({"text": "yes"}))
+            .record_answer(3, "task-a", "m-1", &json!({"text": "yes"}))
             .unwrap());
         // The answer supersedes the waiting result until the resume saves its own.
-        let record = journal.lookup(3).unwrap();
+        let record = journal.lookup(3, "task-a").unwrap();
         assert_eq!(record.result, None);
         assert!(!record.published);
         assert!(!journal
-            .record_answer(3, "m-1", &json!({"text": "changed"}))
+            .record_answer(3, "task-a", "m-1", &json!({"text": "changed"}))
             .unwrap());
         journal
-            .save_result(3, &json!({"state": "completed"}))
+            .save_result(3, "task-a", &json!({"state": "completed"}))
             .unwrap();
     }
     let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
     assert!(!journal
-        .record_answer(3, "m-1", &json!({"text": "again"}))
+        .record_answer(3, "task-a", "m-1", &json!({"text": "again"}))
         .unwrap());
-    let record = journal.lookup(3).unwrap();
+    let record = journal.lookup(3, "task-a").unwrap();
     assert_eq!(record.answers.len(), 1);
     assert_eq!(record.answers[0].payload, json!({"text": "yes"}));
     assert_eq!(record.result, Some(json!({"state": "completed"})));
     assert_eq!(
-        journal.answer(3, "m-1").unwrap().payload,
+        journal.answer(3, "task-a", "m-1").unwrap().payload,
         json!({"text": "yes"})
     );
-    assert!(journal.record_answer(3, "m-2", &json!({})).unwrap());
+    assert!(journal
+        .record_answer(3, "task-a", "m-2", &json!({}))
+        .unwrap());
     assert!(matches!(
-        journal.record_answer(4, "m-1", &json!({})),
-        Err(JournalError::Unknown { input_seq: 4 })
+        journal.record_answer(4, "task-a", "m-1", &json!({})),
+        Err(JournalError::Unknown { input_seq: 4, .. })
+    ));
+    assert!(matches!(
+        journal.record_answer(3, "task-b", "m-1", &json!({})),
+        Err(JournalError::Unknown { input_seq: 3, .. })
     ));
 }
 
@@ -215,14 +235,18 @@ fn journal_forget_and_compact_keep_open_attempts() {
             journal
                 .admit(seq, &format!("task-{seq}"), &format!("att-{seq}"))
                 .unwrap();
-            journal.save_result(seq, &json!({"seq": seq})).unwrap();
+            journal
+                .save_result(seq, &format!("task-{seq}"), &json!({"seq": seq}))
+                .unwrap();
         }
-        journal.record_answer(3, "m-1", &json!("answer")).unwrap();
-        journal.save_result(3, &json!("resumed")).unwrap();
-        journal.mark_published(3).unwrap();
-        assert!(journal.forget(1).unwrap());
-        assert!(journal.forget(2).unwrap());
-        assert!(!journal.forget(2).unwrap());
+        journal
+            .record_answer(3, "task-3", "m-1", &json!("answer"))
+            .unwrap();
+        journal.save_result(3, "task-3", &json!("resumed")).unwrap();
+        journal.mark_published(3, "task-3").unwrap();
+        assert!(journal.forget(1, "task-1").unwrap());
+        assert!(journal.forget(2, "task-2").unwrap());
+        assert!(!journal.forget(2, "task-2").unwrap());
         assert_eq!(journal.forgotten_since_compaction(), 2);
         let before = fs::metadata(&log).unwrap().len();
         let open_before = journal.open_attempts();
@@ -231,24 +255,24 @@ fn journal_forget_and_compact_keep_open_attempts() {
         assert_eq!(journal.forgotten_since_compaction(), 0);
         assert_eq!(journal.open_attempts(), open_before);
         // Appends after compaction go to the new log.
-        journal.mark_published(4).unwrap();
+        journal.mark_published(4, "task-4").unwrap();
     }
     let text = fs::read_to_string(&log).unwrap();
     assert!(!text.contains("att-1") && !text.contains("att-2"), "{text}");
     assert!(!text.contains(r#""kind":"done""#), "{text}");
     let journal = Journal::open(tmp.path(), "w-1").unwrap();
-    assert!(journal.lookup(1).is_none() && journal.lookup(2).is_none());
+    assert!(journal.lookup(1, "task-1").is_none() && journal.lookup(2, "task-2").is_none());
     let seqs: Vec<u64> = journal
         .open_attempts()
         .iter()
         .map(|a| a.input_seq)
         .collect();
     assert_eq!(seqs, [3, 4]);
-    let three = journal.lookup(3).unwrap();
+    let three = journal.lookup(3, "task-3").unwrap();
     assert_eq!(three.result, Some(json!("resumed")));
     assert!(three.published);
     assert_eq!(three.answers.len(), 1);
-    assert!(journal.lookup(4).unwrap().published);
+    assert!(journal.lookup(4, "task-4").unwrap().published);
     assert!(!tmp.path().join("w-1").join(COMPACT_TMP_FILE).exists());
 }
 
@@ -265,12 +289,12 @@ fn journal_lookup_by_task_finds_open_attempt() {
         journal.lookup_by_task("task-a").unwrap().attempt_id,
         "att-3"
     );
-    journal.forget(12).unwrap();
+    journal.forget(12, "task-a").unwrap();
     assert_eq!(
         journal.lookup_by_task("task-a").unwrap().attempt_id,
         "att-1"
     );
-    journal.forget(10).unwrap();
+    journal.forget(10, "task-a").unwrap();
     assert!(journal.lookup_by_task("task-a").is_none());
     drop(journal);
     let journal = Journal::open(tmp.path(), "w-1").unwrap();
@@ -299,7 +323,9 @@ fn admitting_a_reused_sequence_for_another_task_starts_a_new_attempt() {
     let tmp = TempDir::new("reused-seq");
     let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
     journal.admit(3, "task-old", "att-old").unwrap();
-    journal.save_result(3, &json!({"old": true})).unwrap();
+    journal
+        .save_result(3, "task-old", &json!({"old": true}))
+        .unwrap();
     let admission = journal.admit(3, "task-new", "att-new").unwrap();
     assert!(admission.new, "a new input, not the old attempt");
     assert_eq!(admission.attempt_id, "att-new");
@@ -331,8 +357,9 @@ fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
         for _ in 0..5 {
             seq += 1;
             journal.admit(seq, &format!("t{seq}"), "a").unwrap();
-            journal.save_result(seq, &json!({"n": seq})).unwrap();
-            journal.forget(seq).unwrap();
+            let task = format!("t{seq}");
+            journal.save_result(seq, &task, &json!({"n": seq})).unwrap();
+            journal.forget(seq, &task).unwrap();
         }
         // One attempt stays open across restarts.
         if seq == 5 {
@@ -355,12 +382,13 @@ fn a_parked_attempt_is_found_by_task_and_attempt_beside_a_newer_admission() {
     let tmp = TempDir::new("parked");
     let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
     journal.admit(1, "task-a", "att-1").unwrap();
-    journal.save_result(1, &json!({"waiting": true})).unwrap();
-    journal.park(1, &json!({"task": "a"})).unwrap();
+    journal
+        .save_result(1, "task-a", &json!({"waiting": true}))
+        .unwrap();
+    journal.park(1, "task-a", &json!({"task": "a"})).unwrap();
     // The same task delivered again (a second copy of its input): a newer open record.
     journal.admit(2, "task-a", "att-2").unwrap();
     assert_eq!(journal.lookup_by_task("task-a").unwrap().input_seq, 2);
-    assert_eq!(journal.parked_by_task("task-a").unwrap().input_seq, 1);
     assert_eq!(
         journal.lookup_attempt("task-a", "att-1").unwrap().input_seq,
         1
@@ -370,7 +398,39 @@ fn a_parked_attempt_is_found_by_task_and_attempt_beside_a_newer_admission() {
     drop(journal);
     // Parked survives a reopen (and its compaction).
     let journal = Journal::open(tmp.path(), "w-1").unwrap();
-    let parked = journal.parked_by_task("task-a").unwrap();
+    let parked = journal.lookup_attempt("task-a", "att-1").unwrap();
     assert_eq!(parked.task, Some(json!({"task": "a"})));
     assert_eq!(parked.result, Some(json!({"waiting": true})));
+}
+
+#[test]
+fn a_parked_attempt_survives_the_reuse_of_its_sequence_by_another_task() {
+    // The work stream was recreated: its sequences start over. Input 1 of task-a was acked
+    // long ago and its attempt is parked waiting for an answer; a new input 1 of task-b must
+    // not take its place.
+    let tmp = TempDir::new("parked-reuse");
+    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    journal.admit(1, "task-a", "att-a").unwrap();
+    journal
+        .save_result(1, "task-a", &json!({"state": "waiting"}))
+        .unwrap();
+    journal.park(1, "task-a", &json!({"task": "a"})).unwrap();
+    let admission = journal.admit(1, "task-b", "att-b").unwrap();
+    assert!(admission.new);
+    assert_eq!(journal.lookup(1, "task-b").unwrap().attempt_id, "att-b");
+    // Both live side by side, each under its own key, and each is settled on its own.
+    journal
+        .record_answer(1, "task-a", "m-1", &json!("yes"))
+        .unwrap();
+    journal
+        .save_result(1, "task-b", &json!({"state": "completed"}))
+        .unwrap();
+    assert!(journal.forget(1, "task-b").unwrap());
+    drop(journal);
+    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let parked = journal.lookup_attempt("task-a", "att-a").unwrap();
+    assert_eq!(parked.answers.len(), 1);
+    assert_eq!(parked.task, Some(json!({"task": "a"})));
+    assert!(journal.lookup(1, "task-b").is_none());
+    assert_eq!(journal.parked_count(), 1);
 }

@@ -4,9 +4,10 @@
 //! names it, its journal parks the attempt with its task, and its answer consumer gets the
 //! answers. An answer is judged ([`judge_answer`]) against the attempt it names:
 //!
-//! - a running attempt of the task judges it itself; an answer it cannot take (it is not
+//! - the running attempt it names judges it itself; an answer it cannot take (it is not
 //!   waiting) is stale, and a redelivery of the answer a resume holds as its input is left to
-//!   that resume;
+//!   that resume; an answer for a parked attempt while another attempt of the same task runs
+//!   here is judged again shortly;
 //! - a parked attempt: a fresh answer (or a duplicate) starts a resume attempt with the
 //!   answer as its input;
 //! - a stale answer, or one for an attempt this worker does not own, is refused with an error
@@ -16,8 +17,9 @@
 //!
 //! **Control requests** (query, cancel) are answered by the running attempt, else from the
 //! journal: a parked attempt reports `waiting`, `active: false`, and a cancel of it publishes
-//! a `cancelled` result. Replies go only to reply subjects under `_INBOX.`
-//! ([`subjects::is_reply_subject`]).
+//! a `cancelled` result. Answers, queries and cancels are routed by (task id, attempt id).
+//! Replies go only to reply subjects under the worker's reply prefix (`_INBOX` by default;
+//! [`subjects::is_reply_subject_under`]).
 
 use std::time::Duration;
 
@@ -51,6 +53,13 @@ impl Worker {
             state.counters.redelivered_while_running.bump();
             return;
         }
+        if state.draining {
+            // Left for the next incarnation (the answer consumer is this worker's own).
+            state.requests.spawn(async move {
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+            });
+            return;
+        }
         let answer = super::decode_envelope(&msg)
             .map_err(|e| e.to_string())
             .and_then(|env| serde_json::from_value::<Answer>(env.body).map_err(|e| e.to_string()));
@@ -63,79 +72,125 @@ impl Worker {
                 return;
             }
         };
-        if let Some(actor) = state.running.by_task(&answer.task_id).cloned() {
-            let client = self.client.clone();
-            let counters = state.counters.clone();
-            state.requests.spawn(async move {
-                let verdict = actor
-                    .call(
-                        |reply| AttemptMsg::Judge(answer.clone(), reply),
-                        Some(ATTEMPT_CALL_TIMEOUT),
-                    )
-                    .await;
-                match verdict {
-                    Ok(ractor::rpc::CallResult::Success(AnswerVerdict::Duplicate)) => {
-                        counters.answers.bump();
-                        let _ = publish::ack_confirmed(&msg).await;
-                    }
-                    Ok(ractor::rpc::CallResult::Success(
-                        verdict @ (AnswerVerdict::Stale | AnswerVerdict::UnknownAttempt),
-                    )) => {
-                        counters.answers_refused.bump();
-                        refuse(&client, &msg, &answer, verdict).await;
-                    }
-                    // Resume: it is waiting and about to park; or it went away meanwhile.
-                    _ => {
-                        let _ = msg.ack_with(AckKind::Nak(Some(ANSWER_RETRY_DELAY))).await;
-                    }
-                }
-            });
-            return;
-        }
+        // Answers are routed by (task, attempt): the attempt running now, a parked one, or none.
+        let running = state
+            .running
+            .by_task(&answer.task_id)
+            .map(|r| (r.actor.clone(), r.attempt_id == answer.attempt_id));
         let parked = {
             let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
-            Parked::find(&journal, answer.task_id.as_str())
+            Parked::find(
+                &journal,
+                answer.task_id.as_str(),
+                answer.attempt_id.as_str(),
+            )
         };
-        let verdict = judge_answer(
-            parked.as_ref().map(|p| self.parked_view(p)).as_ref(),
-            &answer,
-        );
-        match (verdict, parked) {
-            (AnswerVerdict::Resume | AnswerVerdict::Duplicate, Some(parked)) => {
-                let (input, ack_wait) = (Input::Answer(seq), state.answers_ack_wait());
-                let args = AttemptArgs::Resume {
-                    msg,
-                    parked: Box::new(parked),
-                    answer: answer.clone(),
-                };
-                self.spawn_attempt(myself, state, &answer.task_id, Some(input), ack_wait, args)
-                    .await;
+        match (running, parked) {
+            (Some((actor, true)), _) => self.judge_running(state, actor, msg, answer),
+            (Some((_, false)), Some(_)) => {
+                // Another attempt of the task runs here now (its actor has the task's name):
+                // the parked one is resumed once it is done.
+                let _ = msg.ack_with(AckKind::Nak(Some(ANSWER_RETRY_DELAY))).await;
             }
-            (verdict, _) => {
-                state.counters.answers_refused.bump();
-                let client = self.client.clone();
-                let refused = if verdict == AnswerVerdict::Stale {
-                    AnswerVerdict::Stale
-                } else {
-                    AnswerVerdict::UnknownAttempt
-                };
-                let tasks_stream = state.tasks_stream.clone();
-                state.requests.spawn(async move {
-                    // Nothing follows a final result on a task channel: a late answer to a
-                    // finished task is only acked.
-                    let js = jetstream::new(client.clone());
-                    let finished = crate::task_channel::view(&js, &tasks_stream, &answer.task_id)
-                        .await
-                        .is_ok_and(|v| v.final_result.is_some());
-                    if finished {
-                        tracing::info!(task_id = %answer.task_id, "answer for a finished task acked");
-                        let _ = publish::ack_confirmed(&msg).await;
-                    } else {
-                        refuse(&client, &msg, &answer, refused).await;
+            (_, parked) => {
+                let verdict = judge_answer(
+                    parked.as_ref().map(|p| self.parked_view(p)).as_ref(),
+                    &answer,
+                );
+                match (verdict, parked) {
+                    (AnswerVerdict::Resume | AnswerVerdict::Duplicate, Some(parked)) => {
+                        let (input, ack_wait) = (Input::Answer(seq), state.answers_ack_wait());
+                        let args = AttemptArgs::Resume {
+                            msg,
+                            parked: Box::new(parked.clone()),
+                            answer,
+                        };
+                        self.spawn_attempt(
+                            myself,
+                            state,
+                            &parked.task.task_id,
+                            parked.attempt_id.clone(),
+                            Some(input),
+                            ack_wait,
+                            args,
+                        )
+                        .await;
                     }
-                });
+                    (verdict, _) => self.refuse_answer(state, msg, answer, verdict),
+                }
             }
         }
+    }
+
+    /// Asks the running attempt `actor` to judge an answer it is named by: a duplicate is
+    /// acked, a stale one refused; one it would take (it is waiting, about to park) is judged
+    /// again shortly.
+    fn judge_running(
+        &self,
+        state: &mut WorkerState,
+        actor: ActorRef<AttemptMsg>,
+        msg: jetstream::Message,
+        answer: Answer,
+    ) {
+        let (client, worker) = (self.client.clone(), self.worker_id.clone());
+        let counters = state.counters.clone();
+        state.requests.spawn(async move {
+            let verdict = actor
+                .call(
+                    |reply| AttemptMsg::Judge(answer.clone(), reply),
+                    Some(ATTEMPT_CALL_TIMEOUT),
+                )
+                .await;
+            match verdict {
+                Ok(ractor::rpc::CallResult::Success(AnswerVerdict::Duplicate)) => {
+                    counters.answers.bump();
+                    let _ = publish::ack_confirmed(&msg).await;
+                }
+                Ok(ractor::rpc::CallResult::Success(
+                    verdict @ (AnswerVerdict::Stale | AnswerVerdict::UnknownAttempt),
+                )) => {
+                    counters.answers_refused.bump();
+                    refuse(&client, &worker, &msg, &answer, verdict).await;
+                }
+                // Resume: it is waiting and about to park; or it went away meanwhile.
+                _ => {
+                    let _ = msg.ack_with(AckKind::Nak(Some(ANSWER_RETRY_DELAY))).await;
+                }
+            }
+        });
+    }
+
+    /// Refuses an answer on its task channel (unless the task has a final result: then the
+    /// answer is only acked), in a request task.
+    fn refuse_answer(
+        &self,
+        state: &mut WorkerState,
+        msg: jetstream::Message,
+        answer: Answer,
+        verdict: AnswerVerdict,
+    ) {
+        state.counters.answers_refused.bump();
+        let (client, worker) = (self.client.clone(), self.worker_id.clone());
+        let refused = if verdict == AnswerVerdict::Stale {
+            AnswerVerdict::Stale
+        } else {
+            AnswerVerdict::UnknownAttempt
+        };
+        let tasks_stream = state.streams.tasks.clone();
+        state.requests.spawn(async move {
+            // Nothing follows a final result on a task channel: a late answer to a finished
+            // task is only acked.
+            let js = jetstream::new(client.clone());
+            let finished = crate::task_channel::view(&js, &tasks_stream, &answer.task_id)
+                .await
+                .is_ok_and(|v| v.final_result.is_some());
+            if finished {
+                tracing::info!(task_id = %answer.task_id, "answer for a finished task acked");
+                let _ = publish::ack_confirmed(&msg).await;
+            } else {
+                refuse(&client, &worker, &msg, &answer, refused).await;
+            }
+        });
     }
 
     /// The view of a parked attempt for [`judge_answer`].
@@ -169,7 +224,7 @@ impl Worker {
         kind: ControlKind,
         msg: async_nats::Message,
     ) {
-        let Some(reply) = checked_reply(&msg, state) else {
+        let Some(reply) = self.checked_reply(&msg, state) else {
             return;
         };
         let client = self.client.clone();
@@ -182,21 +237,25 @@ impl Worker {
             }
         };
         let unknown = || serde_json::json!({ "error": AnswerVerdict::UnknownAttempt.error() });
+        if request.worker_id != self.worker_id {
+            publish_json(&client, reply, &unknown()).await;
+            return;
+        }
+        // Routed by (task, attempt): the attempt running now, else the journal.
         let running = state
             .running
             .by_task(&request.task_id)
-            .cloned()
-            .filter(|_| request.worker_id == self.worker_id);
+            .filter(|r| r.attempt_id == request.attempt_id)
+            .map(|r| r.actor.clone());
         let Some(actor) = running else {
             // Not running here: answer from the journal (parked or interrupted work).
             let record = {
                 let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
                 journal
                     .lookup_attempt(request.task_id.as_str(), request.attempt_id.as_str())
-                    .map(|r| (r.result.clone(), r.task.is_some()))
+                    .map(|r| (r.result.clone(), Parked::of(r)))
             };
-            let Some((saved, parked)) = record.filter(|_| request.worker_id == self.worker_id)
-            else {
+            let Some((saved, parked)) = record else {
                 publish_json(&client, reply, &unknown()).await;
                 return;
             };
@@ -207,9 +266,16 @@ impl Worker {
                 .map_or(TaskState::Running, |s| s.result.state);
             let mut cancel = None;
             if kind == ControlKind::Cancel {
-                let status = protocol::task::cancel_status(task_state, true);
-                if parked && status == protocol::task::CancelStatus::Requested {
-                    self.cancel_parked(myself, state, &request).await;
+                let mut status = protocol::task::cancel_status(task_state, true);
+                if status == protocol::task::CancelStatus::Requested {
+                    match parked {
+                        Some(parked) if state.running.by_task(&request.task_id).is_none() => {
+                            self.settle_parked(myself, state, parked, true).await;
+                        }
+                        // Another attempt of the task runs here now, or the work was
+                        // interrupted (its input comes back): nothing to cancel now.
+                        _ => status = protocol::task::CancelStatus::NotActive,
+                    }
                 }
                 cancel = Some(status);
             }
@@ -265,28 +331,46 @@ impl Worker {
         });
     }
 
-    /// Starts the attempt that publishes the `cancelled` result of a parked attempt.
-    async fn cancel_parked(
+    /// Starts the attempt that settles a parked attempt: its `cancelled` result (`cancel`), or
+    /// the final result it saved earlier.
+    pub(super) async fn settle_parked(
         &self,
         myself: &ActorRef<WorkerMsg>,
         state: &mut WorkerState,
-        request: &ControlRequest,
+        parked: Parked,
+        cancel: bool,
     ) {
-        let parked = {
-            let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
-            Parked::find(&journal, request.task_id.as_str())
-        };
-        if let Some(parked) = parked {
-            let ack_wait = state.answers_ack_wait();
-            self.spawn_attempt(
-                myself,
-                state,
-                &request.task_id,
-                None,
-                ack_wait,
-                AttemptArgs::CancelParked(Box::new(parked)),
-            )
-            .await;
+        let ack_wait = state.answers_ack_wait();
+        let (task_id, attempt_id) = (parked.task.task_id.clone(), parked.attempt_id.clone());
+        self.spawn_attempt(
+            myself,
+            state,
+            &task_id,
+            attempt_id,
+            None,
+            ack_wait,
+            AttemptArgs::Settle {
+                parked: Box::new(parked),
+                cancel,
+            },
+        )
+        .await;
+    }
+
+    /// The reply subject of a request, when it is one a service may answer on (under this
+    /// worker's reply prefix); a request aimed elsewhere is counted and ignored.
+    pub(super) fn checked_reply(
+        &self,
+        msg: &async_nats::Message,
+        state: &WorkerState,
+    ) -> Option<async_nats::Subject> {
+        let reply = msg.reply.clone()?;
+        if subjects::is_reply_subject_under(reply.as_str(), &self.reply_prefix) {
+            Some(reply)
+        } else {
+            state.counters.replies_refused.bump();
+            tracing::warn!(subject = %msg.subject, prefix = %self.reply_prefix, "request with a reply subject outside the reply prefix ignored");
+            None
         }
     }
 }
@@ -295,6 +379,7 @@ impl Worker {
 /// cannot be published the answer is nak'd with a delay, so it is judged again later.
 async fn refuse(
     client: &async_nats::Client,
+    worker: &protocol::WorkerId,
     msg: &jetstream::Message,
     answer: &Answer,
     verdict: AnswerVerdict,
@@ -306,7 +391,8 @@ async fn refuse(
     let refusal = AnswerRefusal {
         task_id: answer.task_id.clone(),
         attempt_id: answer.attempt_id.clone(),
-        worker_id: answer.worker_id.clone(),
+        // The refusing worker: it publishes the refusal as itself.
+        worker_id: worker.clone(),
         answer_id: answer.message_id.clone(),
         error,
     };
@@ -320,22 +406,6 @@ async fn refuse(
                 .ack_with(AckKind::Nak(Some(super::REFUSAL_RETRY_DELAY)))
                 .await;
         }
-    }
-}
-
-/// The reply subject of a request, when it is one a service may answer on; a request aimed
-/// elsewhere is counted and ignored.
-pub(super) fn checked_reply(
-    msg: &async_nats::Message,
-    state: &WorkerState,
-) -> Option<async_nats::Subject> {
-    let reply = msg.reply.clone()?;
-    if subjects::is_reply_subject(reply.as_str()) {
-        Some(reply)
-    } else {
-        state.counters.replies_refused.bump();
-        tracing::warn!(subject = %msg.subject, "request with a reply subject outside _INBOX. ignored");
-        None
     }
 }
 

@@ -47,7 +47,11 @@ crate::counters! {
         handed_back,
         /// Publishes sent again after an uncertain outcome (no stream ack in time).
         publish_retries,
-        /// Control and status requests ignored because their reply subject is not an inbox.
+        /// Control and status requests ignored because their reply subject is not under the
+        /// worker's reply prefix.
         replies_refused,
+        /// Journalled attempts the start-up sweep forgot: their task was finished, or owned by
+        /// another attempt, already.
+        swept,
     }
 }

@@ -26,8 +26,10 @@ use super::WorkerMsg;
 
 /// How long a waiting pull on the queue (or answers) consumer stays open when nothing comes.
 pub const FETCH_WAIT: Duration = Duration::from_millis(500);
-/// How long past its expiry a pull is waited on before it is abandoned (its reply lost).
-pub const PULL_MARGIN: Duration = Duration::from_millis(250);
+/// How long past its expiry a pull is waited on before it is abandoned (its reply lost). A
+/// reconnect abandons a pull at once; this bounds a reply lost otherwise, and leaves room for
+/// a slow link (a message delivered to an abandoned pull waits out its ack wait).
+pub const PULL_MARGIN: Duration = Duration::from_secs(1);
 /// Answers pulled at once.
 const ANSWER_BATCH: usize = 16;
 /// First and longest pause after a failed pull.
@@ -129,7 +131,9 @@ impl Fetcher {
         consumers: Consumers,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), FetchError> {
-        let mut backoff = BACKOFF.0;
+        // One backoff per consumer: a targeted pull that works does not hide a queue pull that
+        // keeps failing.
+        let mut backoffs = [BACKOFF.0; 2];
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -147,10 +151,13 @@ impl Fetcher {
             while let Some(permit) = self.slots.try_for_task() {
                 permits.push(permit);
             }
-            for (consumer, source, wait) in [
+            for (i, (consumer, source, wait)) in [
                 (&consumers.targeted, Source::Targeted, None),
                 (&consumers.queue, Source::Queue, Some(FETCH_WAIT)),
-            ] {
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 if permits.is_empty() {
                     break;
                 }
@@ -161,9 +168,9 @@ impl Fetcher {
                     .await;
                 match pulled {
                     Ok(Pulled::Stopped) => return Ok(()),
-                    Ok(Pulled::Done) => backoff = BACKOFF.0,
+                    Ok(Pulled::Done) => backoffs[i] = BACKOFF.0,
                     Err(reason) => {
-                        self.failed(consumer, reason, &mut backoff, &mut stop)
+                        self.failed(consumer, reason, &mut backoffs[i], &mut stop)
                             .await?;
                         break;
                     }
@@ -220,7 +227,7 @@ impl Fetcher {
             ),
             None => (
                 consumer.fetch().max_messages(max).messages().await,
-                PULL_MARGIN * 4,
+                PULL_MARGIN * 2,
             ),
         };
         let mut batch = batch.map_err(|e| e.to_string())?;

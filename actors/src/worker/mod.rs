@@ -5,7 +5,8 @@
 //! - [`exec`]: [`ExecHandler`], a handler that runs a shell command per attempt.
 //! - `attempt`: the attempt actor and its delivery contract (heartbeat, journal, task channel
 //!   check, publish, ack).
-//! - `startup`: journal, join and binding (again after a consumer is found gone).
+//! - `startup`: journal, join and binding (again after a consumer is found gone); `sweep`:
+//!   the start-up sweep of the journal's open attempts; `intake`: admission of a task input.
 //! - `fetch`: the fetch loops; `slots`: the concurrency slots; `running`: the running
 //!   attempts; `control`: answers, query and cancel; `compat`: the consumer checks.
 //!
@@ -28,9 +29,11 @@
 //!   its input acked and its slot freed. Answers are handled in `control` (see there).
 //! - A consumer found gone (deleted, or its stream recreated) makes the worker re-join its
 //!   queue through the router, in the background, while its running attempts go on.
-//! - A graceful stop ([`Worker::shutdown_grace`]): no new input is taken, running attempts get
-//!   the grace to finish and publish, then the rest hand their inputs back (nak without delay,
-//!   so another worker takes them at once) and their handlers are cancelled.
+//! - A graceful stop: [`WorkerMsg::Drain`] first (no more fetches; what was fetched and not
+//!   started is handed back), then the actor's stop: running attempts get
+//!   [`Worker::shutdown_grace`] to finish and publish; the rest have their handlers cancelled
+//!   and, once those ended (bounded), hand their inputs back (nak without delay, so another
+//!   worker takes them at once).
 
 mod attempt;
 mod compat;
@@ -39,10 +42,12 @@ mod counters;
 mod exec;
 mod fetch;
 pub mod handler;
+mod intake;
 mod publish;
 mod running;
 mod slots;
 mod startup;
+mod sweep;
 #[cfg(test)]
 mod tests;
 
@@ -50,25 +55,25 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream;
 use async_nats::Client;
 use futures::{FutureExt, StreamExt};
 use protocol::subjects::{self, ControlKind};
-use protocol::task::{decode_task, failed_result, result_msg_id, AttemptId, TaskChannelBody};
-use protocol::{QueueName, TaskId, WireError, WorkerId};
+use protocol::{QueueName, WireError, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 pub use attempt::SavedResult;
-use attempt::{Attempt, AttemptArgs, AttemptMsg};
+use attempt::{AttemptMsg, Streams};
 pub use compat::{IncompatibleConsumer, MIN_ACK_WAIT};
 pub use counters::{WorkerCounters, WorkerCountersSnapshot};
 pub use exec::ExecHandler;
 pub use fetch::FETCH_WAIT;
 use fetch::{FetchError, Fetcher, Source};
 pub use handler::{AttemptContext, Outcome, TaskHandler};
-use running::{Input, RunningSet};
+use intake::decode_envelope;
+use running::RunningSet;
 use slots::Slots;
 use startup::Bound;
 
@@ -121,6 +126,10 @@ pub struct Worker {
     /// How long a graceful stop lets running attempts finish (minus up to 2 s kept to hand
     /// back what did not).
     pub shutdown_grace: Duration,
+    /// The root of the reply subjects control and status requests may be answered on
+    /// (default [`subjects::DEFAULT_REPLY_PREFIX`], `_INBOX`): the requesters' connections'
+    /// inbox prefix. A request aimed elsewhere is counted (`replies_refused`) and ignored.
+    pub reply_prefix: String,
 }
 
 impl Worker {
@@ -144,6 +153,7 @@ impl Worker {
             join_timeout: DEFAULT_JOIN_TIMEOUT,
             compact_after: attempt::COMPACT_AFTER,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            reply_prefix: subjects::DEFAULT_REPLY_PREFIX.to_owned(),
         }
     }
 }
@@ -207,6 +217,11 @@ pub enum WorkerMsg {
     Rejoined(Box<Bound>),
     /// The fetch loop or a subscription failed: fail so that the supervisor restarts.
     PumpFailed(String),
+    /// A finding of the start-up sweep of the journal (see `sweep`).
+    Swept(sweep::Found),
+    /// The first step of a graceful stop: fetch no more input, hand back what was fetched
+    /// and not started (nak, no delay). Running attempts go on.
+    Drain(RpcReplyPort<()>),
 }
 
 /// Mutable state of one incarnation.
@@ -214,7 +229,12 @@ pub struct WorkerState {
     journal: Arc<Mutex<Journal>>,
     /// The consumers bound now (`None` while re-joining).
     bound: Option<Bound>,
-    tasks_stream: String,
+    /// The streams attempts read a task's record from (from the last join).
+    streams: Streams,
+    /// A graceful stop began ([`WorkerMsg::Drain`]): no new input is started.
+    draining: bool,
+    /// The start-up sweep of the journal's open attempts.
+    sweep: Option<Owned>,
     fetch: Option<Owned>,
     rejoin: Option<Owned>,
     subscriptions: Vec<Owned>,
@@ -350,7 +370,9 @@ impl Actor for Worker {
         let (stop, _) = watch::channel(false);
         let mut state = WorkerState {
             journal,
-            tasks_stream: bound.tasks_stream.clone(),
+            streams: bound.streams(),
+            draining: false,
+            sweep: None,
             bound: None,
             fetch: None,
             rejoin: None,
@@ -363,6 +385,7 @@ impl Actor for Worker {
             started: Instant::now(),
         };
         self.start_fetch(&myself, &mut state, bound);
+        state.sweep = Some(self.spawn_sweep(myself.clone(), &state));
         tracing::info!(name = %self.name, worker = %self.worker_id, queue = %self.queue, "worker started");
         Ok(state)
     }
@@ -376,6 +399,7 @@ impl Actor for Worker {
         let _ = state.stop.send(true);
         state.fetch = None;
         state.rejoin = None;
+        state.sweep = None;
         state.subscriptions.clear();
         state.requests.abort_all();
         // Running attempts get the grace to finish; the rest hand their inputs back.
@@ -395,7 +419,7 @@ impl Actor for Worker {
             .filter(|a| a.get_status() < ractor::ActorStatus::Stopping)
             .collect();
         for attempt in &left {
-            let _ = attempt.cast(AttemptMsg::Abandon);
+            let _ = attempt.cast(AttemptMsg::Abandon(margin / 2));
         }
         for attempt in &left {
             if attempt.wait(Some(margin)).await.is_err() {
@@ -425,7 +449,7 @@ impl Actor for Worker {
                 let _ = port.send(self.snapshot(state));
             }
             WorkerMsg::StatusRequest(msg) => {
-                if let Some(reply) = control::checked_reply(&msg, state) {
+                if let Some(reply) = self.checked_reply(&msg, state) {
                     let body = serde_json::to_value(self.snapshot(state))?;
                     control::publish_json(&self.client, reply, &body).await;
                 }
@@ -436,14 +460,29 @@ impl Actor for Worker {
                 let _ = state.stop.send(true);
                 state.fetch = None;
                 state.bound = None;
-                state.rejoin = Some(self.spawn_rejoin(myself.clone()));
+                if !state.draining {
+                    state.rejoin = Some(self.spawn_rejoin(myself.clone()));
+                }
             }
             WorkerMsg::Rejoined(bound) => {
                 state.rejoin = None;
+                if state.draining {
+                    return Ok(());
+                }
                 tracing::info!(worker = %self.worker_id, "re-joined the queue");
                 self.start_fetch(&myself, state, *bound);
             }
             WorkerMsg::PumpFailed(reason) => return Err(WorkerError::Pump(reason).into()),
+            WorkerMsg::Swept(found) => self.on_swept(&myself, state, found).await,
+            WorkerMsg::Drain(port) => {
+                state.draining = true;
+                let _ = state.stop.send(true);
+                state.fetch = None;
+                state.rejoin = None;
+                state.sweep = None;
+                tracing::info!(worker = %self.worker_id, running = state.running.len(), "worker draining: no new input");
+                let _ = port.send(());
+            }
         }
         Ok(())
     }
@@ -505,7 +544,7 @@ impl Worker {
     fn start_fetch(&self, myself: &ActorRef<WorkerMsg>, state: &mut WorkerState, bound: Bound) {
         let (stop, stop_rx) = watch::channel(false);
         state.stop = stop;
-        state.tasks_stream = bound.tasks_stream.clone();
+        state.streams = bound.streams();
         let fetcher = Fetcher {
             me: myself.clone(),
             client: self.client.clone(),
@@ -549,169 +588,4 @@ impl Worker {
             uptime_ms: state.started.elapsed().as_millis() as u64,
         }
     }
-
-    async fn on_task(
-        &self,
-        myself: &ActorRef<WorkerMsg>,
-        state: &mut WorkerState,
-        msg: jetstream::Message,
-        source: Source,
-        permit: OwnedSemaphorePermit,
-    ) {
-        let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
-            tracing::warn!(subject = %msg.subject, "task message without JetStream info; dropped");
-            return;
-        };
-        if state.running.holds(Input::Task(seq)) {
-            // The running attempt heartbeats and acks this input itself.
-            state.counters.redelivered_while_running.bump();
-            tracing::warn!(
-                input_seq = seq,
-                "redelivery of a running attempt's input (a heartbeat came too late)"
-            );
-            return;
-        }
-        let task = match decode_input(&msg) {
-            Ok(task) => task,
-            Err((task_id, error)) => {
-                drop(permit);
-                self.refuse_input(state, msg, seq, task_id, error);
-                return;
-            }
-        };
-        if state.running.by_task(&task.task_id).is_some() {
-            state.counters.aliased.bump();
-            tracing::info!(task_id = %task.task_id, input_seq = seq, "task id already running: input acked as an alias");
-            state.requests.spawn(async move {
-                if let Err(e) = publish::ack_confirmed(&msg).await {
-                    tracing::warn!(error = %e, "cannot ack an aliased input");
-                }
-            });
-            return;
-        }
-        let ack_wait = match (source, &state.bound) {
-            (Source::Queue, Some(bound)) => bound.queue_ack_wait,
-            (Source::Targeted, Some(bound)) => bound.targeted_ack_wait,
-            (_, None) => DEFAULT_ACK_WAIT,
-        };
-        let task_id = task.task_id.clone();
-        let args = AttemptArgs::Task {
-            msg,
-            seq,
-            task,
-            slot: permit,
-        };
-        self.spawn_attempt(
-            myself,
-            state,
-            &task_id,
-            Some(Input::Task(seq)),
-            ack_wait,
-            args,
-        )
-        .await;
-    }
-
-    /// Starts an attempt linked to the worker.
-    async fn spawn_attempt(
-        &self,
-        myself: &ActorRef<WorkerMsg>,
-        state: &mut WorkerState,
-        task_id: &TaskId,
-        input: Option<Input>,
-        ack_wait: Duration,
-        args: AttemptArgs,
-    ) {
-        let attempt = Attempt {
-            name: format!("{}.attempt.{task_id}", self.name),
-            client: self.client.clone(),
-            worker_id: self.worker_id.clone(),
-            journal: state.journal.clone(),
-            handler: self.handler.clone(),
-            ack_wait,
-            tasks_stream: state.tasks_stream.clone(),
-            compact_after: self.compact_after,
-            counters: state.counters.clone(),
-            slots: state.slots.clone(),
-        };
-        let name = attempt.name.clone();
-        match Actor::spawn_linked(Some(name), attempt, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
-                state.counters.admitted.bump();
-                state.running.insert(actor, task_id.clone(), input);
-            }
-            Err(e) => {
-                state.counters.attempt_failures.bump();
-                tracing::warn!(%task_id, ?input, error = %e, "attempt did not start; its input is left for redelivery");
-            }
-        }
-    }
-
-    /// Refuses bad input: with a task id salvaged from the body, a failed result is published
-    /// and the input acked only once the stream confirmed it (else nak'd with a delay, so the
-    /// refusal is tried again); without one, the input is terminated.
-    fn refuse_input(
-        &self,
-        state: &mut WorkerState,
-        msg: jetstream::Message,
-        seq: u64,
-        task_id: Option<TaskId>,
-        error: WireError,
-    ) {
-        state.counters.bad_input.bump();
-        tracing::warn!(input_seq = seq, kind = error.kind.as_str(), detail = %error.detail, "bad task input refused");
-        let (client, worker_id) = (self.client.clone(), self.worker_id.clone());
-        state.requests.spawn(async move {
-            let Some(task_id) = task_id else {
-                let _ = msg.ack_with(AckKind::Term).await;
-                return;
-            };
-            // A stable attempt id: a redelivered bad input publishes the same refusal again.
-            let attempt_id = AttemptId::new(format!("refused-{seq}")).expect("a valid id");
-            let msg_id = result_msg_id(&task_id, &attempt_id, 1);
-            let result = failed_result(task_id.clone(), attempt_id, worker_id.clone(), error);
-            let refusal = TaskChannelBody::Result(result);
-            match publish::publish_task_channel(&client, &worker_id, &task_id, &msg_id, &refusal)
-                .await
-            {
-                Ok(_) => {
-                    if let Err(e) = publish::ack_confirmed(&msg).await {
-                        tracing::warn!(error = %e, "cannot ack refused input");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the refusal of bad input was not published; the input is nak'd for another try");
-                    let _ = msg.ack_with(AckKind::Nak(Some(REFUSAL_RETRY_DELAY))).await;
-                }
-            }
-        });
-    }
-}
-
-/// Decodes the envelope of a stored input with the one rule of every reader
-/// ([`protocol::decode_with_content_type`]).
-fn decode_envelope(
-    msg: &jetstream::Message,
-) -> Result<protocol::Envelope, protocol::EnvelopeError> {
-    let content_type = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
-        .map(|v| v.as_str());
-    protocol::decode_with_content_type(&msg.payload, content_type)
-}
-
-/// Decodes a task input; on failure returns the salvageable task id and the error.
-fn decode_input(
-    msg: &jetstream::Message,
-) -> Result<protocol::task::TaskSpec, (Option<TaskId>, WireError)> {
-    let env = decode_envelope(msg).map_err(|e| (None, WireError::from(&e)))?;
-    decode_task(&env.body).map_err(|e| {
-        let task_id = env
-            .body
-            .get("task_id")
-            .and_then(|v| v.as_str())
-            .and_then(|s| TaskId::new(s).ok());
-        (task_id, e.to_wire())
-    })
 }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use protocol::task::AttemptId;
 use protocol::TaskId;
 use ractor::{ActorId, ActorRef};
 
@@ -22,6 +23,7 @@ pub(super) enum Input {
 pub(super) struct Running {
     pub actor: ActorRef<AttemptMsg>,
     pub task_id: TaskId,
+    pub attempt_id: AttemptId,
     pub input: Option<Input>,
 }
 
@@ -37,7 +39,13 @@ pub(super) struct RunningSet {
 impl RunningSet {
     /// Adds an attempt (replacing nothing: a task id or input already running is the caller's
     /// check).
-    pub fn insert(&mut self, actor: ActorRef<AttemptMsg>, task_id: TaskId, input: Option<Input>) {
+    pub fn insert(
+        &mut self,
+        actor: ActorRef<AttemptMsg>,
+        task_id: TaskId,
+        attempt_id: AttemptId,
+        input: Option<Input>,
+    ) {
         let id = actor.get_id();
         self.by_task.insert(task_id.clone(), id);
         if let Some(input) = input {
@@ -48,6 +56,7 @@ impl RunningSet {
             Running {
                 actor,
                 task_id,
+                attempt_id,
                 input,
             },
         );
@@ -67,10 +76,10 @@ impl RunningSet {
         Some(running)
     }
 
-    /// The attempt running `task_id`.
-    pub fn by_task(&self, task_id: &TaskId) -> Option<&ActorRef<AttemptMsg>> {
+    /// The attempt running `task_id` (one per task id: its actor is named after it).
+    pub fn by_task(&self, task_id: &TaskId) -> Option<&Running> {
         let id = self.by_task.get(task_id)?;
-        self.by_actor.get(id).map(|r| &r.actor)
+        self.by_actor.get(id)
     }
 
     /// Whether an attempt holds `input`.

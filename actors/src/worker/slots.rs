@@ -56,11 +56,19 @@ impl Slots {
     ///
     /// # Errors
     /// When the slots are closed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait no longer counts as a waiting resume.
     pub async fn for_resume(&self) -> Result<OwnedSemaphorePermit, AcquireError> {
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         self.resumes_waiting.fetch_add(1, Ordering::AcqRel);
-        let permit = self.sem.clone().acquire_owned().await;
-        self.resumes_waiting.fetch_sub(1, Ordering::AcqRel);
-        permit
+        let _waiting = Waiting(&self.resumes_waiting);
+        self.sem.clone().acquire_owned().await
     }
 
     /// Slots free now.
@@ -100,5 +108,23 @@ mod tests {
         task.await.unwrap();
         assert_eq!(*order.lock().unwrap(), ["resume", "task"]);
         assert_eq!(slots.free(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resume_that_stops_waiting_no_longer_holds_tasks_back() {
+        let slots = Slots::new(1);
+        let held = slots.for_task().await.unwrap();
+        let s = slots.clone();
+        let waiting = tokio::spawn(async move { s.for_resume().await.map(drop) });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(slots.try_for_task().is_none(), "a resume waits");
+        waiting.abort();
+        let _ = waiting.await;
+        drop(held);
+        let task = tokio::time::timeout(Duration::from_secs(1), slots.for_task()).await;
+        assert!(
+            task.is_ok(),
+            "the task gets the slot once the resume stopped waiting"
+        );
     }
 }

@@ -9,6 +9,7 @@ use protocol::subjects;
 use protocol::task::{JoinReply, JoinRequest, JoinResponse};
 use ractor::ActorRef;
 
+use super::attempt::Streams;
 use super::compat;
 use super::fetch::Consumers;
 use super::{JoinError, Worker, WorkerError, WorkerMsg, JOURNAL_LOCK_RETRY};
@@ -28,6 +29,18 @@ pub struct Bound {
     pub(super) answers_ack_wait: Duration,
     /// The stream of task channels (from the join reply).
     pub(super) tasks_stream: String,
+    /// The ingress stream (from the join reply).
+    pub(super) ingress_stream: String,
+}
+
+impl Bound {
+    /// The streams attempts read a task's record from.
+    pub(super) fn streams(&self) -> Streams {
+        Streams {
+            tasks: self.tasks_stream.clone(),
+            ingress: self.ingress_stream.clone(),
+        }
+    }
 }
 
 /// First and longest pause between two re-join tries.
@@ -118,6 +131,7 @@ impl Worker {
             targeted_ack_wait,
             answers_ack_wait,
             tasks_stream: join.tasks_stream,
+            ingress_stream: join.ingress_stream,
         })
     }
 

@@ -68,11 +68,12 @@ pub const STATUS_SUBJECT: &str = "hub.admin.status";
 /// Core scatter-gather subject: every worker answers a request with its JSON snapshot (no
 /// queue group; `runtime status` collects the answers for a short window).
 pub const WORKER_STATUS_SUBJECT: &str = "hub.admin.workers";
-/// The root of every reply subject the runtime's connections use (`_INBOX.<...>`). Services
-/// answer requests only on replies under it: a reply subject is chosen by the requester and
-/// is not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox` would be
-/// stored as `<other>`'s message.
-pub const REPLY_PREFIX: &str = "_INBOX.";
+/// The default root of every reply subject the runtime's connections use (`_INBOX.<...>`;
+/// per-identity prefixes such as `_INBOX.<id>.` are under it). Services answer requests only
+/// on replies under their configured root: a reply subject is chosen by the requester and is
+/// not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox` would be stored
+/// as `<other>`'s message.
+pub const DEFAULT_REPLY_PREFIX: &str = "_INBOX";
 /// The KV bucket of task idempotency keys (see [`crate::task::idempotency`]).
 pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
 /// Prefix of the `Nats-Msg-Id` of every message the router stores.
@@ -103,6 +104,13 @@ pub fn task(key: &TaskKey) -> String {
     format!("{TASK_PREFIX}{key}")
 }
 
+/// The filter of everything any sender publishes to task channel `key` through the ingress,
+/// not routed yet: `hub.pub.*.task.<key>` (a worker reads it for a result stored in the ingress
+/// but not in the task channel yet).
+pub fn task_ingress_filter(key: &TaskKey) -> String {
+    format!("{INGRESS_PREFIX}*.{TASK_TOKEN}.{key}")
+}
+
 /// The live broadcast subject: `channel.<name>`.
 pub fn broadcast(name: &ChannelName) -> String {
     format!("{BROADCAST_PREFIX}{name}")
@@ -125,14 +133,24 @@ pub fn router_msg_id(from: &AgentId, id: &MessageId) -> String {
     format!("{ROUTER_MSG_ID_PREFIX}{from}:{id}")
 }
 
-/// Whether `reply` is a reply subject a service may answer on: under [`REPLY_PREFIX`], with
-/// at least one token after it, and a literal subject (no wildcard, whitespace or empty
-/// token).
+/// Whether `reply` is a reply subject a service may answer on: under
+/// [`DEFAULT_REPLY_PREFIX`] (see [`is_reply_subject_under`]).
 pub fn is_reply_subject(reply: &str) -> bool {
-    let Some(rest) = reply.strip_prefix(REPLY_PREFIX) else {
+    is_reply_subject_under(reply, DEFAULT_REPLY_PREFIX)
+}
+
+/// Whether `reply` is a reply subject under the root `prefix` (e.g. `_INBOX`): `<prefix>.`
+/// followed by at least one token, and a literal subject (no wildcard, whitespace or empty
+/// token).
+pub fn is_reply_subject_under(reply: &str, prefix: &str) -> bool {
+    let Some(rest) = reply
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('.'))
+    else {
         return false;
     };
-    !rest.is_empty()
+    !prefix.is_empty()
+        && !rest.is_empty()
         && rest
             .split('.')
             .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))

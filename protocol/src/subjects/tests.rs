@@ -444,3 +444,9 @@ proptest! {
         prop_assert!(validate_stream_name(&input).is_err());
     }
 }
+
+#[test]
+fn the_task_ingress_filter_matches_every_senders_publish_to_the_channel() {
+    let key = TaskKey::from_task_id(&crate::TaskId::new("t-1").unwrap());
+    assert_eq!(task_ingress_filter(&key), "hub.pub.*.task.t-1");
+}

@@ -259,4 +259,11 @@ fn only_literal_inbox_replies_are_reply_subjects() {
     ] {
         assert!(!crate::subjects::is_reply_subject(bad), "{bad}");
     }
+    // A deployment's own root.
+    assert!(crate::subjects::is_reply_subject_under(
+        "_HUB.alice.x",
+        "_HUB"
+    ));
+    assert!(!crate::subjects::is_reply_subject_under("_INBOX.x", "_HUB"));
+    assert!(!crate::subjects::is_reply_subject_under("_HUBX.x", "_HUB"));
 }

@@ -74,10 +74,18 @@ pub struct JoinReply {
     /// reads a task's record before it runs the task.
     #[serde(default = "default_tasks_stream")]
     pub tasks_stream: String,
+    /// The ingress stream (the router's `ingress.name`), where the worker looks for a result
+    /// of the task stored but not routed yet.
+    #[serde(default = "default_ingress_stream")]
+    pub ingress_stream: String,
 }
 
 fn default_tasks_stream() -> String {
     crate::subjects::TASKS_STREAM.to_owned()
+}
+
+fn default_ingress_stream() -> String {
+    crate::subjects::INGRESS_STREAM.to_owned()
 }
 
 /// A join reply or a refusal.
@@ -142,13 +150,17 @@ mod tests {
             answers_stream: "HUB_ANSWERS".into(),
             answer_consumer: "answers-w".into(),
             tasks_stream: "HUB_TASKS".into(),
+            ingress_stream: "HUB_INGRESS".into(),
         });
         let text = serde_json::to_string(&joined).unwrap();
         assert_eq!(serde_json::from_str::<JoinResponse>(&text).unwrap(), joined);
         // A router of an earlier version names no tasks stream: the default.
         let old = r#"{"work_stream":"HUB_WORK","queue_consumer":"queue-q","targeted_consumer":"worker-w","answers_stream":"HUB_ANSWERS","answer_consumer":"answers-w"}"#;
         match serde_json::from_str::<JoinResponse>(old).unwrap() {
-            JoinResponse::Joined(reply) => assert_eq!(reply.tasks_stream, "HUB_TASKS"),
+            JoinResponse::Joined(reply) => {
+                assert_eq!(reply.tasks_stream, "HUB_TASKS");
+                assert_eq!(reply.ingress_stream, "HUB_INGRESS");
+            }
             other => panic!("{other:?}"),
         }
         let refused: JoinResponse =

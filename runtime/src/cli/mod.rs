@@ -293,7 +293,8 @@ pub struct StartArgs {
     #[arg(long, env = "NATS_HUB_DELIVERY_CONFIG", value_name = "FILE")]
     pub delivery_config: Option<PathBuf>,
 
-    /// Seconds a graceful shutdown (SIGINT/SIGTERM) may take before the process exits anyway.
+    /// Seconds running work gets to finish at a graceful shutdown (SIGINT/SIGTERM); what did
+    /// not finish is handed back, and the process exits at most 3 s after this grace.
     #[arg(long, default_value_t = 10, env = "RUNTIME_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: u64,
 

@@ -32,7 +32,7 @@ use actors::supervision::{
 use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
-use protocol::AgentId;
+use protocol::{AgentId, WorkerId};
 use ractor::concurrency::JoinHandle;
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,9 @@ use crate::connect::{ConnectError, NatsSettings};
 pub(crate) const START_DEADLINE: Duration = Duration::from_secs(30);
 /// How long a local snapshot call may take.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
+/// What [`ActorSystem::shutdown`] is given beyond its grace: to hand back what did not finish,
+/// stop the other trees and flush.
+pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(3);
 
 static NEXT_SYSTEM: AtomicU64 = AtomicU64::new(1);
 
@@ -262,6 +265,8 @@ impl ActorSystemBuilder {
 /// One supervision tree started by the system.
 struct Tree {
     name: String,
+    /// The worker this tree runs, if it is a worker's.
+    worker: Option<WorkerId>,
     supervisor: SupervisorRef,
     join: JoinHandle<()>,
 }
@@ -382,11 +387,22 @@ impl ActorSystem {
 
     /// Spawns a supervision tree and remembers it for snapshots and shutdown.
     async fn spawn_tree(&self, name: String, spec: SupervisorSpec) -> Result<(), SystemError> {
+        self.spawn_tree_of(name, spec, None).await
+    }
+
+    /// Spawns a supervision tree (of `worker`, when it runs one).
+    async fn spawn_tree_of(
+        &self,
+        name: String,
+        spec: SupervisorSpec,
+        worker: Option<WorkerId>,
+    ) -> Result<(), SystemError> {
         let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
             .await
             .map_err(|e| SystemError::spawn(&name, e))?;
         self.trees.lock().await.push(Tree {
             name,
+            worker,
             supervisor,
             join,
         });
@@ -449,28 +465,59 @@ impl ActorSystem {
         })
     }
 
-    /// Stops every supervision tree (children first), then flushes the connection, within
-    /// `grace`.
+    /// Stops everything, then flushes the connection:
+    ///
+    /// 1. every worker stops taking input at once (what it fetched and did not start is
+    ///    handed back, for other workers);
+    /// 2. the workers stop together: each lets its running attempts finish within its own
+    ///    shutdown grace, then hands back the inputs of the rest;
+    /// 3. the trackers, then every other supervision tree (children first), in the reverse
+    ///    order of their start.
+    ///
+    /// `grace` bounds each stop; the whole shutdown is given `grace` plus
+    /// [`SHUTDOWN_SLACK`].
     ///
     /// # Errors
-    /// [`SystemError::Timeout`] when the grace period ran out; everything is stopped anyway.
+    /// [`SystemError::Timeout`] when that ran out; everything is stopped anyway.
     pub async fn shutdown(self, grace: Duration) -> Result<(), SystemError> {
         let work = async {
+            let trees = std::mem::take(&mut *self.trees.lock().await);
+            let (workers, others): (Vec<Tree>, Vec<Tree>) =
+                trees.into_iter().partition(|t| t.worker.is_some());
+            let drains = workers.iter().filter_map(|t| t.worker.as_ref()).map(|id| {
+                let name = self.worker_name(id);
+                async move {
+                    if let Some(cell) = ractor::registry::where_is(name) {
+                        let worker: ActorRef<actors::worker::WorkerMsg> = cell.into();
+                        let _ = ractor::call_t!(
+                            worker,
+                            actors::worker::WorkerMsg::Drain,
+                            SNAPSHOT_TIMEOUT.as_millis() as u64
+                        );
+                    }
+                }
+            });
+            futures::future::join_all(drains).await;
+            futures::future::join_all(workers.into_iter().map(|tree| async move {
+                supervision::shutdown(&tree.supervisor, grace).await;
+                let _ = tree.join.await;
+            }))
+            .await;
             if let Some((sup, join)) = self.trackers.lock().await.take() {
                 sup.stop(Some("system shutdown".into()));
                 let _ = join.await;
             }
-            let trees = std::mem::take(&mut *self.trees.lock().await);
-            for tree in trees.into_iter().rev() {
+            for tree in others.into_iter().rev() {
                 supervision::shutdown(&tree.supervisor, grace).await;
                 let _ = tree.join.await;
             }
             let _ = self.client.flush().await;
         };
-        tokio::time::timeout(grace, work)
+        let budget = grace + SHUTDOWN_SLACK;
+        tokio::time::timeout(budget, work)
             .await
             .map_err(|_| SystemError::Timeout {
-                what: format!("a graceful shutdown within {grace:?}"),
+                what: format!("a graceful shutdown within {budget:?}"),
             })
     }
 }

@@ -86,7 +86,12 @@ impl ActorSystem {
             worker,
             || (),
         ));
-        self.spawn_tree(format!("{name}-sup"), spec).await?;
+        self.spawn_tree_of(
+            format!("{name}-sup"),
+            spec,
+            Some(settings.worker_id.clone()),
+        )
+        .await?;
         let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
         while self.worker_snapshot(&settings.worker_id).await.is_none() {
             if tokio::time::Instant::now() > deadline {

@@ -36,9 +36,13 @@ pub(crate) struct Parked {
 }
 
 impl Parked {
-    /// The parked attempt of `task_id` in `journal`, when it has one.
-    pub fn find(journal: &Journal, task_id: &str) -> Option<Parked> {
-        let record = journal.parked_by_task(task_id)?;
+    /// The parked attempt `attempt_id` of `task_id` in `journal`, when there is one.
+    pub fn find(journal: &Journal, task_id: &str, attempt_id: &str) -> Option<Parked> {
+        Self::of(journal.lookup_attempt(task_id, attempt_id)?)
+    }
+
+    /// The parked attempt `record` is, when it is one (its task is kept).
+    pub fn of(record: &crate::journal::AttemptRecord) -> Option<Parked> {
         let task: TaskSpec = serde_json::from_value(record.task.clone()?).ok()?;
         Some(Parked {
             record_seq: record.input_seq,

@@ -1,8 +1,12 @@
-//! The attempt actor: one per admitted task input, per resumed waiting attempt, and per cancel
-//! of a waiting attempt; spawned linked to the worker (its supervisor). See [`Attempt`].
+//! The attempt actor: one per admitted task input, per resumed waiting attempt, and per parked
+//! attempt to settle (cancel, or republish a final result); spawned linked to the worker (its
+//! supervisor). See [`Attempt`]. `start`: how it starts; `publishing`: its publishes;
+//! `ending`: how it saves, publishes, acks and stops (or hands its input back).
 
+mod ending;
 mod journal_ops;
 mod publishing;
+mod start;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -10,10 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, AckKind};
 use protocol::task::{
-    build_result, expired_result, is_expired, is_rerun, judge_answer, on_delivery, Answer,
-    AnswerVerdict, AttemptId, AttemptView, CancelStatus, ChannelState, ControlRequest,
-    DeliveryPlan, JournalView, Outcome, QueryReply, StatusEvent, Suspend, TaskResult, TaskSpec,
-    TaskState,
+    judge_answer, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus, ChannelState,
+    ControlRequest, Outcome, QueryReply, StatusEvent, Suspend, TaskSpec, TaskState,
 };
 use protocol::{MessageId, WireError, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -37,38 +39,42 @@ pub const ACCEPTANCE_DELAY: Duration = Duration::from_millis(20);
 /// The journal is compacted (rewritten with its open attempts only) once this many attempts
 /// were forgotten since the last compaction, so that a long-running worker's log stays small.
 pub const COMPACT_AFTER: usize = 4096;
-/// How long a graceful shutdown gives a cancelled handler to end after its input was handed
-/// back (then it is dropped: an `--exec` process group is killed).
-pub const ABANDON_GRACE: Duration = Duration::from_secs(1);
-/// Delay of the nak of an input whose task channel could not be read before running it.
-pub const UNREAD_CHANNEL_RETRY: Duration = Duration::from_secs(2);
+/// Delay of the nak of an input that could not be settled here (its task channel unreadable,
+/// its result not confirmed): it comes back soon, here or on another worker.
+pub const RETRY_DELAY: Duration = Duration::from_secs(1);
 
 /// The attempt actor's configuration. The contract of a task input, in order:
 ///
-/// 1. heartbeat: `+WPI` (progress) on the input every third of its consumer's ack wait, from
-///    `pre_start` until the final ack;
-/// 2. admission in the journal, keyed by the input's sequence and task id;
+/// 1. (the worker) admission in the journal, keyed by the input's sequence and task id;
+/// 2. heartbeat: `+WPI` (progress) on the input every third of its consumer's ack wait, from
+///    `pre_start` until the ack is confirmed;
 /// 3. unless the journal saved a result: a read of the task channel, the shared record of
-///    every attempt ([`ChannelView`](protocol::task::ChannelView)); [`on_delivery`] decides:
+///    every attempt, and of the ingress for results not routed yet
+///    ([`ChannelView`](protocol::task::ChannelView)), off the actor's mailbox (queries and
+///    cancels are answered meanwhile); [`on_delivery`](protocol::task::on_delivery) decides:
 ///    republish a saved result, ack without running (a final result is stored, or another
 ///    attempt waits for an answer), re-run the same attempt flagged `rerun`, or start a fresh
 ///    one (flagged `rerun` when another attempt started it);
-/// 4. a `task_accepted` status event (seq 0) through the ingress, once the handler has run for
+/// 4. a `task_accepted` status event (seq 0), once the handler has run for
 ///    [`ACCEPTANCE_DELAY`], or together with the first state change when that comes sooner;
 /// 5. the handler runs (unless a result is saved, or `expires_at` passed: then the result is
-///    `failed`, kind `expired`);
+///    `failed`, kind `expired`; or a cancel came first: then it is `cancelled`);
 /// 6. the result is saved in the journal (fsync) *before* it is published (a too-large
 ///    result is replaced); a waiting result is parked with its task in the same fsync;
-/// 7. the result is published with stable ids and its stream ack awaited; a publish whose
-///    outcome is uncertain (no ack in time) is sent again with the same ids, not failed;
-/// 8. only then the input is acked (double ack); a final result makes the journal forget the
-///    attempt, a waiting one leaves it parked; the slot is freed and the actor stops.
+/// 7. the result is published with stable ids and its stream acks awaited; a publish that is
+///    not confirmed is sent again with the same ids (four tries within 10 s); one that never
+///    is fails the attempt *without* acking, after a nak with a short delay;
+/// 8. only then the input is acked (double ack, while still heartbeating); a final result
+///    makes the journal forget the attempt, a waiting one leaves it parked; the slot is freed
+///    and the actor stops.
 ///
 /// A **resume** has the answer as its input (heartbeated and acked the same way) and a
-/// [`Parked`] attempt: it takes a slot (before any new task), journals the answer, runs
-/// [`TaskHandler::resume`] and goes on at step 6. A duplicate answer republishes the saved
-/// result; an answer journalled by a resume that never finished re-runs the resume, flagged
-/// `rerun`. A **cancel** of a parked attempt saves and publishes a `cancelled` result.
+/// [`Parked`] attempt: it journals the answer, waits for a slot (before any new task; off the
+/// mailbox), publishes a `running` status and runs [`TaskHandler::resume`], then goes on at
+/// step 6. A duplicate answer republishes the saved result; an answer journalled by a resume
+/// that never finished re-runs the resume, flagged `rerun`. A **settle** of a parked attempt
+/// (no input) publishes its `cancelled` result, or republishes a final result saved earlier,
+/// and forgets it.
 #[derive(Clone)]
 pub(crate) struct Attempt {
     /// Actor name (`<worker name>.attempt.<task id>`), also the fault-injection key.
@@ -83,8 +89,8 @@ pub(crate) struct Attempt {
     pub handler: Arc<dyn TaskHandler>,
     /// The ack wait of the consumer the input came from (the heartbeat runs at a third).
     pub ack_wait: Duration,
-    /// The stream holding task channels.
-    pub tasks_stream: String,
+    /// The streams the task's record is read from before it runs.
+    pub streams: Streams,
     /// Compact the journal once this many attempts were forgotten ([`COMPACT_AFTER`]).
     pub compact_after: usize,
     /// Counters shared with the worker.
@@ -93,9 +99,18 @@ pub(crate) struct Attempt {
     pub slots: Arc<Slots>,
 }
 
+/// The streams an attempt reads a task's record from.
+#[derive(Debug, Clone)]
+pub(crate) struct Streams {
+    /// The task channels (the router's `tasks.name`).
+    pub tasks: String,
+    /// The ingress (results published but not routed yet).
+    pub ingress: String,
+}
+
 /// What an attempt is started with.
 pub(crate) enum AttemptArgs {
-    /// A task input of the work stream.
+    /// A task input of the work stream, admitted by the worker.
     Task {
         /// The input (acked at the end).
         msg: jetstream::Message,
@@ -103,6 +118,8 @@ pub(crate) enum AttemptArgs {
         seq: u64,
         /// The decoded task.
         task: TaskSpec,
+        /// The journal's admission of it.
+        admission: crate::journal::Admission,
         /// The slot the fetch loop took for it: released as soon as the input is acked.
         slot: OwnedSemaphorePermit,
     },
@@ -115,12 +132,22 @@ pub(crate) enum AttemptArgs {
         /// The decoded answer.
         answer: Answer,
     },
-    /// A cancel of a parked attempt (no input message).
-    CancelParked(Box<Parked>),
+    /// Settle a parked attempt (no input message): publish its `cancelled` result (`cancel`),
+    /// or republish the final result it saved.
+    Settle {
+        /// The parked attempt.
+        parked: Box<Parked>,
+        /// Cancel it (else only a final result saved earlier is republished).
+        cancel: bool,
+    },
 }
 
 /// Messages of an attempt.
 pub(crate) enum AttemptMsg {
+    /// What the task channel (and the ingress) say about the task: `None` when unreadable.
+    Planned(Option<ChannelState>),
+    /// The resume got its slot.
+    SlotReady(OwnedSemaphorePermit),
     /// The handler (or a resume) returned.
     Finished(Outcome),
     /// The handler has run for [`ACCEPTANCE_DELAY`]: send the acceptance if still due.
@@ -132,30 +159,58 @@ pub(crate) enum AttemptMsg {
     Cancel(ControlRequest, RpcReplyPort<QueryReply>),
     /// The attempt's state; an error when the request does not name this attempt.
     Query(ControlRequest, RpcReplyPort<Result<QueryReply, WireError>>),
-    /// A graceful shutdown: hand the input back (nak, no delay), cancel the handler, stop.
-    Abandon,
+    /// A graceful shutdown: cancel the handler, let it end (bounded), then hand the input back
+    /// (nak, no delay) and stop.
+    Abandon(Duration),
+}
+
+/// Where an attempt is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reading the task's record, or waiting for a slot.
+    Starting,
+    /// The handler runs.
+    Running,
+    /// A result is being saved, published or acked (or the actor is stopping).
+    Settling,
+}
+
+/// What an attempt is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A task input.
+    Task,
+    /// An answer resuming a parked attempt.
+    Resume,
+    /// Settling a parked attempt.
+    Settle,
 }
 
 /// What `post_start` does.
 enum Start {
-    Task,
+    Task { new: bool },
     Resume(Answer),
-    CancelParked,
+    Settle { cancel: bool },
 }
 
 /// Mutable state of an attempt.
 pub(crate) struct AttemptState {
-    /// The message heartbeated and acked at the end (none for a cancel of a parked attempt).
+    /// The message heartbeated and acked at the end (none when settling a parked attempt).
     input: Option<jetstream::Message>,
-    /// The journal key.
+    /// The journal key: the sequence of the task input that started the attempt (with the
+    /// task id).
     record_seq: u64,
     task: TaskSpec,
     attempt_id: AttemptId,
     rerun: bool,
     start: Option<Start>,
+    kind: Kind,
+    /// The worker's admission of this input was new (nothing journalled before).
+    fresh_admission: bool,
+    phase: Phase,
     saved: Option<SavedResult>,
-    /// The sequence of the last result published (or due) for this attempt: each result gets
-    /// the next one, so that a cancel of a waiting attempt does not reuse the waiting
+    /// The sequence of the last state change published (or due) for this attempt: each result
+    /// gets the next one, so that a cancel of a waiting attempt does not reuse the waiting
     /// result's `Nats-Msg-Id`.
     last_seq: u32,
     heartbeat: Option<Owned>,
@@ -163,11 +218,11 @@ pub(crate) struct AttemptState {
     slot: Option<OwnedSemaphorePermit>,
     /// The acceptance status while it is not sent yet (see [`ACCEPTANCE_DELAY`]).
     acceptance: Option<StatusEvent>,
-    /// The acceptance status once sent, until its ack is awaited with the result's.
+    /// A status sent on its own (the acceptance, or a resume's `running`), until its ack is
+    /// awaited with the result's.
     accepted: Option<PendingPublish>,
-    /// Whether the last state change went out in a bundle with the acceptance (a republish
-    /// then sends the same bundle, so that the ingress deduplicates it).
-    bundled_acceptance: bool,
+    /// The task's record being read, or the slot waited for (off the mailbox).
+    pending: Option<Owned>,
     run: Option<Owned>,
     /// The attempt's span, a child of the task's trace (from the input's headers).
     span: tracing::Span,
@@ -176,6 +231,12 @@ pub(crate) struct AttemptState {
     suspend: Option<Suspend>,
     answers: Vec<Answer>,
     answered: BTreeSet<MessageId>,
+}
+
+impl AttemptState {
+    fn cancel_requested(&self) -> bool {
+        *self.cancel.borrow()
+    }
 }
 
 /// Why an attempt failed.
@@ -251,17 +312,40 @@ impl Actor for Attempt {
                 msg,
                 seq,
                 task,
+                admission,
                 slot,
-            } => (
-                Some(msg),
-                seq,
-                task,
-                fresh_attempt_id(),
-                Some(slot),
-                Start::Task,
-                None,
-                Vec::new(),
-            ),
+            } => {
+                let (answers, saved) = {
+                    let journal = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+                    let record = journal.lookup(seq, task.task_id.as_str());
+                    (
+                        record
+                            .map(|r| {
+                                r.answers
+                                    .iter()
+                                    .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        admission
+                            .result
+                            .as_ref()
+                            .and_then(|v| serde_json::from_value(v.clone()).ok()),
+                    )
+                };
+                let attempt_id =
+                    AttemptId::new(&admission.attempt_id).unwrap_or_else(|_| fresh_attempt_id());
+                (
+                    Some(msg),
+                    seq,
+                    task,
+                    attempt_id,
+                    Some(slot),
+                    Start::Task { new: admission.new },
+                    saved,
+                    answers,
+                )
+            }
             AttemptArgs::Resume {
                 msg,
                 parked,
@@ -276,18 +360,18 @@ impl Actor for Attempt {
                 parked.saved,
                 parked.answers,
             ),
-            AttemptArgs::CancelParked(parked) => (
+            AttemptArgs::Settle { parked, cancel } => (
                 None,
                 parked.record_seq,
                 parked.task,
                 parked.attempt_id,
                 None,
-                Start::CancelParked,
+                Start::Settle { cancel },
                 parked.saved,
                 parked.answers,
             ),
         };
-        // (1) heartbeat from admission on.
+        // (2) heartbeat from admission on.
         let heartbeat = input.clone().map(|msg| {
             let counters = self.counters.clone();
             let period = (self.ack_wait / 3).max(Duration::from_millis(50));
@@ -307,7 +391,14 @@ impl Actor for Attempt {
         let state = saved
             .as_ref()
             .map_or(TaskState::Running, |s| s.result.state);
+        let kind = match start {
+            Start::Task { .. } => Kind::Task,
+            Start::Resume(_) => Kind::Resume,
+            Start::Settle { .. } => Kind::Settle,
+        };
         Ok(AttemptState {
+            kind,
+            fresh_admission: false,
             span: tracing::Span::none(),
             input,
             record_seq,
@@ -315,6 +406,7 @@ impl Actor for Attempt {
             rerun: false,
             attempt_id,
             start: Some(start),
+            phase: Phase::Starting,
             last_seq: saved
                 .as_ref()
                 .map_or_else(|| seq_before_result(answers.len()), |s| s.seq),
@@ -324,7 +416,7 @@ impl Actor for Attempt {
             slot,
             acceptance: None,
             accepted: None,
-            bundled_acceptance: false,
+            pending: None,
             run: None,
             cancel,
             state,
@@ -338,19 +430,11 @@ impl Actor for Attempt {
         myself: ActorRef<AttemptMsg>,
         state: &mut AttemptState,
     ) -> Result<(), ActorProcessingErr> {
+        self.set_span(state);
         match state.start.take() {
-            Some(Start::Task) => self.start_task(&myself, state).await?,
+            Some(Start::Task { new }) => self.start_task(&myself, state, new).await?,
             Some(Start::Resume(answer)) => self.start_resume(&myself, state, answer).await?,
-            Some(Start::CancelParked) => {
-                self.set_span(state);
-                let result = build_result(
-                    &state.task,
-                    &state.attempt_id,
-                    &self.worker_id,
-                    Outcome::Cancelled,
-                );
-                self.save_and_publish(&myself, state, result).await?;
-            }
+            Some(Start::Settle { cancel }) => self.settle_parked(&myself, state, cancel).await?,
             None => {}
         }
         Ok(())
@@ -363,6 +447,7 @@ impl Actor for Attempt {
     ) -> Result<(), ActorProcessingErr> {
         state.heartbeat = None;
         let _ = state.cancel.send(true);
+        state.pending = None;
         state.run = None;
         Ok(())
     }
@@ -374,18 +459,36 @@ impl Actor for Attempt {
         state: &mut AttemptState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            AttemptMsg::Planned(channel) => {
+                state.pending = None;
+                if state.phase == Phase::Starting {
+                    self.on_planned(&myself, state, channel).await?;
+                }
+            }
+            AttemptMsg::SlotReady(slot) => {
+                state.pending = None;
+                state.slot = Some(slot);
+                if state.phase == Phase::Starting {
+                    if state.cancel_requested() {
+                        self.finish(&myself, state, Outcome::Cancelled).await?;
+                    } else {
+                        self.begin_run(&myself, state).await?;
+                    }
+                }
+            }
             AttemptMsg::Finished(outcome) => {
                 state.run = None;
-                // A cancel that raced with a normal finish: the handler's outcome stands.
-                let result = build_result(&state.task, &state.attempt_id, &self.worker_id, outcome);
-                self.save_and_publish(&myself, state, result).await?;
+                state.pending = None;
+                if state.phase != Phase::Settling {
+                    self.finish(&myself, state, outcome).await?;
+                }
             }
             AttemptMsg::Judge(answer, reply) => {
                 let _ = reply.send(judge_answer(Some(&self.view(state)), &answer));
             }
             AttemptMsg::SendAcceptance => {
                 if let Some(event) = state.acceptance.take() {
-                    state.accepted = Some(self.send_acceptance(state, event).await?);
+                    state.accepted = Some(self.send_status(state, event).await?);
                 }
             }
             AttemptMsg::Cancel(request, reply) => {
@@ -393,8 +496,14 @@ impl Actor for Attempt {
                 let status = protocol::task::cancel_status(state.state, ids_match);
                 if status == CancelStatus::Requested {
                     let _ = state.cancel.send(true);
-                    if state.run.is_none() {
-                        // Nothing runs to notice the flag (waiting, about to park).
+                    let nothing_runs = match state.phase {
+                        // Waiting, about to park.
+                        Phase::Running => state.run.is_none(),
+                        // A resume waiting for its slot: cancelled without running.
+                        Phase::Starting => state.kind == Kind::Resume,
+                        Phase::Settling => false,
+                    };
+                    if nothing_runs {
                         let _ = myself.cast(AttemptMsg::Finished(Outcome::Cancelled));
                     }
                 }
@@ -420,21 +529,7 @@ impl Actor for Attempt {
                 };
                 let _ = reply.send(answer);
             }
-            AttemptMsg::Abandon => {
-                state.heartbeat = None;
-                if let Some(input) = state.input.take() {
-                    // Another worker takes it at once (not after the ack wait).
-                    if let Err(e) = input.ack_with(AckKind::Nak(None)).await {
-                        tracing::warn!(error = %e, "cannot hand the input back; it is redelivered after the ack wait");
-                    }
-                    self.counters.handed_back.bump();
-                }
-                let _ = state.cancel.send(true);
-                if let Some(run) = state.run.take() {
-                    run.join_within(ABANDON_GRACE).await;
-                }
-                myself.stop(Some("handed back at shutdown".into()));
-            }
+            AttemptMsg::Abandon(grace) => self.abandon(&myself, state, grace).await,
         }
         Ok(())
     }
@@ -443,12 +538,16 @@ impl Actor for Attempt {
 impl Attempt {
     /// The acceptance status event of this attempt (seq 0; its id is stable).
     fn acceptance_event(&self, state: &AttemptState) -> StatusEvent {
+        self.status_event(state, 0, TaskState::Running)
+    }
+
+    fn status_event(&self, state: &AttemptState, seq: u32, to: TaskState) -> StatusEvent {
         StatusEvent::new(
             state.task.task_id.clone(),
             state.attempt_id.clone(),
             self.worker_id.clone(),
-            0,
-            TaskState::Running,
+            seq,
+            to,
             now_ms(),
         )
     }
@@ -495,186 +594,6 @@ impl Attempt {
         state.span = span;
     }
 
-    /// (2)–(5) for a task input: admission, the task channel, the plan.
-    async fn start_task(
-        &self,
-        myself: &ActorRef<AttemptMsg>,
-        state: &mut AttemptState,
-    ) -> Result<(), AttemptError> {
-        let seq = state.record_seq;
-        let fresh = state.attempt_id.clone();
-        let task_id = state.task.task_id.to_string();
-        // Appended without a trip to the blocking pool: an admission is not fsync'd on its own
-        // (the result's fsync covers it; see the journal's module docs).
-        let (admission, journalled_answers) = journal_ops::lazy(&self.journal, move |j| {
-            let admission = j.admit(seq, &task_id, fresh.as_str())?;
-            let answers = j.lookup(seq).map(|r| r.answers.clone()).unwrap_or_default();
-            Ok((admission, answers))
-        })?;
-        let saved: Option<SavedResult> = admission
-            .result
-            .as_ref()
-            .and_then(|v| serde_json::from_value(v.clone()).ok());
-        state.attempt_id =
-            AttemptId::new(&admission.attempt_id).unwrap_or(state.attempt_id.clone());
-        let admitted = (!admission.new).then(|| state.attempt_id.clone());
-        if !admission.new {
-            self.counters.redelivered.bump();
-        }
-        // The task channel is the record every attempt writes to: read it before running.
-        let channel = if saved.is_some() {
-            ChannelState::Untouched
-        } else {
-            match self.read_channel(state, admitted.as_ref()).await {
-                Some(channel) => channel,
-                None => {
-                    // Cannot tell whether the task ran elsewhere: neither run it nor drop it.
-                    self.counters.fetch_errors.bump();
-                    state.heartbeat = None;
-                    if let Some(input) = state.input.take() {
-                        let _ = input
-                            .ack_with(AckKind::Nak(Some(UNREAD_CHANNEL_RETRY)))
-                            .await;
-                    }
-                    myself.stop(Some("task channel unreadable".into()));
-                    return Ok(());
-                }
-            }
-        };
-        let plan = on_delivery(JournalView {
-            admitted: admitted.clone(),
-            saved_result: saved.is_some(),
-            expired: is_expired(state.task.expires_at, now_ms()),
-            channel,
-        });
-        let answers: Vec<Answer> = journalled_answers
-            .iter()
-            .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
-            .collect();
-        state.answered = answers.iter().map(|a| a.message_id.clone()).collect();
-        self.set_span(state);
-        let delivered = state
-            .input
-            .as_ref()
-            .and_then(|m| m.info().ok())
-            .map(|i| u64::try_from(i.delivered).unwrap_or(1))
-            .unwrap_or(1);
-        state.rerun = is_rerun(
-            admission.is_rerun(),
-            delivered,
-            channel == ChannelState::StartedElsewhere,
-        );
-        state.last_seq = saved
-            .as_ref()
-            .map_or_else(|| seq_before_result(answers.len()), |s| s.seq);
-        state.saved = saved;
-        state.answers = answers;
-        state.acceptance = Some(self.acceptance_event(state));
-        match plan {
-            DeliveryPlan::RepublishSaved => {
-                let saved = state.saved.clone().expect("plan says a result is saved");
-                self.publish_saved(myself, state, saved).await?;
-            }
-            DeliveryPlan::Settled(why) => {
-                tracing::info!(task_id = %state.task.task_id, ?why, "task settled by another attempt: acked without running");
-                self.counters.settled.bump();
-                state.acceptance = None;
-                self.ack_and_stop(myself, state, true).await?;
-            }
-            DeliveryPlan::RerunSameAttempt { .. } | DeliveryPlan::FreshAttempt => {
-                self.spawn_run(myself, state);
-            }
-            DeliveryPlan::Expire => {
-                // Saved and published like any result; the handler never sees the task.
-                self.counters.expired.bump();
-                let result = expired_result(
-                    state.task.task_id.clone(),
-                    state.attempt_id.clone(),
-                    self.worker_id.clone(),
-                    state.task.expires_at.unwrap_or_default(),
-                );
-                self.save_and_publish(myself, state, result).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The channel's state for this attempt, read a few times if the read fails; `None` when
-    /// it cannot be read.
-    async fn read_channel(
-        &self,
-        state: &AttemptState,
-        mine: Option<&AttemptId>,
-    ) -> Option<ChannelState> {
-        let js = jetstream::new(self.client.clone());
-        for pause in [200, 400, 800] {
-            match crate::task_channel::view(&js, &self.tasks_stream, &state.task.task_id).await {
-                Ok(view) => return Some(view.state_for(mine)),
-                Err(e) => {
-                    tracing::warn!(task_id = %state.task.task_id, error = %e, "cannot read the task channel before running the task");
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
-                }
-            }
-        }
-        None
-    }
-
-    /// A resume: a slot first, then the answer journalled, then the handler.
-    async fn start_resume(
-        &self,
-        myself: &ActorRef<AttemptMsg>,
-        state: &mut AttemptState,
-        answer: Answer,
-    ) -> Result<(), AttemptError> {
-        self.set_span(state);
-        self.counters.admitted.bump();
-        let payload = serde_json::to_value(&answer).unwrap_or_default();
-        let (record_seq, id) = (state.record_seq, answer.message_id.to_string());
-        let fresh = journal_ops::durable(&self.journal, move |j| {
-            j.record_answer(record_seq, &id, &payload)
-        })
-        .await?;
-        if !fresh {
-            if let Some(saved) = state.saved.clone() {
-                // A duplicate: the saved result goes out again (same ids: deduplicated).
-                self.counters.answers.bump();
-                self.send_state_change(state, &saved, None, None).await?;
-                return self.ack_and_stop(myself, state, false).await;
-            }
-            // Journalled by a resume that never finished (this worker crashed): resume again.
-            state.rerun = true;
-        } else {
-            state.answers.push(answer.clone());
-            state.answered.insert(answer.message_id.clone());
-            self.counters.answers.bump();
-        }
-        self.counters.resumed.bump();
-        // A resume runs a handler: it takes a slot, before any new task does.
-        match self.slots.for_resume().await {
-            Ok(slot) => state.slot = Some(slot),
-            Err(_) => {
-                myself.stop(Some("worker stopping".into()));
-                return Ok(());
-            }
-        }
-        // The resume is a state change of its own (`running`): readers of the task channel see
-        // the question answered at once. Its ack is awaited with the result's.
-        state.last_seq = seq_before_result(state.answers.len()).saturating_add(1);
-        let resumed = StatusEvent::new(
-            state.task.task_id.clone(),
-            state.attempt_id.clone(),
-            self.worker_id.clone(),
-            state.last_seq,
-            TaskState::Running,
-            now_ms(),
-        );
-        state.accepted = Some(self.send_acceptance(state, resumed).await?);
-        state.saved = None;
-        state.suspend = None;
-        self.spawn_run(myself, state);
-        Ok(())
-    }
-
     /// (5) runs the handler (or resumes it with the answers so far); the outcome comes back
     /// as [`AttemptMsg::Finished`].
     fn spawn_run(&self, myself: &ActorRef<AttemptMsg>, state: &mut AttemptState) {
@@ -684,6 +603,7 @@ impl Attempt {
         let answers = state.answers.clone();
         let me = myself.clone();
         state.state = TaskState::Running;
+        state.phase = Phase::Running;
         state.run = Some(Owned::spawn(async move {
             let run = async {
                 if answers.is_empty() {
@@ -708,102 +628,5 @@ impl Attempt {
             };
             let _ = me.cast(AttemptMsg::Finished(outcome));
         }));
-    }
-
-    /// (6) saves `result` under the next state-change sequence (fsync; a waiting one parked
-    /// with its task in the same fsync) *before* publishing it, then (7) and (8).
-    async fn save_and_publish(
-        &self,
-        myself: &ActorRef<AttemptMsg>,
-        state: &mut AttemptState,
-        result: TaskResult,
-    ) -> Result<(), AttemptError> {
-        let seq = state.last_seq.saturating_add(1);
-        let waiting = result.state == TaskState::Waiting;
-        let saved = SavedResult { seq, result };
-        let value = serde_json::to_value(&saved).unwrap_or_default();
-        let task = waiting.then(|| serde_json::to_value(&state.task).unwrap_or_default());
-        let record_seq = state.record_seq;
-        journal_ops::durable(&self.journal, move |j| {
-            j.save_result(record_seq, &value)?;
-            match task {
-                Some(task) => j.park(record_seq, &task),
-                None => Ok(()),
-            }
-        })
-        .await?;
-        fault::check(&self.name, FaultPoint::Handle)?;
-        self.publish_saved(myself, state, saved).await
-    }
-
-    /// (7)+(8): publishes a saved result, then acks the input, forgets a final attempt (a
-    /// waiting one stays parked) and stops. A publish not confirmed after its retries fails
-    /// the actor *without* acking: the input is redelivered and the saved result republished.
-    async fn publish_saved(
-        &self,
-        myself: &ActorRef<AttemptMsg>,
-        state: &mut AttemptState,
-        saved: SavedResult,
-    ) -> Result<(), AttemptError> {
-        let (acceptance, accepted) = (state.acceptance.take(), state.accepted.take());
-        state.bundled_acceptance = acceptance.is_some();
-        if let Err(e) = self
-            .send_state_change(state, &saved, acceptance, accepted)
-            .await
-        {
-            state.heartbeat = None;
-            return Err(e);
-        }
-        // Crash tests: the result is stored, its input not acked yet.
-        fault::check(&self.name, FaultPoint::ResultConfirmed)?;
-        state.state = saved.result.state;
-        state.suspend = saved.result.suspend.clone();
-        let final_state = saved.result.state.is_final();
-        state.last_seq = state.last_seq.max(saved.seq);
-        state.saved = Some(saved);
-        if final_state {
-            match state.state {
-                TaskState::Completed => &self.counters.completed,
-                TaskState::Cancelled => &self.counters.cancelled,
-                _ => &self.counters.failed,
-            }
-            .bump();
-        } else {
-            // A hint (no fsync of its own): lost, it only republishes a deduplicated result.
-            let record_seq = state.record_seq;
-            journal_ops::lazy(&self.journal, |j| j.mark_published(record_seq))?;
-        }
-        self.ack_and_stop(myself, state, final_state).await
-    }
-
-    /// Acks the input (a waiting result completes its delivery too), frees the slot, forgets
-    /// the attempt when `forget`, and stops.
-    async fn ack_and_stop(
-        &self,
-        myself: &ActorRef<AttemptMsg>,
-        state: &mut AttemptState,
-        forget: bool,
-    ) -> Result<(), AttemptError> {
-        state.heartbeat = None;
-        if let Some(input) = &state.input {
-            super::publish::ack_confirmed(input)
-                .await
-                .map_err(|source| AttemptError::Unconfirmed {
-                    what: "input ack".into(),
-                    source,
-                })?;
-        }
-        // Acked: the slot is free for the next task while this actor winds down.
-        state.slot = None;
-        if forget {
-            let record_seq = state.record_seq;
-            journal_ops::lazy(&self.journal, |j| j.forget(record_seq).map(|_| ()))?;
-            let counters = self.counters.clone();
-            journal_ops::compact_when_due(&self.journal, self.compact_after, move || {
-                counters.compactions.bump()
-            });
-        }
-        myself.stop(Some("finished".into()));
-        Ok(())
     }
 }

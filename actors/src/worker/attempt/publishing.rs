@@ -9,8 +9,10 @@ use protocol::task::{bundle_msg_id, result_msg_id, status_msg_id, StatusEvent, T
 use super::{now_ms, Attempt, AttemptError, AttemptState, SavedResult};
 use crate::worker::publish::{start_publish, start_publish_bundle, PendingPublish, PublishError};
 
-/// How many times a state change is sent while its outcome stays uncertain.
+/// How many times a state change is sent while it is not confirmed.
 const PUBLISH_TRIES: u32 = 4;
+/// The pause before a try after an error (times the tries so far).
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// How long one try waits for its stream acks: a quarter of the publish-ack budget, so that all
 /// tries together take at most [`PUBLISH_ACK_TIMEOUT`](crate::PUBLISH_ACK_TIMEOUT).
@@ -19,8 +21,9 @@ fn try_timeout() -> Duration {
 }
 
 impl Attempt {
-    /// Sends the acceptance status on its own (its ack is awaited with the next state change).
-    pub(super) async fn send_acceptance(
+    /// Sends a status event on its own (the acceptance, or a resume's `running`; its ack is
+    /// awaited with the next state change's).
+    pub(super) async fn send_status(
         &self,
         state: &AttemptState,
         event: StatusEvent,
@@ -41,10 +44,11 @@ impl Attempt {
     /// Sends the status event of the state change of `saved` and `saved` itself (one bundle,
     /// with the acceptance first when `acceptance` is still due; or one message per item for
     /// a result too large to share an envelope), and awaits their stream acks together with
-    /// `accepted`'s (the acceptance sent while the handler ran). The ids are stable, so
-    /// sending the same state change again is deduplicated: a try whose acks do not come in
-    /// time is sent again, up to [`PUBLISH_TRIES`] times (an uncertain outcome is not a
-    /// failure; a stream that refuses is).
+    /// `accepted`'s (a status sent while the handler ran). The ids are stable, so sending the
+    /// same state change again is deduplicated: a try that is not confirmed — no ack in time
+    /// (an uncertain outcome is not a failure), or an error that may pass (no responders
+    /// during a leader election, a broken connection) — is sent again after a short pause, up
+    /// to [`PUBLISH_TRIES`] times.
     pub(super) async fn send_state_change(
         &self,
         state: &AttemptState,
@@ -68,6 +72,16 @@ impl Attempt {
                     // The acceptance goes in the bundle now (its own publish may be lost too).
                     acceptance = acceptance
                         .or_else(|| (saved.seq >= 1).then(|| self.acceptance_event(state)));
+                }
+                Err(e @ (PublishError::Send { .. } | PublishError::Refused { .. }))
+                    if tries < PUBLISH_TRIES =>
+                {
+                    // No responders during a leader election, a broken connection: it may pass.
+                    self.counters.publish_retries.bump();
+                    tracing::warn!(task_id = %state.task.task_id, error = %e, "state change not sent; sending it again shortly");
+                    acceptance = acceptance
+                        .or_else(|| (saved.seq >= 1).then(|| self.acceptance_event(state)));
+                    tokio::time::sleep(RETRY_PAUSE * tries).await;
                 }
                 Err(e) => return Err(unconfirmed("state change", e)),
             }

@@ -70,7 +70,7 @@ async fn a_reused_sequence_for_another_task_runs_as_a_new_attempt_with_its_own_r
             ),
         };
         journal
-            .save_result(1, &serde_json::to_value(&saved).unwrap())
+            .save_result(1, "t-old", &serde_json::to_value(&saved).unwrap())
             .unwrap();
     }
     let handler = TestHandler::new(Duration::ZERO);

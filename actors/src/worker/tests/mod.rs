@@ -8,6 +8,7 @@
 mod answers;
 mod basics;
 mod faults;
+mod parked;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -375,6 +376,17 @@ impl Results {
         let env = protocol::decode(&msg.payload, protocol::Codec::Json).unwrap();
         let id = env.meta.id.to_string();
         Some((serde_json::from_value(env.body).unwrap(), id))
+    }
+
+    /// The next task channel body, with its envelope's sender (`meta.from`).
+    pub async fn next_from(&mut self, within: Duration) -> Option<(TaskChannelBody, String)> {
+        let msg = tokio::time::timeout(within, self.0.next())
+            .await
+            .ok()??
+            .unwrap();
+        let env = protocol::decode(&msg.payload, protocol::Codec::Json).unwrap();
+        let from = env.meta.from.map(|f| f.to_string()).unwrap_or_default();
+        Some((serde_json::from_value(env.body).unwrap(), from))
     }
 
     /// The next task channel body as raw JSON (bodies this version may not know included).

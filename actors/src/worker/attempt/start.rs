@@ -1,0 +1,267 @@
+//! How an attempt starts. A task input republishes a saved result, or reads its task's record
+//! (task channel, then ingress) off the mailbox and acts on the plan; a resume journals its
+//! answer and waits for a slot off the mailbox; a settle publishes a parked attempt's final
+//! result.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use protocol::task::{
+    expired_result, is_expired, is_rerun, on_delivery, Answer, AttemptId, ChannelState,
+    DeliveryPlan, JournalView, Outcome, TaskState,
+};
+use ractor::ActorRef;
+
+use super::{
+    journal_ops, now_ms, seq_before_result, Attempt, AttemptError, AttemptMsg, AttemptState, Phase,
+    Streams, RETRY_DELAY,
+};
+use crate::background::Owned;
+
+/// How many times a parked attempt's settle publish is tried (it has no input to come back
+/// with: a worker restart tries again, see the worker's start-up sweep).
+const SETTLE_TRIES: u32 = 5;
+
+impl Attempt {
+    /// (3) for a task input: a saved result is republished; otherwise the task's record is
+    /// read off the mailbox, and [`AttemptMsg::Planned`] brings the plan.
+    pub(super) async fn start_task(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        new: bool,
+    ) -> Result<(), AttemptError> {
+        state.fresh_admission = new;
+        if !new {
+            self.counters.redelivered.bump();
+        }
+        if let Some(saved) = state.saved.clone() {
+            return self.publish_saved(myself, state, saved).await;
+        }
+        let js = jetstream::new(self.client.clone());
+        let streams = self.streams.clone();
+        let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
+        let me = myself.clone();
+        state.pending = Some(Owned::spawn(async move {
+            let channel = read_record(&js, &streams, &task_id, &mine).await;
+            let _ = me.cast(AttemptMsg::Planned(channel));
+        }));
+        Ok(())
+    }
+
+    /// The task's record has been read: run it, settle it, expire it, or leave it (unread).
+    pub(super) async fn on_planned(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        channel: Option<ChannelState>,
+    ) -> Result<(), AttemptError> {
+        let Some(channel) = channel else {
+            // Cannot tell whether the task ran elsewhere: neither run it nor drop it.
+            self.counters.fetch_errors.bump();
+            state.phase = Phase::Settling;
+            state.heartbeat = None;
+            if state.fresh_admission {
+                self.forget_unless_parked(state);
+            }
+            if let Some(input) = state.input.take() {
+                let _ = input.ack_with(AckKind::Nak(Some(RETRY_DELAY * 2))).await;
+            }
+            myself.stop(Some("task channel unreadable".into()));
+            return Ok(());
+        };
+        if state.cancel_requested() {
+            return self.finish(myself, state, Outcome::Cancelled).await;
+        }
+        let admitted = (!state.fresh_admission).then(|| state.attempt_id.clone());
+        let plan = on_delivery(JournalView {
+            admitted: admitted.clone(),
+            saved_result: false,
+            expired: is_expired(state.task.expires_at, now_ms()),
+            channel,
+        });
+        let delivered = state
+            .input
+            .as_ref()
+            .and_then(|m| m.info().ok())
+            .map(|i| u64::try_from(i.delivered).unwrap_or(1))
+            .unwrap_or(1);
+        state.rerun = is_rerun(
+            admitted.is_some(),
+            delivered,
+            channel == ChannelState::StartedElsewhere,
+        );
+        match plan {
+            DeliveryPlan::Settled(why) => {
+                tracing::info!(task_id = %state.task.task_id, ?why, "task settled by another attempt: acked without running");
+                self.counters.settled.bump();
+                self.ack_and_stop(myself, state, true).await
+            }
+            DeliveryPlan::RerunSameAttempt { .. } | DeliveryPlan::FreshAttempt => {
+                state.acceptance = Some(self.acceptance_event(state));
+                self.begin_run(myself, state).await
+            }
+            DeliveryPlan::Expire => {
+                // Saved and published like any result; the handler never sees the task.
+                self.counters.expired.bump();
+                state.acceptance = Some(self.acceptance_event(state));
+                let result = expired_result(
+                    state.task.task_id.clone(),
+                    state.attempt_id.clone(),
+                    self.worker_id.clone(),
+                    state.task.expires_at.unwrap_or_default(),
+                );
+                self.save_and_publish(myself, state, result).await
+            }
+            DeliveryPlan::RepublishSaved => {
+                // Not planned here: a saved result is republished before any read.
+                myself.stop(Some("nothing to do".into()));
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts the handler. A run with answers (a resume, or one interrupted and run again) is
+    /// a state change of its own: its `running` status goes out first (its ack is awaited
+    /// with the result's), under the sequence numbering of [`seq_before_result`].
+    pub(super) async fn begin_run(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+    ) -> Result<(), AttemptError> {
+        if !state.answers.is_empty() {
+            let seq = seq_before_result(state.answers.len()).saturating_add(1);
+            state.last_seq = seq;
+            state.acceptance = None;
+            let resumed = self.status_event(state, seq, TaskState::Running);
+            state.accepted = Some(self.send_status(state, resumed).await?);
+        }
+        self.spawn_run(myself, state);
+        Ok(())
+    }
+
+    /// A resume: the answer journalled, then a slot (off the mailbox: [`AttemptMsg::SlotReady`]
+    /// starts the handler). A duplicate answer republishes the saved result instead.
+    pub(super) async fn start_resume(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        answer: Answer,
+    ) -> Result<(), AttemptError> {
+        let payload = serde_json::to_value(&answer).unwrap_or_default();
+        let (record_seq, task_id, id) = (
+            state.record_seq,
+            state.task.task_id.to_string(),
+            answer.message_id.to_string(),
+        );
+        let fresh = journal_ops::durable(&self.journal, move |j| {
+            j.record_answer(record_seq, &task_id, &id, &payload)
+        })
+        .await?;
+        self.counters.answers.bump();
+        if !fresh {
+            if let Some(saved) = state.saved.clone() {
+                // A duplicate: the saved result goes out again (same ids: deduplicated). A
+                // final one (its first ack was lost) closes the record now.
+                state.phase = Phase::Settling;
+                self.send_state_change(state, &saved, None, None).await?;
+                let final_state = saved.result.state.is_final();
+                if !final_state {
+                    let (record_seq, task_id) = (state.record_seq, state.task.task_id.to_string());
+                    journal_ops::lazy(&self.journal, |j| j.mark_published(record_seq, &task_id))?;
+                }
+                return self.ack_and_stop(myself, state, final_state).await;
+            }
+            // Journalled by a resume that never finished (this worker crashed): resume again.
+            state.rerun = true;
+        } else {
+            state.answered.insert(answer.message_id.clone());
+            state.answers.push(answer);
+        }
+        self.counters.resumed.bump();
+        state.saved = None;
+        state.suspend = None;
+        state.state = TaskState::Running;
+        let (slots, me) = (self.slots.clone(), myself.clone());
+        state.pending = Some(Owned::spawn(async move {
+            if let Ok(slot) = slots.for_resume().await {
+                let _ = me.cast(AttemptMsg::SlotReady(slot));
+            }
+        }));
+        Ok(())
+    }
+
+    /// Settles a parked attempt (no input): republishes a final result it saved earlier, or
+    /// publishes its `cancelled` result, and forgets it. The publish is tried a few times with
+    /// backoff: no input brings it back otherwise (the next start-up's sweep does).
+    pub(super) async fn settle_parked(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        cancel: bool,
+    ) -> Result<(), AttemptError> {
+        let mut pause = Duration::from_millis(500);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // A try that saved the cancelled result and failed to publish it is tried again
+            // with the same state-change sequence, so the same ids.
+            let saved_final = state.saved.clone().filter(|s| s.result.state.is_final());
+            let settled = match saved_final {
+                Some(saved) => self.publish_saved(myself, state, saved).await,
+                None if cancel => self.finish(myself, state, Outcome::Cancelled).await,
+                None => {
+                    myself.stop(Some("nothing to settle".into()));
+                    return Ok(());
+                }
+            };
+            match settled {
+                Ok(()) => return Ok(()),
+                Err(e) if tries < SETTLE_TRIES => {
+                    tracing::warn!(task_id = %state.task.task_id, error = %e, "settling a parked attempt failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// What the task's record says for a delivery to attempt `mine`: the task channel, and — when
+/// it shows no final result nor another attempt's question — the task channel messages still
+/// in the ingress (a result stored but not routed yet). Read a few times when a read fails;
+/// `None` when it cannot be read.
+async fn read_record(
+    js: &jetstream::Context,
+    streams: &Streams,
+    task_id: &protocol::TaskId,
+    mine: &AttemptId,
+) -> Option<ChannelState> {
+    for pause in [200, 400, 800] {
+        match crate::task_channel::view(js, &streams.tasks, task_id).await {
+            Ok(mut view) => {
+                let state = view.state_for(Some(mine));
+                if matches!(state, ChannelState::Finished | ChannelState::Parked) {
+                    return Some(state);
+                }
+                match crate::task_channel::unrouted(js, &streams.ingress, task_id).await {
+                    Ok(bodies) => {
+                        for body in &bodies {
+                            view.observe(body);
+                        }
+                        return Some(view.state_for(Some(mine)));
+                    }
+                    Err(e) => {
+                        tracing::warn!(%task_id, error = %e, "cannot read the ingress for the task's unrouted results")
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(%task_id, error = %e, "cannot read the task channel before running the task")
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    None
+}

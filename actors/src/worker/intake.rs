@@ -1,0 +1,216 @@
+//! How a worker takes a task input: the redelivery and alias checks, the admission in the
+//! journal, the attempt it starts, and the refusal of bad input.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use protocol::task::{decode_task, failed_result, result_msg_id, AttemptId, TaskChannelBody};
+use protocol::{TaskId, WireError};
+use ractor::{Actor, ActorRef};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::attempt::{fresh_attempt_id, Attempt, AttemptArgs, RETRY_DELAY};
+use super::fetch::Source;
+use super::publish;
+use super::running::Input;
+use super::{Worker, WorkerMsg, WorkerState, DEFAULT_ACK_WAIT, REFUSAL_RETRY_DELAY};
+
+impl Worker {
+    pub(super) async fn on_task(
+        &self,
+        myself: &ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+        msg: jetstream::Message,
+        source: Source,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
+            tracing::warn!(subject = %msg.subject, "task message without JetStream info; dropped");
+            return;
+        };
+        if state.running.holds(Input::Task(seq)) {
+            // The running attempt heartbeats and acks this input itself.
+            state.counters.redelivered_while_running.bump();
+            tracing::warn!(
+                input_seq = seq,
+                "redelivery of a running attempt's input (a heartbeat came too late)"
+            );
+            return;
+        }
+        if state.draining {
+            // Fetched before the drain: handed back at once, for another worker.
+            drop(permit);
+            state.requests.spawn(async move {
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+            });
+            return;
+        }
+        let task = match decode_input(&msg) {
+            Ok(task) => task,
+            Err((task_id, error)) => {
+                drop(permit);
+                self.refuse_input(state, msg, seq, task_id, error);
+                return;
+            }
+        };
+        if state.running.by_task(&task.task_id).is_some() {
+            state.counters.aliased.bump();
+            tracing::info!(task_id = %task.task_id, input_seq = seq, "task id already running: input acked as an alias");
+            state.requests.spawn(async move {
+                if let Err(e) = publish::ack_confirmed(&msg).await {
+                    tracing::warn!(error = %e, "cannot ack an aliased input");
+                }
+            });
+            return;
+        }
+        // (1) admission, keyed by (sequence, task id): an input admitted before gets its
+        // attempt back (a re-run, or the republish of its saved result).
+        let admitted = {
+            let mut journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
+            journal.admit(seq, task.task_id.as_str(), fresh_attempt_id().as_str())
+        };
+        let admission = match admitted {
+            Ok(admission) => admission,
+            Err(e) => {
+                tracing::warn!(input_seq = seq, error = %e, "the journal refused an admission; the input is nak'd");
+                drop(permit);
+                state.requests.spawn(async move {
+                    let _ = msg.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+                });
+                return;
+            }
+        };
+        let attempt_id =
+            AttemptId::new(&admission.attempt_id).unwrap_or_else(|_| fresh_attempt_id());
+        let ack_wait = match (source, &state.bound) {
+            (Source::Queue, Some(bound)) => bound.queue_ack_wait,
+            (Source::Targeted, Some(bound)) => bound.targeted_ack_wait,
+            (_, None) => DEFAULT_ACK_WAIT,
+        };
+        let task_id = task.task_id.clone();
+        let args = AttemptArgs::Task {
+            msg,
+            seq,
+            task,
+            admission,
+            slot: permit,
+        };
+        self.spawn_attempt(
+            myself,
+            state,
+            &task_id,
+            attempt_id,
+            Some(Input::Task(seq)),
+            ack_wait,
+            args,
+        )
+        .await;
+    }
+
+    /// Starts an attempt linked to the worker.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn spawn_attempt(
+        &self,
+        myself: &ActorRef<WorkerMsg>,
+        state: &mut WorkerState,
+        task_id: &TaskId,
+        attempt_id: AttemptId,
+        input: Option<Input>,
+        ack_wait: Duration,
+        args: AttemptArgs,
+    ) {
+        let attempt = Attempt {
+            name: format!("{}.attempt.{task_id}", self.name),
+            client: self.client.clone(),
+            worker_id: self.worker_id.clone(),
+            journal: state.journal.clone(),
+            handler: self.handler.clone(),
+            ack_wait,
+            streams: state.streams.clone(),
+            compact_after: self.compact_after,
+            counters: state.counters.clone(),
+            slots: state.slots.clone(),
+        };
+        let name = attempt.name.clone();
+        match Actor::spawn_linked(Some(name), attempt, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                state.counters.admitted.bump();
+                state
+                    .running
+                    .insert(actor, task_id.clone(), attempt_id, input);
+            }
+            Err(e) => {
+                state.counters.attempt_failures.bump();
+                tracing::warn!(%task_id, ?input, error = %e, "attempt did not start; its input is left for redelivery");
+            }
+        }
+    }
+
+    /// Refuses bad input: with a task id salvaged from the body, a failed result is published
+    /// and the input acked only once the stream confirmed it (else nak'd with a delay, so the
+    /// refusal is tried again); without one, the input is terminated.
+    fn refuse_input(
+        &self,
+        state: &mut WorkerState,
+        msg: jetstream::Message,
+        seq: u64,
+        task_id: Option<TaskId>,
+        error: WireError,
+    ) {
+        state.counters.bad_input.bump();
+        tracing::warn!(input_seq = seq, kind = error.kind.as_str(), detail = %error.detail, "bad task input refused");
+        let (client, worker_id) = (self.client.clone(), self.worker_id.clone());
+        state.requests.spawn(async move {
+            let Some(task_id) = task_id else {
+                let _ = msg.ack_with(AckKind::Term).await;
+                return;
+            };
+            // A stable attempt id: a redelivered bad input publishes the same refusal again.
+            let attempt_id = AttemptId::new(format!("refused-{seq}")).expect("a valid id");
+            let msg_id = result_msg_id(&task_id, &attempt_id, 1);
+            let result = failed_result(task_id.clone(), attempt_id, worker_id.clone(), error);
+            let refusal = TaskChannelBody::Result(result);
+            match publish::publish_task_channel(&client, &worker_id, &task_id, &msg_id, &refusal)
+                .await
+            {
+                Ok(_) => {
+                    if let Err(e) = publish::ack_confirmed(&msg).await {
+                        tracing::warn!(error = %e, "cannot ack refused input");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the refusal of bad input was not published; the input is nak'd for another try");
+                    let _ = msg.ack_with(AckKind::Nak(Some(REFUSAL_RETRY_DELAY))).await;
+                }
+            }
+        });
+    }
+}
+
+/// Decodes the envelope of a stored input with the one rule of every reader
+/// ([`protocol::decode_with_content_type`]).
+pub(super) fn decode_envelope(
+    msg: &jetstream::Message,
+) -> Result<protocol::Envelope, protocol::EnvelopeError> {
+    let content_type = msg
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
+        .map(|v| v.as_str());
+    protocol::decode_with_content_type(&msg.payload, content_type)
+}
+
+/// Decodes a task input; on failure returns the salvageable task id and the error.
+fn decode_input(
+    msg: &jetstream::Message,
+) -> Result<protocol::task::TaskSpec, (Option<TaskId>, WireError)> {
+    let env = decode_envelope(msg).map_err(|e| (None, WireError::from(&e)))?;
+    decode_task(&env.body).map_err(|e| {
+        let task_id = env
+            .body
+            .get("task_id")
+            .and_then(|v| v.as_str())
+            .and_then(|s| TaskId::new(s).ok());
+        (task_id, e.to_wire())
+    })
+}

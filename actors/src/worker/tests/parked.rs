@@ -252,3 +252,64 @@ async fn an_answer_refusal_is_published_as_the_refusing_worker() {
     assert_eq!(from, env.worker_id.as_str());
     stop(worker).await;
 }
+
+/// Parks at once on `[ask]` tasks; runs any other task until it is cancelled. Counts resumes.
+#[derive(Default)]
+struct AskOrHold {
+    resumes: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for AskOrHold {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        if task.text.contains("[ask]") {
+            return Outcome::Waiting {
+                question: "approve?".into(),
+                tool_call_id: "call-1".into(),
+            };
+        }
+        ctx.cancelled().await;
+        Outcome::Cancelled
+    }
+
+    async fn resume(&self, _: TaskSpec, _: Vec<Answer>, _: AttemptContext) -> Outcome {
+        self.resumes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Outcome::Completed(serde_json::json!("resumed"))
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_of_a_resume_waiting_for_its_slot_is_cancelled_without_running() {
+    let env = env("resume-slot-cancel").await;
+    let handler = Arc::new(AskOrHold::default());
+    let mut results = env.results().await;
+    let worker = spawn(Worker {
+        shutdown_grace: Duration::from_millis(500),
+        ..env.worker("worker-resume-slot", handler.clone(), 1)
+    })
+    .await;
+    asking(&env, "t-asks").await;
+    let waiting = result_of(&mut results, "t-asks").await;
+    env.wait_work_empty().await;
+    // The only slot is taken by a task that holds it.
+    env.submit("t-holds").await;
+    wait_snapshot(&worker, "the slot is taken", |s| {
+        s.running == 1 && s.parked == 1
+    })
+    .await;
+    env.answer(&env.answer_envelope(&waiting, "ans-slot")).await;
+    wait_snapshot(&worker, "the resume waits", |s| s.running == 2).await;
+    let reply = env
+        .control(subjects::ControlKind::Cancel, "t-asks", &waiting.attempt_id)
+        .await;
+    assert_eq!(reply.cancel, Some(protocol::task::CancelStatus::Requested));
+    let cancelled = result_of(&mut results, "t-asks").await;
+    assert_eq!(cancelled.state, TaskState::Cancelled);
+    assert_eq!(cancelled.attempt_id, waiting.attempt_id);
+    env.wait_empty(subjects::ANSWERS_STREAM).await;
+    let snap = wait_snapshot(&worker, "cancelled", |s| s.running == 1 && s.parked == 0).await;
+    assert_eq!(handler.resumes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(snap.counters.cancelled, 1);
+    stop(worker).await;
+}

@@ -41,9 +41,17 @@ impl Attempt {
         let js = jetstream::new(self.client.clone());
         let streams = self.streams.clone();
         let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
+        // A first delivery of a fresh admission has no earlier attempt whose result could be
+        // waiting in the ingress, unless the channel shows one started.
+        let redelivered = !new
+            || state
+                .input
+                .as_ref()
+                .and_then(|m| m.info().ok())
+                .is_some_and(|i| i.delivered > 1);
         let me = myself.clone();
         state.pending = Some(Owned::spawn(async move {
-            let channel = read_record(&js, &streams, &task_id, &mine).await;
+            let channel = read_record(&js, &streams, &task_id, &mine, redelivered).await;
             let _ = me.cast(AttemptMsg::Planned(channel));
         }));
         Ok(())
@@ -229,20 +237,25 @@ impl Attempt {
 }
 
 /// What the task's record says for a delivery to attempt `mine`: the task channel, and — when
-/// it shows no final result nor another attempt's question — the task channel messages still
-/// in the ingress (a result stored but not routed yet). Read a few times when a read fails;
-/// `None` when it cannot be read.
+/// it shows no final result nor another attempt's question, and either the input was
+/// delivered before (`redelivered`) or the channel shows another attempt started — the task
+/// channel messages still in the ingress (a result stored but not routed yet). Read a few
+/// times when a read fails; `None` when it cannot be read.
 async fn read_record(
     js: &jetstream::Context,
     streams: &Streams,
     task_id: &protocol::TaskId,
     mine: &AttemptId,
+    redelivered: bool,
 ) -> Option<ChannelState> {
     for pause in [200, 400, 800] {
         match crate::task_channel::view(js, &streams.tasks, task_id).await {
             Ok(mut view) => {
                 let state = view.state_for(Some(mine));
-                if matches!(state, ChannelState::Finished | ChannelState::Parked) {
+                let earlier_attempt = redelivered || state == ChannelState::StartedElsewhere;
+                if matches!(state, ChannelState::Finished | ChannelState::Parked)
+                    || !earlier_attempt
+                {
                     return Some(state);
                 }
                 match crate::task_channel::unrouted(js, &streams.ingress, task_id).await {

@@ -31,6 +31,10 @@ pub struct Attach {
     pub client: Client,
     /// Stream names and inbox consumer limits.
     pub delivery: Arc<DeliveryConfig>,
+    /// The root of the reply subjects requests are answered on (the requesters' connections'
+    /// inbox prefix; [`subjects::DEFAULT_REPLY_PREFIX`], `_INBOX`, by default). A request with
+    /// a reply elsewhere is counted and ignored.
+    pub reply_prefix: String,
 }
 
 /// Attach messages.
@@ -142,7 +146,7 @@ impl Actor for Attach {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             AttachMsg::Request(msg) => {
-                let Some(reply) = reply_of(&msg, state) else {
+                let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
                     return Ok(());
                 };
                 let response = self.attach(msg.subject.as_str()).await;
@@ -156,7 +160,7 @@ impl Actor for Attach {
                 }
             }
             AttachMsg::Join(msg) => {
-                let Some(reply) = reply_of(&msg, state) else {
+                let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
                     return Ok(());
                 };
                 let response = self.join(msg.subject.as_str(), &msg.payload).await;
@@ -185,13 +189,17 @@ impl Actor for Attach {
 /// The reply subject of a request when it is an inbox (a reply aimed at another subject, say
 /// `hub.pub.<other>.inbox`, would be stored as `<other>`'s message): counted and ignored
 /// otherwise.
-fn reply_of(msg: &async_nats::Message, state: &mut AttachState) -> Option<async_nats::Subject> {
+fn reply_of(
+    msg: &async_nats::Message,
+    prefix: &str,
+    state: &mut AttachState,
+) -> Option<async_nats::Subject> {
     let reply = msg.reply.clone()?;
-    if subjects::is_reply_subject(reply.as_str()) {
+    if subjects::is_reply_subject_under(reply.as_str(), prefix) {
         Some(reply)
     } else {
         state.replies_refused += 1;
-        tracing::warn!(subject = %msg.subject, "request with a reply outside _INBOX. ignored");
+        tracing::warn!(subject = %msg.subject, %prefix, "request with a reply outside the reply prefix ignored");
         None
     }
 }

@@ -89,46 +89,15 @@ pub async fn read(
     from: u64,
 ) -> Result<Vec<Stored>, ReadError> {
     let subject = subjects::task(&TaskKey::from_task_id(task_id));
-    let stream_name = stream;
-    let read = async {
-        let stream = js
-            .get_stream_no_info(stream)
-            .await
-            .map_err(|source| ReadError::Stream {
-                stream: stream.to_owned(),
-                source,
-            })?;
-        let mut out = Vec::new();
-        let mut next = from.max(1);
-        while out.len() < MAX_READ {
-            let msg = match stream
-                .direct_get_next_for_subject(subject.as_str(), Some(next))
-                .await
-            {
-                Ok(msg) => msg,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
-                Err(source) => {
-                    return Err(ReadError::Get {
-                        stream: stream_name.to_owned(),
-                        subject: subject.clone(),
-                        source,
-                    })
-                }
-            };
-            next = msg.sequence + 1;
-            out.push(Stored {
-                seq: msg.sequence,
-                body: decode(task_id, Some(&msg.headers), &msg.payload),
-                headers: msg.headers,
-            });
-        }
-        Ok(out)
-    };
-    tokio::time::timeout(READ_TIMEOUT, read)
-        .await
-        .map_err(|_| ReadError::Timeout {
-            subject: subjects::task(&TaskKey::from_task_id(task_id)),
-        })?
+    let stored = read_subject(js, stream, &subject, from).await?;
+    Ok(stored
+        .into_iter()
+        .map(|msg| Stored {
+            seq: msg.sequence,
+            body: decode(task_id, Some(&msg.headers), &msg.payload),
+            headers: msg.headers,
+        })
+        .collect())
 }
 
 /// The task channel bodies of `task_id` still in the `ingress` stream: published by some
@@ -143,54 +112,70 @@ pub async fn unrouted(
     task_id: &TaskId,
 ) -> Result<Vec<TaskChannelBody>, ReadError> {
     let subject = subjects::task_ingress_filter(&TaskKey::from_task_id(task_id));
+    let mut out = Vec::new();
+    for msg in read_subject(js, ingress, &subject, 1).await? {
+        let content_type = msg.headers.get(headers::CONTENT_TYPE).map(|v| v.as_str());
+        let Ok(env) = protocol::decode_with_content_type(&msg.payload, content_type) else {
+            continue;
+        };
+        let bodies = match protocol::routing::bundle_items(&env.body) {
+            Some(Ok(items)) => items.into_iter().map(|item| item.body).collect(),
+            Some(Err(_)) => Vec::new(),
+            None => vec![env.body],
+        };
+        out.extend(
+            bodies
+                .into_iter()
+                .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
+                .filter(|b| b.task_id() == task_id),
+        );
+    }
+    Ok(out)
+}
+
+/// Every message of `stream` on `subject` (a filter) from sequence `from` on, by direct gets
+/// (`next_by_subj`), at most [`MAX_READ`], within [`READ_TIMEOUT`].
+async fn read_subject(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+    from: u64,
+) -> Result<Vec<async_nats::jetstream::message::StreamMessage>, ReadError> {
     let read = async {
-        let stream = js
-            .get_stream_no_info(ingress)
+        let handle = js
+            .get_stream_no_info(stream)
             .await
             .map_err(|source| ReadError::Stream {
-                stream: ingress.to_owned(),
+                stream: stream.to_owned(),
                 source,
             })?;
         let mut out = Vec::new();
-        let mut next = 1;
-        for _ in 0..MAX_READ {
-            let msg = match stream
-                .direct_get_next_for_subject(subject.as_str(), Some(next))
+        let mut next = from.max(1);
+        while out.len() < MAX_READ {
+            match handle
+                .direct_get_next_for_subject(subject, Some(next))
                 .await
             {
-                Ok(msg) => msg,
+                Ok(msg) => {
+                    next = msg.sequence + 1;
+                    out.push(msg);
+                }
                 Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
                 Err(source) => {
                     return Err(ReadError::Get {
-                        stream: ingress.to_owned(),
-                        subject: subject.clone(),
+                        stream: stream.to_owned(),
+                        subject: subject.to_owned(),
                         source,
                     })
                 }
-            };
-            next = msg.sequence + 1;
-            let content_type = msg.headers.get(headers::CONTENT_TYPE).map(|v| v.as_str());
-            let Ok(env) = protocol::decode_with_content_type(&msg.payload, content_type) else {
-                continue;
-            };
-            let bodies = match protocol::routing::bundle_items(&env.body) {
-                Some(Ok(items)) => items.into_iter().map(|item| item.body).collect(),
-                Some(Err(_)) => Vec::new(),
-                None => vec![env.body],
-            };
-            out.extend(
-                bodies
-                    .into_iter()
-                    .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
-                    .filter(|b| b.task_id() == task_id),
-            );
+            }
         }
         Ok(out)
     };
     tokio::time::timeout(READ_TIMEOUT, read)
         .await
         .map_err(|_| ReadError::Timeout {
-            subject: subject.clone(),
+            subject: subject.to_owned(),
         })?
 }
 

@@ -65,6 +65,7 @@ async fn a_crashed_attach_actor_leaves_no_listener_behind() {
         name: name.into(),
         client: client.clone(),
         delivery,
+        reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
     };
     let spec =
         SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, attach, || ()));
@@ -106,6 +107,7 @@ async fn a_crashed_router_leaves_no_pump_behind() {
         client: client.clone(),
         durable: true,
         delivery: delivery(),
+        reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
     };
     let spec =
         SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, router, || ()));
@@ -166,6 +168,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
                 client: client.clone(),
                 durable: true,
                 delivery: delivery.clone(),
+                reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
             },
             || (),
         ))
@@ -175,6 +178,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
                 name: "crash-inbox-attach".into(),
                 client: client.clone(),
                 delivery: delivery.clone(),
+                reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
             },
             || (),
         ));

@@ -25,6 +25,9 @@ pub enum ConnectError {
         /// What is wrong.
         reason: String,
     },
+    /// The inbox prefix is not a literal subject prefix.
+    #[error("invalid inbox prefix {0:?}: dot-separated tokens without wildcards or whitespace")]
+    InvalidInboxPrefix(String),
     /// The credentials file could not be read.
     #[error("cannot read nats credentials file {path}: {reason}")]
     Creds {
@@ -68,6 +71,10 @@ pub struct NatsSettings {
     pub creds_file: Option<PathBuf>,
     /// How long the first connection may take.
     pub connect_timeout: Duration,
+    /// The connection's inbox prefix (its request reply subjects are `<prefix>.<...>`); `None`
+    /// for `_INBOX`. The services of a system on this connection answer requests only on
+    /// replies under it.
+    pub inbox_prefix: Option<String>,
 }
 
 impl std::fmt::Debug for NatsSettings {
@@ -81,6 +88,7 @@ impl std::fmt::Debug for NatsSettings {
             .field("nkey_seed", &redact(&self.nkey_seed))
             .field("creds_file", &self.creds_file)
             .field("connect_timeout", &self.connect_timeout)
+            .field("inbox_prefix", &self.inbox_prefix)
             .finish()
     }
 }
@@ -101,6 +109,13 @@ pub enum AuthMethod {
 }
 
 impl NatsSettings {
+    /// The connection's inbox prefix: `inbox_prefix`, else `_INBOX`.
+    pub fn reply_prefix(&self) -> &str {
+        self.inbox_prefix
+            .as_deref()
+            .unwrap_or(protocol::subjects::DEFAULT_REPLY_PREFIX)
+    }
+
     /// Settings for `url` with no auth and a 10 s connect timeout.
     pub fn new(url: impl Into<String>) -> Self {
         NatsSettings {
@@ -110,13 +125,18 @@ impl NatsSettings {
         }
     }
 
-    /// Checks the URL and that at most one authentication method is set.
+    /// Checks the URL, the inbox prefix, and that at most one authentication method is set.
     ///
     /// # Errors
     /// [`ConnectError::ConflictingAuth`], [`ConnectError::PasswordWithoutUsername`] or
-    /// [`ConnectError::InvalidUrl`].
+    /// [`ConnectError::InvalidUrl`], [`ConnectError::InvalidInboxPrefix`].
     pub fn validate(&self) -> Result<AuthMethod, ConnectError> {
         validate_url(&self.url)?;
+        if !protocol::subjects::is_valid_reply_prefix(self.reply_prefix()) {
+            return Err(ConnectError::InvalidInboxPrefix(
+                self.reply_prefix().to_owned(),
+            ));
+        }
         let mut set = Vec::new();
         if self.token.is_some() {
             set.push("token");
@@ -158,6 +178,7 @@ impl NatsSettings {
         let method = self.validate()?;
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
+            .custom_inbox_prefix(self.reply_prefix())
             .connection_timeout(self.connect_timeout)
             .max_reconnects(None)
             .event_callback(|event| async move {

@@ -865,3 +865,42 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     assert_eq!(workers[0]["counters"]["answers"], 1, "{snapshot}");
     all.kill9().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_with_an_inbox_prefix_answers_status_only_under_that_prefix() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let mut router = spawn_runtime(&[
+        "start",
+        "--role",
+        "router",
+        "--nats-url",
+        &url,
+        "--inbox-prefix",
+        "_HUB",
+    ]);
+    // `runtime status` with the same prefix is answered...
+    let waited = harness::wait_until_async("status under _HUB", DEADLINE, || async {
+        run_cli(&[
+            "status",
+            "--nats-url",
+            &url,
+            "--timeout-secs",
+            "2",
+            "--inbox-prefix",
+            "_HUB",
+        ])
+        .await
+        .status
+        .success()
+    })
+    .await;
+    assert!(waited.is_ok(), "{}", router.log());
+    // ...one with the default `_INBOX` is not (no answer: unavailable).
+    let plain = status(&url).await;
+    assert_exit(&plain, 69, "status outside the router's prefix");
+    // An invalid prefix is a usage error.
+    let bad = run_cli(&["status", "--nats-url", &url, "--inbox-prefix", "_HUB.*"]).await;
+    assert_exit(&bad, 64, "an invalid inbox prefix");
+    assert!(!router.has_exited());
+}

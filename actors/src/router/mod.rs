@@ -42,6 +42,10 @@ pub struct Router {
     pub durable: bool,
     /// Stream and consumer limits.
     pub delivery: Arc<DeliveryConfig>,
+    /// The root of the reply subjects requests are answered on (the requesters' connections'
+    /// inbox prefix; [`subjects::DEFAULT_REPLY_PREFIX`], `_INBOX`, by default). A request with
+    /// a reply elsewhere is counted and ignored.
+    pub reply_prefix: String,
 }
 
 /// Router messages.
@@ -207,8 +211,8 @@ impl Actor for Router {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             RouterMsg::StatusRequest { reply } => {
-                if !subjects::is_reply_subject(reply.as_str()) {
-                    tracing::warn!(%reply, "status request with a reply outside _INBOX. ignored");
+                if !subjects::is_reply_subject_under(reply.as_str(), &self.reply_prefix) {
+                    tracing::warn!(%reply, prefix = %self.reply_prefix, "status request with a reply outside the reply prefix ignored");
                     return Ok(());
                 }
                 state.status_requests += 1;

@@ -139,6 +139,15 @@ pub fn is_reply_subject(reply: &str) -> bool {
     is_reply_subject_under(reply, DEFAULT_REPLY_PREFIX)
 }
 
+/// Whether `prefix` can root reply subjects: dot-separated, non-empty tokens without wildcards
+/// or whitespace (`_INBOX`, `_INBOX.alice`).
+pub fn is_valid_reply_prefix(prefix: &str) -> bool {
+    !prefix.is_empty()
+        && prefix
+            .split('.')
+            .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
+}
+
 /// Whether `reply` is a reply subject under the root `prefix` (e.g. `_INBOX`): `<prefix>.`
 /// followed by at least one token, and a literal subject (no wildcard, whitespace or empty
 /// token).

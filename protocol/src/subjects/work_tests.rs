@@ -266,4 +266,10 @@ fn only_literal_inbox_replies_are_reply_subjects() {
     ));
     assert!(!crate::subjects::is_reply_subject_under("_INBOX.x", "_HUB"));
     assert!(!crate::subjects::is_reply_subject_under("_HUBX.x", "_HUB"));
+    for good in ["_INBOX", "_INBOX.alice", "_HUB"] {
+        assert!(crate::subjects::is_valid_reply_prefix(good), "{good}");
+    }
+    for bad in ["", "_INBOX.", ".x", "_INBOX.*", "a.>", "a b"] {
+        assert!(!crate::subjects::is_valid_reply_prefix(bad), "{bad}");
+    }
 }

@@ -386,6 +386,12 @@ pub struct NatsArgs {
     /// Seconds to wait for the first connection before giving up.
     #[arg(long, default_value_t = 10, env = "NATS_CONNECT_TIMEOUT_SECS")]
     pub connect_timeout_secs: u64,
+
+    /// Inbox prefix of the connection (reply subjects `<prefix>.<...>`; default `_INBOX`). The
+    /// router, attach and worker answer requests only on replies under their own prefix, so
+    /// clients and services must agree on it.
+    #[arg(long, env = "NATS_INBOX_PREFIX", value_name = "PREFIX")]
+    pub inbox_prefix: Option<String>,
 }
 
 impl NatsArgs {
@@ -400,6 +406,7 @@ impl NatsArgs {
             nkey_seed: self.nats_nkey_seed.clone(),
             creds_file: self.nats_creds.clone(),
             connect_timeout: std::time::Duration::from_secs(self.connect_timeout_secs),
+            inbox_prefix: self.inbox_prefix.clone(),
         }
     }
 }

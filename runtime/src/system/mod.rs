@@ -186,6 +186,7 @@ pub struct ActorSystemBuilder {
     client: Option<async_nats::Client>,
     durable: bool,
     delivery: DeliveryConfig,
+    inbox_prefix: Option<String>,
     inbox_mode: Option<DurableInboxMode>,
 }
 
@@ -201,6 +202,15 @@ impl ActorSystemBuilder {
     #[must_use]
     pub fn nats(mut self, settings: NatsSettings) -> Self {
         self.nats = Some(settings);
+        self
+    }
+
+    /// The inbox prefix of the connection given with [`client`](Self::client) (with
+    /// [`nats`](Self::nats) it is the settings' `inbox_prefix`). The system's services answer
+    /// requests only on reply subjects under it; default `_INBOX`.
+    #[must_use]
+    pub fn inbox_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.inbox_prefix = Some(prefix.into());
         self
     }
 
@@ -231,6 +241,14 @@ impl ActorSystemBuilder {
     /// [`SystemError::Connect`] when the settings are invalid or the server is unreachable.
     pub async fn build(self) -> Result<ActorSystem, SystemError> {
         let id = format!("sys{}", NEXT_SYSTEM.fetch_add(1, Ordering::Relaxed));
+        let reply_prefix = match (&self.client, &self.nats, self.inbox_prefix) {
+            (_, _, Some(prefix)) => prefix,
+            (None, Some(settings), None) => settings.reply_prefix().to_owned(),
+            _ => subjects::DEFAULT_REPLY_PREFIX.to_owned(),
+        };
+        if !subjects::is_valid_reply_prefix(&reply_prefix) {
+            return Err(ConnectError::InvalidInboxPrefix(reply_prefix).into());
+        }
         let client = match (self.client, self.nats) {
             (Some(client), _) => client,
             (None, Some(settings)) => settings.connect(&format!("runtime-{id}")).await?,
@@ -254,6 +272,7 @@ impl ActorSystemBuilder {
             client,
             durable: self.durable,
             delivery: Arc::new(self.delivery),
+            reply_prefix,
             inbox_mode,
             trees: Mutex::new(Vec::new()),
             inbox_ids: Mutex::new(Vec::new()),
@@ -277,6 +296,8 @@ pub struct ActorSystem {
     client: async_nats::Client,
     durable: bool,
     delivery: Arc<DeliveryConfig>,
+    /// The root of the reply subjects its services answer on (the connection's inbox prefix).
+    reply_prefix: String,
     inbox_mode: DurableInboxMode,
     trees: Mutex<Vec<Tree>>,
     inbox_ids: Mutex<Vec<AgentId>>,
@@ -355,6 +376,7 @@ impl ActorSystem {
             client: self.client.clone(),
             durable: self.durable,
             delivery: self.delivery.clone(),
+            reply_prefix: self.reply_prefix.clone(),
         };
         let mut spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             self.router_name(),
@@ -366,6 +388,7 @@ impl ActorSystem {
                 name: self.attach_name(),
                 client: self.client.clone(),
                 delivery: self.delivery.clone(),
+                reply_prefix: self.reply_prefix.clone(),
             };
             spec = spec.child(ChildSpec::actor(self.attach_name(), attach, || ()));
         }

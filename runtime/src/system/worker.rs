@@ -81,6 +81,7 @@ impl ActorSystem {
         // router's `ack_wait_secs`), not from this system's delivery config.
         worker.concurrency = settings.concurrency;
         worker.shutdown_grace = settings.shutdown_grace;
+        worker.reply_prefix = self.reply_prefix.clone();
         let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             name.clone(),
             worker,

@@ -258,3 +258,41 @@ async fn wait_registered(name: &str) -> ActorRef<WorkerMsg> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn control_requests_are_answered_under_the_workers_own_reply_prefix_only() {
+    let env = env("ctl-prefix").await;
+    let worker = spawn(Worker {
+        reply_prefix: "_HUB".into(),
+        ..env.worker("worker-ctl-prefix", TestHandler::new(Duration::ZERO), 1)
+    })
+    .await;
+    let body: bytes::Bytes = serde_json::to_vec(&serde_json::json!({
+        "task_id": "t-none", "attempt_id": "a-none", "worker_id": env.worker_id,
+    }))
+    .unwrap()
+    .into();
+    let subject = subjects::control(&env.worker_id, subjects::ControlKind::Query);
+    // A connection with the deployment's prefix is answered...
+    let hub = async_nats::ConnectOptions::new()
+        .custom_inbox_prefix("_HUB")
+        .connect(env.server.url())
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(DEADLINE, hub.request(subject.clone(), body.clone()))
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(!reply.payload.is_empty());
+    // ...one with the default `_INBOX` is not.
+    let plain = async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_millis(500)))
+        .connect(env.server.url())
+        .await
+        .unwrap();
+    let refused = plain.request(subject, body).await;
+    assert!(refused.is_err(), "answered outside the prefix: {refused:?}");
+    let snap = wait_snapshot(&worker, "counted", |s| s.counters.replies_refused == 1).await;
+    assert_eq!(snap.counters.replies_refused, 1);
+    stop(worker).await;
+}

@@ -168,6 +168,7 @@ pub(super) async fn env_with(name: &str, hub: Hub) -> Env {
             name: format!("{name}/attach"),
             client: client.clone(),
             delivery: delivery.clone(),
+            reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
         };
         let (attach, _) = Actor::spawn(Some(attach.name.clone()), attach, ())
             .await
@@ -180,6 +181,7 @@ pub(super) async fn env_with(name: &str, hub: Hub) -> Env {
             client: client.clone(),
             durable: true,
             delivery: delivery.clone(),
+            reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
         };
         let (router, _) = Actor::spawn(Some(router.name.clone()), router, ())
             .await

@@ -21,6 +21,19 @@ fn delivery() -> Arc<DeliveryConfig> {
     })
 }
 
+/// Publishes a DM from alice to bob through the ingress and awaits its stream ack.
+async fn send_dm(js: &async_nats::jetstream::Context, id: &str, body: serde_json::Value) {
+    let dm = serde_json::json!({"meta": {"id": id, "to": "bob"}, "body": body});
+    js.publish(
+        "hub.pub.alice.inbox",
+        serde_json::to_vec(&dm).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+}
+
 /// Waits until an actor named `name` runs and answers `ask`, and is not `not`.
 async fn restarted<M, T>(
     name: &str,
@@ -126,15 +139,7 @@ async fn a_crashed_router_leaves_no_pump_behind() {
     // Every DM sent now is routed by the new incarnation: no old pump takes a share.
     let js = async_nats::jetstream::new(client.clone());
     for i in 0..20 {
-        let dm = serde_json::json!({"meta": {"id": format!("m{i}"), "to": "bob"}, "body": i});
-        js.publish(
-            "hub.pub.alice.inbox",
-            serde_json::to_vec(&dm).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        send_dm(&js, &format!("m{i}"), serde_json::json!(i)).await;
     }
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
@@ -223,26 +228,10 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
     // pump fails, and so does the actor.
     fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
     let js = async_nats::jetstream::new(client.clone());
-    let dm = serde_json::json!({"meta": {"id": "m-crash", "to": "bob"}, "body": "crash"});
-    js.publish(
-        "hub.pub.alice.inbox",
-        serde_json::to_vec(&dm).unwrap().into(),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    send_dm(&js, "m-crash", serde_json::json!("crash")).await;
     let second = restarted(name, Some(first.get_id()), InboxMsg::Snapshot).await;
     for i in 0..20 {
-        let dm = serde_json::json!({"meta": {"id": format!("m{i}"), "to": "bob"}, "body": i});
-        js.publish(
-            "hub.pub.alice.inbox",
-            serde_json::to_vec(&dm).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        send_dm(&js, &format!("m{i}"), serde_json::json!(i)).await;
     }
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {

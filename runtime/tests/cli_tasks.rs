@@ -142,8 +142,16 @@ async fn client_commands_use_the_configured_stream_names() {
     .await;
     assert_eq!(out.status.code(), Some(0), "answer: {}", describe(&out));
 
-    // `delegate --resume` finds the result on the configured stream.
-    let args = with_config(&["delegate", "--resume", &task_id, "--timeout-secs", "20"]);
+    // `delegate --resume` finds the result on the configured stream (following answers: the
+    // channel may still show the question for a moment after the answer).
+    let args = with_config(&[
+        "delegate",
+        "--resume",
+        &task_id,
+        "--follow-answers",
+        "--timeout-secs",
+        "20",
+    ]);
     let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).await;
     assert_eq!(out.status.code(), Some(0), "resume: {}", describe(&out));
     let result = json_lines(&out).pop().unwrap();

@@ -289,12 +289,19 @@ async fn a_task_republished_after_a_broker_restart_runs_once() {
         payload,
     )
     .await;
+    // The copy reached the worker (stored again: the dedupe forgot it) and was settled from the
+    // task channel without running.
+    let aw1 = protocol::WorkerId::new("aw1").unwrap();
     harness::wait_until_async(
         "the republished task routed and settled",
         DEADLINE,
         || async {
             stream_messages(&js, subjects::INGRESS_STREAM).await == 0
                 && stream_messages(&js, subjects::WORK_STREAM).await == 0
+                && hub
+                    .worker_snapshot(&aw1)
+                    .await
+                    .is_some_and(|s| s.counters.settled == 1)
         },
     )
     .await
@@ -356,13 +363,13 @@ async fn after_a_broker_restart_tasks_resume_as_fast_as_dms() {
     assert_eq!(result.state, TaskState::Completed);
     let task_latency = started.elapsed() - submitted;
     let dm_started = std::time::Instant::now();
-    while hub
-        .send(&alice(), &bob, serde_json::json!("after"))
-        .await
-        .is_err()
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    harness::wait_until_async("a DM accepted", DEADLINE, || async {
+        hub.send(&alice(), &bob, serde_json::json!("after"))
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap();
     support::wait_for(&seen, 2).await;
     let dm_latency = dm_started.elapsed();
     println!(

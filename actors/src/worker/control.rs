@@ -46,6 +46,7 @@ impl Worker {
         myself: &ActorRef<WorkerMsg>,
         state: &mut WorkerState,
         msg: jetstream::Message,
+        ack_wait: Duration,
     ) {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         if state.running.holds(Input::Answer(seq)) {
@@ -99,7 +100,7 @@ impl Worker {
                 );
                 match (verdict, parked) {
                     (AnswerVerdict::Resume | AnswerVerdict::Duplicate, Some(parked)) => {
-                        let (input, ack_wait) = (Input::Answer(seq), state.answers_ack_wait());
+                        let input = Input::Answer(seq);
                         let args = AttemptArgs::Resume {
                             msg,
                             parked: Box::new(parked.clone()),
@@ -110,8 +111,7 @@ impl Worker {
                             state,
                             &parked.task.task_id,
                             parked.attempt_id.clone(),
-                            Some(input),
-                            ack_wait,
+                            Some((input, ack_wait)),
                             args,
                         )
                         .await;
@@ -340,7 +340,6 @@ impl Worker {
         parked: Parked,
         cancel: bool,
     ) {
-        let ack_wait = state.answers_ack_wait();
         let (task_id, attempt_id) = (parked.task.task_id.clone(), parked.attempt_id.clone());
         self.spawn_attempt(
             myself,
@@ -348,7 +347,6 @@ impl Worker {
             &task_id,
             attempt_id,
             None,
-            ack_wait,
             AttemptArgs::Settle {
                 parked: Box::new(parked),
                 cancel,

@@ -41,6 +41,9 @@ crate::counters! {
         resumed,
         /// Pulls that failed (each backed off before the next).
         fetch_errors,
+        /// Pulls abandoned without their end: no reply by their expiry plus `PULL_MARGIN`, or
+        /// sent on a connection since replaced.
+        pulls_abandoned,
         /// Re-joins of the queue after a consumer was found gone.
         rejoins,
         /// Inputs handed back (nak'd without delay) by a graceful shutdown.

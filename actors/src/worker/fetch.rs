@@ -37,13 +37,10 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::fro
 /// How often a pull in flight checks whether the connection was replaced.
 const RECONNECT_CHECK: Duration = Duration::from_millis(50);
 
-/// Where a task input came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// The queue's shared consumer.
-    Queue,
-    /// This worker's targeted-task consumer.
-    Targeted,
+/// The ack wait of `consumer` (as bound: its info when the worker bound it), which the
+/// heartbeat of every message pulled from it is timed by.
+fn ack_wait_of(consumer: &PullConsumer) -> Duration {
+    consumer.cached_info().config.ack_wait
 }
 
 /// The consumers a worker pulls from.
@@ -109,10 +106,10 @@ impl Fetcher {
             if *stop.borrow() {
                 return Ok(());
             }
-            let me = self.me.clone();
+            let (me, ack_wait) = (self.me.clone(), ack_wait_of(&answers));
             let pulled = self
                 .pull(&answers, ANSWER_BATCH, Some(FETCH_WAIT), &mut stop, |msg| {
-                    me.cast(WorkerMsg::Answer(msg)).is_ok()
+                    me.cast(WorkerMsg::Answer { msg, ack_wait }).is_ok()
                 })
                 .await;
             match pulled {
@@ -151,9 +148,9 @@ impl Fetcher {
             while let Some(permit) = self.slots.try_for_task() {
                 permits.push(permit);
             }
-            for (i, (consumer, source, wait)) in [
-                (&consumers.targeted, Source::Targeted, None),
-                (&consumers.queue, Source::Queue, Some(FETCH_WAIT)),
+            for (i, (consumer, wait)) in [
+                (&consumers.targeted, None),
+                (&consumers.queue, Some(FETCH_WAIT)),
             ]
             .into_iter()
             .enumerate()
@@ -161,9 +158,10 @@ impl Fetcher {
                 if permits.is_empty() {
                     break;
                 }
+                let ack_wait = ack_wait_of(consumer);
                 let pulled = self
                     .pull(consumer, permits.len(), wait, &mut stop, |msg| {
-                        self.hand_over(msg, source, &mut permits)
+                        self.hand_over(msg, ack_wait, &mut permits)
                     })
                     .await;
                 match pulled {
@@ -184,7 +182,7 @@ impl Fetcher {
     fn hand_over(
         &self,
         msg: jetstream::Message,
-        source: Source,
+        ack_wait: Duration,
         permits: &mut Vec<OwnedSemaphorePermit>,
     ) -> bool {
         let Some(permit) = permits.pop() else {
@@ -196,7 +194,7 @@ impl Fetcher {
         self.me
             .cast(WorkerMsg::Task {
                 msg,
-                source,
+                ack_wait,
                 permit,
             })
             .is_ok()
@@ -245,10 +243,15 @@ impl Fetcher {
                 _ = check.tick() => {
                     if stats.connects.load(Ordering::Relaxed) != connects {
                         // Sent on the old connection: its reply will not come.
+                        self.counters.pulls_abandoned.bump();
                         return Ok(Pulled::Done);
                     }
                 }
-                () = tokio::time::sleep_until(deadline) => return Ok(Pulled::Done),
+                () = tokio::time::sleep_until(deadline) => {
+                    // No reply by its expiry (plus the margin): lost, or the server hangs.
+                    self.counters.pulls_abandoned.bump();
+                    return Ok(Pulled::Done);
+                }
                 next = batch.next() => match next {
                     Some(Ok(msg)) => {
                         if !take(msg) {

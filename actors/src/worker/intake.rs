@@ -10,10 +10,9 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::attempt::{fresh_attempt_id, Attempt, AttemptArgs, RETRY_DELAY};
-use super::fetch::Source;
 use super::publish;
 use super::running::Input;
-use super::{Worker, WorkerMsg, WorkerState, DEFAULT_ACK_WAIT, REFUSAL_RETRY_DELAY};
+use super::{Worker, WorkerMsg, WorkerState, REFUSAL_RETRY_DELAY};
 
 impl Worker {
     pub(super) async fn on_task(
@@ -21,7 +20,7 @@ impl Worker {
         myself: &ActorRef<WorkerMsg>,
         state: &mut WorkerState,
         msg: jetstream::Message,
-        source: Source,
+        ack_wait: Duration,
         permit: OwnedSemaphorePermit,
     ) {
         let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
@@ -82,16 +81,12 @@ impl Worker {
         };
         let attempt_id =
             AttemptId::new(&admission.attempt_id).unwrap_or_else(|_| fresh_attempt_id());
-        let ack_wait = match (source, &state.bound) {
-            (Source::Queue, Some(bound)) => bound.queue_ack_wait,
-            (Source::Targeted, Some(bound)) => bound.targeted_ack_wait,
-            (_, None) => DEFAULT_ACK_WAIT,
-        };
         let task_id = task.task_id.clone();
         let args = AttemptArgs::Task {
             msg,
             seq,
             task,
+            attempt_id: attempt_id.clone(),
             admission,
             slot: permit,
         };
@@ -100,25 +95,24 @@ impl Worker {
             state,
             &task_id,
             attempt_id,
-            Some(Input::Task(seq)),
-            ack_wait,
+            Some((Input::Task(seq), ack_wait)),
             args,
         )
         .await;
     }
 
-    /// Starts an attempt linked to the worker.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts an attempt linked to the worker; `input` is the message it holds, with the ack
+    /// wait of the consumer it came from.
     pub(super) async fn spawn_attempt(
         &self,
         myself: &ActorRef<WorkerMsg>,
         state: &mut WorkerState,
         task_id: &TaskId,
         attempt_id: AttemptId,
-        input: Option<Input>,
-        ack_wait: Duration,
+        input: Option<(Input, Duration)>,
         args: AttemptArgs,
     ) {
+        let (input, ack_wait) = input.map_or((None, Duration::ZERO), |(i, w)| (Some(i), w));
         let attempt = Attempt {
             name: format!("{}.attempt.{task_id}", self.name),
             client: self.client.clone(),

@@ -70,7 +70,7 @@ pub use compat::{IncompatibleConsumer, MIN_ACK_WAIT};
 pub use counters::{WorkerCounters, WorkerCountersSnapshot};
 pub use exec::ExecHandler;
 pub use fetch::FETCH_WAIT;
-use fetch::{FetchError, Fetcher, Source};
+use fetch::{FetchError, Fetcher};
 pub use handler::{AttemptContext, Outcome, TaskHandler};
 use intake::decode_envelope;
 use running::RunningSet;
@@ -95,8 +95,6 @@ pub const JOURNAL_LOCK_RETRY: Duration = Duration::from_secs(1);
 pub const ATTEMPT_CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// The nak delay of an input (or answer) whose refusal could not be published.
 pub const REFUSAL_RETRY_DELAY: Duration = Duration::from_secs(1);
-/// The ack wait assumed before any consumer was bound (the router's default).
-const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 /// The most a graceful stop keeps of its grace to hand back what did not finish.
 const HAND_BACK_MARGIN: Duration = Duration::from_secs(2);
 
@@ -193,13 +191,18 @@ pub enum WorkerMsg {
     Task {
         /// The input.
         msg: jetstream::Message,
-        /// Which consumer it came from.
-        source: Source,
+        /// The ack wait of the consumer it came from (its heartbeat runs at a third).
+        ack_wait: Duration,
         /// The slot, released when the input's attempt acks it (or ends).
         permit: OwnedSemaphorePermit,
     },
     /// An answer input.
-    Answer(jetstream::Message),
+    Answer {
+        /// The answer.
+        msg: jetstream::Message,
+        /// The ack wait of the answer consumer.
+        ack_wait: Duration,
+    },
     /// A control request (core request/reply).
     Control {
         /// Query or cancel.
@@ -246,14 +249,6 @@ pub struct WorkerState {
     running: RunningSet,
     counters: Arc<WorkerCounters>,
     started: Instant,
-}
-
-impl WorkerState {
-    fn answers_ack_wait(&self) -> Duration {
-        self.bound
-            .as_ref()
-            .map_or(DEFAULT_ACK_WAIT, |b| b.answers_ack_wait)
-    }
 }
 
 /// Why a join failed.
@@ -370,7 +365,7 @@ impl Actor for Worker {
         let (stop, _) = watch::channel(false);
         let mut state = WorkerState {
             journal,
-            streams: bound.streams(),
+            streams: bound.streams.clone(),
             draining: false,
             sweep: None,
             bound: None,
@@ -440,10 +435,12 @@ impl Actor for Worker {
         match msg {
             WorkerMsg::Task {
                 msg,
-                source,
+                ack_wait,
                 permit,
-            } => self.on_task(&myself, state, msg, source, permit).await,
-            WorkerMsg::Answer(msg) => self.on_answer(&myself, state, msg).await,
+            } => self.on_task(&myself, state, msg, ack_wait, permit).await,
+            WorkerMsg::Answer { msg, ack_wait } => {
+                self.on_answer(&myself, state, msg, ack_wait).await
+            }
             WorkerMsg::Control { kind, msg } => self.on_control(&myself, state, kind, msg).await,
             WorkerMsg::Snapshot(port) => {
                 let _ = port.send(self.snapshot(state));
@@ -544,7 +541,7 @@ impl Worker {
     fn start_fetch(&self, myself: &ActorRef<WorkerMsg>, state: &mut WorkerState, bound: Bound) {
         let (stop, stop_rx) = watch::channel(false);
         state.stop = stop;
-        state.streams = bound.streams();
+        state.streams = bound.streams.clone();
         let fetcher = Fetcher {
             me: myself.clone(),
             client: self.client.clone(),

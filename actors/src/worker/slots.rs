@@ -102,7 +102,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         });
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(slots.try_for_task().is_none(), "a resume waits");
+        assert_eq!(
+            slots.resumes_waiting.load(Ordering::Acquire),
+            1,
+            "a resume waits"
+        );
         drop(held);
         resume.await.unwrap();
         task.await.unwrap();
@@ -117,9 +121,14 @@ mod tests {
         let s = slots.clone();
         let waiting = tokio::spawn(async move { s.for_resume().await.map(drop) });
         tokio::time::sleep(Duration::from_millis(10)).await;
-        assert!(slots.try_for_task().is_none(), "a resume waits");
+        assert_eq!(
+            slots.resumes_waiting.load(Ordering::Acquire),
+            1,
+            "a resume waits"
+        );
         waiting.abort();
         let _ = waiting.await;
+        assert_eq!(slots.resumes_waiting.load(Ordering::Acquire), 0);
         drop(held);
         let task = tokio::time::timeout(Duration::from_secs(1), slots.for_task()).await;
         assert!(

@@ -16,31 +16,13 @@ use super::{JoinError, Worker, WorkerError, WorkerMsg, JOURNAL_LOCK_RETRY};
 use crate::background::Owned;
 use crate::journal::{Journal, JournalError};
 
-/// The consumers a worker bound, with what it learned from them and from the join.
+/// The consumers a worker bound, with the streams the join named.
 #[derive(Clone)]
 pub struct Bound {
     /// The consumers.
     pub(super) consumers: Consumers,
-    /// The ack wait of the queue consumer (heartbeats run at a third of it).
-    pub(super) queue_ack_wait: Duration,
-    /// The ack wait of the targeted-task consumer.
-    pub(super) targeted_ack_wait: Duration,
-    /// The ack wait of the answer consumer.
-    pub(super) answers_ack_wait: Duration,
-    /// The stream of task channels (from the join reply).
-    pub(super) tasks_stream: String,
-    /// The ingress stream (from the join reply).
-    pub(super) ingress_stream: String,
-}
-
-impl Bound {
-    /// The streams attempts read a task's record from.
-    pub(super) fn streams(&self) -> Streams {
-        Streams {
-            tasks: self.tasks_stream.clone(),
-            ingress: self.ingress_stream.clone(),
-        }
-    }
+    /// The task channel and ingress streams (from the join reply).
+    pub(super) streams: Streams,
 }
 
 /// First and longest pause between two re-join tries.
@@ -100,21 +82,21 @@ impl Worker {
     pub(super) async fn join_and_bind(&self) -> Result<Bound, WorkerError> {
         let join = self.join().await?;
         let js = jetstream::new(self.client.clone());
-        let (answers, answers_ack_wait) = bind(
+        let answers = bind(
             &js,
             &join.answers_stream,
             &join.answer_consumer,
             &subjects::answer(&self.worker_id),
         )
         .await?;
-        let (targeted, targeted_ack_wait) = bind(
+        let targeted = bind(
             &js,
             &join.work_stream,
             &join.targeted_consumer,
             &subjects::targeted_filter(&self.worker_id),
         )
         .await?;
-        let (queue, queue_ack_wait) = bind(
+        let queue = bind(
             &js,
             &join.work_stream,
             &join.queue_consumer,
@@ -127,11 +109,10 @@ impl Worker {
                 targeted,
                 queue,
             },
-            queue_ack_wait,
-            targeted_ack_wait,
-            answers_ack_wait,
-            tasks_stream: join.tasks_stream,
-            ingress_stream: join.ingress_stream,
+            streams: Streams {
+                tasks: join.tasks_stream,
+                ingress: join.ingress_stream,
+            },
         })
     }
 
@@ -158,14 +139,14 @@ impl Worker {
     }
 }
 
-/// Looks a consumer up, checks its configuration, and binds it as a pull consumer; returns it
-/// with its ack wait.
+/// Looks a consumer up, checks its configuration, and binds it as a pull consumer (its info,
+/// the ack wait among it, cached in it).
 async fn bind(
     js: &jetstream::Context,
     stream: &str,
     name: &str,
     filter: &str,
-) -> Result<(PullConsumer, Duration), WorkerError> {
+) -> Result<PullConsumer, WorkerError> {
     let fail = |source: async_nats::Error| WorkerError::Consumer {
         consumer: name.to_owned(),
         source,
@@ -179,7 +160,5 @@ async fn bind(
         consumer: name.to_owned(),
         source,
     })?;
-    let ack_wait = info.config.ack_wait;
-    let consumer = stream.get_consumer(name).await.map_err(fail)?;
-    Ok((consumer, ack_wait))
+    stream.get_consumer(name).await.map_err(fail)
 }

@@ -72,4 +72,7 @@ pub enum HarnessError {
     /// File system failure.
     #[error("i/o error: {0}")]
     Io(std::io::Error),
+    /// The monitoring endpoint answered something unreadable.
+    #[error("unreadable monitoring reply: {0}")]
+    Monitor(String),
 }

@@ -34,6 +34,8 @@ pub struct NatsServer {
     bin: PathBuf,
     dir: tempfile::TempDir,
     port: u16,
+    /// The HTTP monitoring port (loopback).
+    monitor_port: u16,
     options: ServerOptions,
     child: Option<Child>,
 }
@@ -66,6 +68,7 @@ impl NatsServer {
                     .tempdir()
                     .map_err(HarnessError::Io)?,
                 port: free_port()?,
+                monitor_port: free_port()?,
                 options: options.clone(),
                 child: None,
             };
@@ -88,6 +91,41 @@ impl NatsServer {
     /// The loopback port this server listens on (kept across restarts).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// How many client subscriptions, over every connection, are on exactly `subject` (from
+    /// the server's monitoring endpoint, `/connz?subs=1`).
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when the endpoint cannot be reached, [`HarnessError::Monitor`]
+    /// when its reply does not parse.
+    pub async fn subscriptions_on(&self, subject: &str) -> Result<usize, HarnessError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.monitor_port))
+            .await
+            .map_err(HarnessError::Io)?;
+        tcp.write_all(b"GET /connz?subs=1&limit=100000 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await
+            .map_err(HarnessError::Io)?;
+        let mut reply = Vec::new();
+        tcp.read_to_end(&mut reply)
+            .await
+            .map_err(HarnessError::Io)?;
+        let reply = String::from_utf8_lossy(&reply);
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body)
+            .ok_or_else(|| HarnessError::Monitor("no http body".into()))?;
+        let connz: serde_json::Value =
+            serde_json::from_str(body).map_err(|e| HarnessError::Monitor(e.to_string()))?;
+        let count = connz["connections"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["subscriptions_list"].as_array().into_iter().flatten())
+            .filter(|s| s.as_str() == Some(subject))
+            .count();
+        Ok(count)
     }
 
     /// The JetStream store directory (kept across restarts, deleted on drop).
@@ -167,21 +205,32 @@ impl NatsServer {
     /// Freezes the server (SIGSTOP): its connections stay open but nothing is answered, as
     /// on a hung host. [`thaw`](Self::thaw) resumes it; [`restart`](Self::restart) and
     /// [`stop`](Self::stop) work on a frozen server too (what it had not answered is lost).
+    ///
+    /// # Panics
+    /// When the server is not running or the signal cannot be sent.
     pub fn freeze(&self) {
         self.signal("-STOP");
     }
 
     /// Resumes a [`freeze`](Self::freeze)d server (SIGCONT).
+    ///
+    /// # Panics
+    /// As [`freeze`](Self::freeze).
     pub fn thaw(&self) {
         self.signal("-CONT");
     }
 
     fn signal(&self, signal: &str) {
-        if let Some(pid) = self.child.as_ref().and_then(|c| c.id()) {
-            let _ = std::process::Command::new("kill")
-                .args([signal, &pid.to_string()])
-                .status();
-        }
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(|c| c.id())
+            .expect("the server runs");
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {pid} failed: {status}");
     }
 
     /// `kill -9` then start again on the same port and store: what survives is what the
@@ -215,8 +264,9 @@ impl NatsServer {
             None => String::new(),
         };
         let text = format!(
-            "listen: 127.0.0.1:{port}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{auth}{extra}\n",
+            "listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{auth}{extra}\n",
             port = self.port,
+            monitor = self.monitor_port,
             store = self.store_dir().display().to_string(),
             extra = self.options.extra_config,
         );

@@ -87,7 +87,8 @@ pub(crate) struct Attempt {
     pub journal: Arc<Mutex<Journal>>,
     /// Runs the task.
     pub handler: Arc<dyn TaskHandler>,
-    /// The ack wait of the consumer the input came from (the heartbeat runs at a third).
+    /// The ack wait of the consumer the input came from (the heartbeat runs at a third;
+    /// unused without an input).
     pub ack_wait: Duration,
     /// The streams the task's record is read from before it runs.
     pub streams: Streams,
@@ -118,6 +119,8 @@ pub(crate) enum AttemptArgs {
         seq: u64,
         /// The decoded task.
         task: TaskSpec,
+        /// The attempt (the admission's, as the worker's running set knows it).
+        attempt_id: AttemptId,
         /// The journal's admission of it.
         admission: crate::journal::Admission,
         /// The slot the fetch loop took for it: released as soon as the input is acked.
@@ -162,6 +165,11 @@ pub(crate) enum AttemptMsg {
     /// A graceful shutdown: cancel the handler, let it end (bounded), then hand the input back
     /// (nak, no delay) and stop.
     Abandon(Duration),
+    /// Settle again after a failed try (see `settle_parked`).
+    Settle {
+        /// Cancel it (else only republish a final result saved earlier).
+        cancel: bool,
+    },
 }
 
 /// Where an attempt is in its life.
@@ -173,17 +181,6 @@ enum Phase {
     Running,
     /// A result is being saved, published or acked (or the actor is stopping).
     Settling,
-}
-
-/// What an attempt is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// A task input.
-    Task,
-    /// An answer resuming a parked attempt.
-    Resume,
-    /// Settling a parked attempt.
-    Settle,
 }
 
 /// What `post_start` does.
@@ -204,7 +201,8 @@ pub(crate) struct AttemptState {
     attempt_id: AttemptId,
     rerun: bool,
     start: Option<Start>,
-    kind: Kind,
+    /// An answer resumes a parked attempt (it waits for a slot while `Starting`).
+    resume: bool,
     /// The worker's admission of this input was new (nothing journalled before).
     fresh_admission: bool,
     phase: Phase,
@@ -231,6 +229,8 @@ pub(crate) struct AttemptState {
     suspend: Option<Suspend>,
     answers: Vec<Answer>,
     answered: BTreeSet<MessageId>,
+    /// Tries of a settle so far.
+    settle_tries: u32,
 }
 
 impl AttemptState {
@@ -312,6 +312,7 @@ impl Actor for Attempt {
                 msg,
                 seq,
                 task,
+                attempt_id,
                 admission,
                 slot,
             } => {
@@ -333,8 +334,6 @@ impl Actor for Attempt {
                             .and_then(|v| serde_json::from_value(v.clone()).ok()),
                     )
                 };
-                let attempt_id =
-                    AttemptId::new(&admission.attempt_id).unwrap_or_else(|_| fresh_attempt_id());
                 (
                     Some(msg),
                     seq,
@@ -391,13 +390,9 @@ impl Actor for Attempt {
         let state = saved
             .as_ref()
             .map_or(TaskState::Running, |s| s.result.state);
-        let kind = match start {
-            Start::Task { .. } => Kind::Task,
-            Start::Resume(_) => Kind::Resume,
-            Start::Settle { .. } => Kind::Settle,
-        };
+        let resume = matches!(start, Start::Resume(_));
         Ok(AttemptState {
-            kind,
+            resume,
             fresh_admission: false,
             span: tracing::Span::none(),
             input,
@@ -422,6 +417,7 @@ impl Actor for Attempt {
             state,
             answered: answers.iter().map(|a| a.message_id.clone()).collect(),
             answers,
+            settle_tries: 0,
         })
     }
 
@@ -496,14 +492,9 @@ impl Actor for Attempt {
                 let status = protocol::task::cancel_status(state.state, ids_match);
                 if status == CancelStatus::Requested {
                     let _ = state.cancel.send(true);
-                    let nothing_runs = match state.phase {
-                        // Waiting, about to park.
-                        Phase::Running => state.run.is_none(),
-                        // A resume waiting for its slot: cancelled without running.
-                        Phase::Starting => state.kind == Kind::Resume,
-                        Phase::Settling => false,
-                    };
-                    if nothing_runs {
+                    // A resume waiting for its slot is cancelled without running; a running
+                    // handler sees the cancel and returns.
+                    if state.phase == Phase::Starting && state.resume {
                         let _ = myself.cast(AttemptMsg::Finished(Outcome::Cancelled));
                     }
                 }
@@ -530,6 +521,10 @@ impl Actor for Attempt {
                 let _ = reply.send(answer);
             }
             AttemptMsg::Abandon(grace) => self.abandon(&myself, state, grace).await,
+            AttemptMsg::Settle { cancel } => {
+                state.pending = None;
+                self.settle_parked(&myself, state, cancel).await?;
+            }
         }
         Ok(())
     }

@@ -200,38 +200,40 @@ impl Attempt {
     }
 
     /// Settles a parked attempt (no input): republishes a final result it saved earlier, or
-    /// publishes its `cancelled` result, and forgets it. The publish is tried a few times with
-    /// backoff: no input brings it back otherwise (the next start-up's sweep does).
+    /// publishes its `cancelled` result, and forgets it. A try that fails is tried again after
+    /// a pause (0.5 s, doubling; [`SETTLE_TRIES`] in all) brought by
+    /// [`AttemptMsg::Settle`], so that the mailbox (queries, cancels) is served meanwhile; no
+    /// input brings it back otherwise (the next start-up's sweep does).
     pub(super) async fn settle_parked(
         &self,
         myself: &ActorRef<AttemptMsg>,
         state: &mut AttemptState,
         cancel: bool,
     ) -> Result<(), AttemptError> {
-        let mut pause = Duration::from_millis(500);
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            // A try that saved the cancelled result and failed to publish it is tried again
-            // with the same state-change sequence, so the same ids.
-            let saved_final = state.saved.clone().filter(|s| s.result.state.is_final());
-            let settled = match saved_final {
-                Some(saved) => self.publish_saved(myself, state, saved).await,
-                None if cancel => self.finish(myself, state, Outcome::Cancelled).await,
-                None => {
-                    myself.stop(Some("nothing to settle".into()));
-                    return Ok(());
-                }
-            };
-            match settled {
-                Ok(()) => return Ok(()),
-                Err(e) if tries < SETTLE_TRIES => {
-                    tracing::warn!(task_id = %state.task.task_id, error = %e, "settling a parked attempt failed; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                Err(e) => return Err(e),
+        state.settle_tries += 1;
+        // A try that saved the cancelled result and failed to publish it is tried again with
+        // the same state-change sequence, so the same ids.
+        let saved_final = state.saved.clone().filter(|s| s.result.state.is_final());
+        let settled = match saved_final {
+            Some(saved) => self.publish_saved(myself, state, saved).await,
+            None if cancel => self.finish(myself, state, Outcome::Cancelled).await,
+            None => {
+                myself.stop(Some("nothing to settle".into()));
+                return Ok(());
             }
+        };
+        match settled {
+            Err(e) if state.settle_tries < SETTLE_TRIES => {
+                let pause = Duration::from_millis(500) * 2u32.pow(state.settle_tries - 1);
+                tracing::warn!(task_id = %state.task.task_id, error = %e, ?pause, "settling a parked attempt failed; trying again");
+                let me = myself.clone();
+                state.pending = Some(Owned::spawn(async move {
+                    tokio::time::sleep(pause).await;
+                    let _ = me.cast(AttemptMsg::Settle { cancel });
+                }));
+                Ok(())
+            }
+            other => other,
         }
     }
 }

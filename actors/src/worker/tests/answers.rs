@@ -4,31 +4,10 @@
 
 use std::time::Duration;
 
-use protocol::task::{TaskChannelBody, TaskResult, TaskState};
+use protocol::task::{TaskChannelBody, TaskState};
 use protocol::WorkerId;
 
 use super::*;
-
-/// Submits a task whose handler asks a question (`[ask]` in its text).
-async fn submit_asking(env: &Env, task_id: &str) -> u64 {
-    env.submit_raw(
-        serde_json::json!({ "version": 1, "task_id": task_id, "text": format!("[ask] {task_id}") }),
-        &format!("m-{task_id}"),
-    )
-    .await
-}
-
-/// The next result of `task_id` (skipping other tasks' bodies).
-async fn result_of(results: &mut Results, task_id: &str) -> TaskResult {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let result = results.result(left).await;
-        if result.task_id.as_str() == task_id {
-            return result;
-        }
-    }
-}
 
 /// The `answer_refused` error result of `task_id` on the task channel, as raw JSON.
 async fn refusal_of(results: &mut Results, task_id: &str) -> Option<serde_json::Value> {
@@ -177,13 +156,39 @@ async fn a_duplicate_answer_gets_the_saved_result_again_and_resumes_nothing() {
     let second = result_of(&mut results, "t-dup").await;
     assert_eq!(second.state, TaskState::Waiting);
     assert_eq!(second.suspend.as_ref().unwrap().tool_call_id, "call-2");
+    // What the worker publishes for the task from now on, seen at the ingress (the task
+    // channel drops a copy with the same ids, so it would not show there).
+    let key = protocol::TaskKey::from_task_id(&second.task_id);
+    let mut published = env
+        .client
+        .subscribe(subjects::task_ingress_filter(&key))
+        .await
+        .unwrap();
+    env.client.flush().await.unwrap();
     // The same answer again (a retry of the answerer, or a redelivery).
     env.answer(&env.answer_envelope(&first, "ans-1")).await;
+    let again = tokio::time::timeout(DEADLINE, published.next())
+        .await
+        .expect("the saved result published again")
+        .unwrap();
+    let env_again = protocol::decode(&again.payload, protocol::Codec::Json).unwrap();
+    let bodies = match protocol::routing::bundle_items(&env_again.body) {
+        Some(items) => items.unwrap().into_iter().map(|i| i.body).collect(),
+        None => vec![env_again.body],
+    };
+    assert!(
+        bodies.iter().any(|b| {
+            serde_json::from_value::<TaskChannelBody>(b.clone())
+                .is_ok_and(|b| matches!(b, TaskChannelBody::Result(r) if r == second))
+        }),
+        "{bodies:?}"
+    );
     env.wait_empty(subjects::ANSWERS_STREAM).await;
     let snap = wait_snapshot(&worker, "the duplicate answer handled", |s| {
         s.counters.answers >= 2
     })
     .await;
+    assert_eq!(snap.counters.answers, 2);
     assert_eq!(handler.resumes(), 1, "a duplicate resumes nothing");
     assert_eq!(snap.counters.answers_refused, 0);
     // The saved (second waiting) result went out again, with the same ids: the task channel
@@ -219,5 +224,17 @@ async fn the_answer_route_can_be_filled_by_any_answerer() {
         subject,
         format!("hub.pub.boss.answer.{}", waiting.worker_id)
     );
+    // And the answer sent there, as boss, through the hub, resumes the attempt.
+    let answer = env.answer_envelope(&waiting, "ans-route");
+    env.js
+        .publish(subject, serde_json::to_vec(&answer).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let done = result_of(&mut results, "t-route").await;
+    assert_eq!(done.state, TaskState::Completed);
+    assert_eq!(done.attempt_id, waiting.attempt_id);
+    assert_eq!(handler.resumes(), 1);
     stop(worker).await;
 }

@@ -244,6 +244,7 @@ async fn waiting_attempt_resumes_on_answer_and_ignores_duplicates() {
         s.counters.answers + s.counters.answers_refused >= 2 && s.running == 0
     })
     .await;
+    assert_eq!(snap.counters.answers + snap.counters.answers_refused, 2);
     assert_eq!(handler.resumes.load(Ordering::SeqCst), 1, "one resume");
     assert_eq!(snap.parked, 0, "forgotten once final");
     stop(worker).await;

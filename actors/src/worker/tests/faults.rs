@@ -28,8 +28,12 @@ async fn a_bad_input_whose_refusal_cannot_be_published_is_left_for_redelivery() 
         "m-refused",
     )
     .await;
-    wait_snapshot(&worker, "the bad input seen", |s| s.counters.bad_input >= 1).await;
-    // The refusal could not be published: the input is not acked.
+    // The refusal could not be published: the input is not acked, so it comes back (after the
+    // refusal's nak delay) and is refused again.
+    wait_snapshot(&worker, "the bad input delivered again", |s| {
+        s.counters.bad_input >= 2
+    })
+    .await;
     assert_eq!(
         env.work_left().await,
         1,
@@ -120,11 +124,14 @@ async fn a_worker_whose_server_restarts_while_idle_runs_the_next_task() {
     let mut env = env("idle-restart").await;
     let handler = TestHandler::new(Duration::ZERO);
     let worker = env.start("worker-idle-restart", handler.clone(), 2).await;
-    // Idle: its pulls wait. The server hangs long enough for every pull the worker has out
-    // (or sends meanwhile) to go unanswered, then dies, and comes back on its store: the
-    // replies of those pulls are lost.
+    // Idle: its pulls wait. The server hangs until the worker has given up on the pulls of
+    // both its loops (tasks and answers) for want of a reply, then dies, and comes back on
+    // its store: the replies of those pulls are lost.
     env.server.freeze();
-    tokio::time::sleep(super::super::FETCH_WAIT * 4).await;
+    wait_snapshot(&worker, "pulls abandoned while frozen", |s| {
+        s.counters.pulls_abandoned >= 2
+    })
+    .await;
     env.server.restart().await.unwrap();
     let mut results = env.results().await;
     env.submit("t-after-restart").await;
@@ -210,6 +217,19 @@ async fn a_crashed_worker_leaves_no_subscription_behind_and_its_restart_answers(
         .await
         .unwrap();
     let first = wait_registered(name).await;
+    // One subscription per control subject and the status subject, held by this incarnation.
+    let mut subjects_held: Vec<String> = subjects::ControlKind::ALL
+        .into_iter()
+        .map(|kind| subjects::control(&env.worker_id, kind))
+        .collect();
+    subjects_held.push(subjects::WORKER_STATUS_SUBJECT.to_owned());
+    for subject in &subjects_held {
+        assert_eq!(
+            env.server.subscriptions_on(subject).await.unwrap(),
+            1,
+            "{subject}"
+        );
+    }
     // The next message the worker handles fails it (ractor then skips its post_stop).
     fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
     let _ = ractor::call_t!(first, WorkerMsg::Snapshot, 500);
@@ -222,8 +242,18 @@ async fn a_crashed_worker_leaves_no_subscription_behind_and_its_restart_answers(
         assert!(tokio::time::Instant::now() < deadline, "not restarted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Every control request is answered: none is taken by a subscription of the failed
-    // incarnation.
+    // The failed incarnation's subscriptions are gone (dropped with its state), before any
+    // request could have ended them: one each, the new incarnation's.
+    harness::wait_until_async("one subscription per subject", DEADLINE, || async {
+        let mut one_each = true;
+        for subject in &subjects_held {
+            one_each &= env.server.subscriptions_on(subject).await.unwrap() == 1;
+        }
+        one_each
+    })
+    .await
+    .unwrap();
+    // Every control request is answered by the new incarnation.
     let request = serde_json::json!({
         "task_id": "t-none", "attempt_id": "a-none", "worker_id": env.worker_id,
     });

@@ -440,6 +440,27 @@ impl Results {
     }
 }
 
+/// Submits a task whose handler asks a question (`[ask]` in its text).
+pub(super) async fn submit_asking(env: &Env, task_id: &str) -> u64 {
+    env.submit_raw(
+        serde_json::json!({ "version": 1, "task_id": task_id, "text": format!("[ask] {task_id}") }),
+        &format!("m-{task_id}"),
+    )
+    .await
+}
+
+/// The next result of `task_id` within [`DEADLINE`] (skipping other tasks' bodies).
+pub(super) async fn result_of(results: &mut Results, task_id: &str) -> TaskResult {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let result = results.result(left).await;
+        if result.task_id.as_str() == task_id {
+            return result;
+        }
+    }
+}
+
 pub(super) async fn snapshot(worker: &ActorRef<WorkerMsg>) -> WorkerSnapshot {
     ractor::call_t!(worker, WorkerMsg::Snapshot, 2000).unwrap()
 }

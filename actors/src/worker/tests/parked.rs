@@ -11,23 +11,11 @@ use super::*;
 use crate::fault::{self, Fault, FaultPoint};
 use crate::journal::Journal;
 
-/// Stores a task whose handler parks on a question.
-async fn asking(env: &Env, task_id: &str) -> u64 {
-    env.submit_raw(
-        serde_json::json!({ "version": 1, "task_id": task_id, "text": format!("[ask] {task_id}") }),
-        &format!("m-{task_id}"),
-    )
-    .await
-}
-
-/// The next result of `task_id` (results of other tasks are skipped).
-async fn result_of(results: &mut Results, task_id: &str) -> TaskResult {
-    loop {
-        let r = results.result(DEADLINE).await;
-        if r.task_id.as_str() == task_id {
-            return r;
-        }
-    }
+/// Asserts that the (stopped) worker's journal holds no open attempt.
+fn assert_journal_empty(env: &Env) {
+    let journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+    let open = journal.open_attempts();
+    assert!(open.is_empty(), "{open:?}");
 }
 
 #[tokio::test]
@@ -36,7 +24,7 @@ async fn a_parked_attempt_survives_the_work_stream_recreated_and_its_answer_resu
     let handler = TestHandler::new(Duration::ZERO);
     let mut results = env.results().await;
     let worker = env.start("worker-parked-reuse", handler.clone(), 2).await;
-    assert_eq!(asking(&env, "t-parked").await, 1);
+    assert_eq!(submit_asking(&env, "t-parked").await, 1);
     let waiting = result_of(&mut results, "t-parked").await;
     assert_eq!(waiting.state, TaskState::Waiting);
     env.wait_work_empty().await;
@@ -68,17 +56,13 @@ async fn a_cancel_of_a_parked_attempt_whose_first_publish_fails_is_published_on_
     let mut results = env.results().await;
     let name = "worker-cancel-retry";
     let worker = env.start(name, TestHandler::new(Duration::ZERO), 1).await;
-    asking(&env, "t-cancel").await;
+    submit_asking(&env, "t-cancel").await;
     let waiting = result_of(&mut results, "t-cancel").await;
     env.wait_work_empty().await;
     wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
     // The settle's first try fails between saving the cancelled result and publishing it.
-    fault::arm(
-        &format!("{name}.attempt.t-cancel"),
-        FaultPoint::Handle,
-        Fault::Error,
-        1,
-    );
+    let attempt = format!("{name}.attempt.t-cancel");
+    fault::arm(&attempt, FaultPoint::Handle, Fault::Error, 1);
     let reply = env
         .control(
             subjects::ControlKind::Cancel,
@@ -90,6 +74,11 @@ async fn a_cancel_of_a_parked_attempt_whose_first_publish_fails_is_published_on_
     let cancelled = result_of(&mut results, "t-cancel").await;
     assert_eq!(cancelled.state, TaskState::Cancelled);
     assert_eq!(cancelled.attempt_id, waiting.attempt_id);
+    assert_eq!(
+        fault::remaining(&attempt, FaultPoint::Handle),
+        0,
+        "the first try failed"
+    );
     let snap = wait_snapshot(&worker, "settled", |s| s.parked == 0 && s.running == 0).await;
     assert_eq!(snap.counters.cancelled, 1);
     // Published once: nothing else follows on the channel.
@@ -104,7 +93,7 @@ async fn a_resume_whose_answer_ack_is_lost_is_closed_by_the_redelivered_answer()
     let mut results = env.results().await;
     let name = "worker-dup-final";
     let worker = env.start(name, handler.clone(), 1).await;
-    asking(&env, "t-dup").await;
+    submit_asking(&env, "t-dup").await;
     let waiting = result_of(&mut results, "t-dup").await;
     env.wait_work_empty().await;
     wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
@@ -125,12 +114,7 @@ async fn a_resume_whose_answer_ack_is_lost_is_closed_by_the_redelivered_answer()
     assert_eq!(handler.resumes(), 1, "not resumed twice");
     assert_eq!(snap.counters.attempt_failures, 1);
     stop(worker).await;
-    let journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
-    assert!(
-        journal.open_attempts().is_empty(),
-        "{:?}",
-        journal.open_attempts()
-    );
+    assert_journal_empty(&env);
 }
 
 #[tokio::test]
@@ -145,7 +129,7 @@ async fn the_start_up_sweep_publishes_a_saved_cancel_and_forgets_attempts_finish
         result_of(&mut results, "t-done").await.state,
         TaskState::Completed
     );
-    asking(&env, "t-cancelled").await;
+    submit_asking(&env, "t-cancelled").await;
     let waiting = result_of(&mut results, "t-cancelled").await;
     env.wait_work_empty().await;
     wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
@@ -192,12 +176,7 @@ async fn the_start_up_sweep_publishes_a_saved_cancel_and_forgets_attempts_finish
     );
     assert!(results.drain(Duration::from_millis(500)).await.is_empty());
     stop(worker).await;
-    let journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
-    assert!(
-        journal.open_attempts().is_empty(),
-        "{:?}",
-        journal.open_attempts()
-    );
+    assert_journal_empty(&env);
 }
 
 #[tokio::test]
@@ -289,7 +268,7 @@ async fn a_cancel_of_a_resume_waiting_for_its_slot_is_cancelled_without_running(
         ..env.worker("worker-resume-slot", handler.clone(), 1)
     })
     .await;
-    asking(&env, "t-asks").await;
+    submit_asking(&env, "t-asks").await;
     let waiting = result_of(&mut results, "t-asks").await;
     env.wait_work_empty().await;
     // The only slot is taken by a task that holds it.

@@ -55,7 +55,7 @@ pub struct AttachState {
     joined: u64,
     attached: u64,
     refused: u64,
-    /// Requests ignored because their reply subject is not an inbox.
+    /// Requests ignored because their reply subject is not under the inbox prefix.
     replies_refused: u64,
 }
 
@@ -68,7 +68,7 @@ pub struct AttachSnapshot {
     pub refused: u64,
     /// Worker joins answered.
     pub joined: u64,
-    /// Requests ignored because their reply subject is not under `_INBOX.`.
+    /// Requests ignored because their reply subject is not under the inbox prefix.
     #[serde(default)]
     pub replies_refused: u64,
 }
@@ -186,22 +186,16 @@ impl Actor for Attach {
     }
 }
 
-/// The reply subject of a request when it is an inbox (a reply aimed at another subject, say
-/// `hub.pub.<other>.inbox`, would be stored as `<other>`'s message): counted and ignored
-/// otherwise.
+/// The reply subject of a request when a service may answer on it (see [`crate::reply`]):
+/// counted and ignored otherwise.
 fn reply_of(
     msg: &async_nats::Message,
     prefix: &str,
     state: &mut AttachState,
 ) -> Option<async_nats::Subject> {
-    let reply = msg.reply.clone()?;
-    if subjects::is_reply_subject_under(reply.as_str(), prefix) {
-        Some(reply)
-    } else {
-        state.replies_refused += 1;
-        tracing::warn!(subject = %msg.subject, %prefix, "request with a reply outside the reply prefix ignored");
-        None
-    }
+    crate::reply::answerable(msg.reply.as_ref(), prefix, msg.subject.as_str(), || {
+        state.replies_refused += 1
+    })
 }
 
 impl Attach {

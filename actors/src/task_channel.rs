@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream::DirectGetErrorKind};
 use async_nats::HeaderMap;
 use protocol::task::{ChannelView, TaskChannelBody};
-use protocol::{headers, subjects, TaskId, TaskKey};
+use protocol::{subjects, TaskId, TaskKey};
 
 /// Upper bound of one whole read of a channel.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,10 +65,7 @@ pub fn decode(
     msg_headers: Option<&HeaderMap>,
     payload: &[u8],
 ) -> Option<TaskChannelBody> {
-    let content_type = msg_headers
-        .and_then(|h| h.get(headers::CONTENT_TYPE))
-        .map(|v| v.as_str());
-    protocol::decode_with_content_type(payload, content_type)
+    crate::decode::envelope(msg_headers, payload)
         .ok()
         .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
         .filter(|body| body.task_id() == task_id)
@@ -114,8 +111,7 @@ pub async fn unrouted(
     let subject = subjects::task_ingress_filter(&TaskKey::from_task_id(task_id));
     let mut out = Vec::new();
     for msg in read_subject(js, ingress, &subject, 1).await? {
-        let content_type = msg.headers.get(headers::CONTENT_TYPE).map(|v| v.as_str());
-        let Ok(env) = protocol::decode_with_content_type(&msg.payload, content_type) else {
+        let Ok(env) = crate::decode::envelope(Some(&msg.headers), &msg.payload) else {
             continue;
         };
         let bodies = match protocol::routing::bundle_items(&env.body) {

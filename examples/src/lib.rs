@@ -7,8 +7,8 @@ pub mod args {
     //! the usage on stdout and exits 0; arguments that do not fit print one line on stderr
     //! (what is wrong, then the usage) and exit [`EXIT_USAGE`], before anything starts.
 
-    /// The exit code of a usage error (`EX_USAGE`), as the `runtime` binary's.
-    pub const EXIT_USAGE: i32 = 64;
+    /// The exit code of a usage error (`EX_USAGE`), the `runtime` binary's.
+    pub use runtime::exit::USAGE as EXIT_USAGE;
 
     /// What the arguments asked for.
     #[derive(Debug, PartialEq, Eq)]

@@ -79,7 +79,7 @@ pub struct NatsSettings {
 
 impl std::fmt::Debug for NatsSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let redact = |v: &Option<String>| v.as_ref().map(|_| "<redacted>");
+        let redact = |v: &Option<String>| v.as_ref().map(|_| REDACTED);
         f.debug_struct("NatsSettings")
             .field("url", &redact_url(&self.url))
             .field("token", &redact(&self.token))

@@ -26,6 +26,7 @@
 
 pub mod config;
 pub mod connect;
+pub mod exit;
 pub mod shutdown;
 pub mod system;
 pub mod telemetry;

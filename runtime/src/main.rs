@@ -80,7 +80,6 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Answer(args) => answer(args).await,
         Command::Delegate(args) => cli::tasks::delegate(args, |line| println!("{line}"))
             .await
-            .map(|_| ())
             .map_err(|e| match e {
                 cli::tasks::DelegateError::Waiting(w) => anyhow::Error::new(w),
                 cli::tasks::DelegateError::System(e) => anyhow::Error::new(e),
@@ -152,8 +151,7 @@ async fn start(args: StartArgs) -> anyhow::Result<()> {
 fn worker_settings(
     args: &StartArgs,
 ) -> Result<runtime::system::worker::WorkerSettings, SystemError> {
-    let invalid =
-        |flag: &str, e: &dyn std::fmt::Display| SystemError::InvalidSetting(format!("{flag}: {e}"));
+    let invalid = cli::invalid;
     let worker_id = protocol::WorkerId::new(args.worker_id.clone().unwrap_or_default())
         .map_err(|e| invalid("--worker-id", &e))?;
     let queue = protocol::QueueName::new(args.queue.clone().unwrap_or_default())

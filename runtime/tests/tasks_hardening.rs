@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actors::worker::{AttemptContext, Outcome, TaskHandler};
-use async_nats::jetstream;
 use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
@@ -52,12 +51,7 @@ impl TaskHandler for Counting {
 }
 
 fn alice() -> AgentId {
-    AgentId::new("alice").unwrap()
-}
-
-async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
-    let mut stream = js.get_stream(stream).await.unwrap();
-    stream.info().await.unwrap().state.messages
+    support::agent("alice")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,7 +162,10 @@ async fn an_invalid_idempotency_key_is_refused_before_anything_is_written() {
     let mut keys = kv.keys().await.unwrap();
     use futures::StreamExt;
     assert!(keys.next().await.is_none(), "an entry was written");
-    assert_eq!(stream_messages(&js, subjects::INGRESS_STREAM).await, 0);
+    assert_eq!(
+        support::stream_messages(&js, subjects::INGRESS_STREAM).await,
+        0
+    );
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
@@ -225,7 +222,7 @@ async fn a_router_ack_wait_shorter_than_the_workers_config_runs_a_long_task_once
     assert_eq!(result.state, TaskState::Completed);
     let js = support::js(&server).await;
     harness::wait_until_async("the work stream drained", DEADLINE, || async {
-        stream_messages(&js, subjects::WORK_STREAM).await == 0
+        support::stream_messages(&js, subjects::WORK_STREAM).await == 0
     })
     .await
     .unwrap();
@@ -266,7 +263,7 @@ async fn a_task_republished_after_a_broker_restart_runs_once() {
     assert_eq!(result.state, TaskState::Completed);
     let js = support::js(&server).await;
     harness::wait_until_async("the task consumed", DEADLINE, || async {
-        stream_messages(&js, subjects::WORK_STREAM).await == 0
+        support::stream_messages(&js, subjects::WORK_STREAM).await == 0
     })
     .await
     .unwrap();
@@ -296,8 +293,8 @@ async fn a_task_republished_after_a_broker_restart_runs_once() {
         "the republished task routed and settled",
         DEADLINE,
         || async {
-            stream_messages(&js, subjects::INGRESS_STREAM).await == 0
-                && stream_messages(&js, subjects::WORK_STREAM).await == 0
+            support::stream_messages(&js, subjects::INGRESS_STREAM).await == 0
+                && support::stream_messages(&js, subjects::WORK_STREAM).await == 0
                 && hub
                     .worker_snapshot(&aw1)
                     .await

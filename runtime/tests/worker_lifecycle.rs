@@ -31,12 +31,7 @@ fn runs(scene: &Scene) -> Vec<String> {
 }
 
 fn alice() -> AgentId {
-    AgentId::new("alice").unwrap()
-}
-
-async fn work_left(js: &async_nats::jetstream::Context) -> u64 {
-    let mut stream = js.get_stream(subjects::WORK_STREAM).await.unwrap();
-    stream.info().await.unwrap().state.messages
+    support::agent("alice")
 }
 
 async fn wait_exit(process: &mut RuntimeProcess, within: Duration) -> Option<i32> {
@@ -79,7 +74,7 @@ async fn sigterm_mid_task_lets_a_short_task_complete_once_before_exit() {
     assert_eq!(wait_exit(&mut w1, Duration::from_secs(15)).await, Some(0));
     let js = support::js(&server).await;
     harness::wait_until_async("the input acked", DEADLINE, || async {
-        work_left(&js).await == 0
+        support::stream_messages(&js, subjects::WORK_STREAM).await == 0
     })
     .await
     .unwrap();
@@ -191,7 +186,7 @@ async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_agai
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router)])));
     let w2 = scene.worker(&url, "cw2", "cq");
     harness::wait_until_async("the input settled", DEADLINE, || async {
-        work_left(&js).await == 0
+        support::stream_messages(&js, subjects::WORK_STREAM).await == 0
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("cw2", &w2)])));

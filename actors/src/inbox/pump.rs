@@ -8,7 +8,7 @@ use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
-use protocol::{headers, subjects, AgentId};
+use protocol::{subjects, AgentId};
 use tokio::sync::watch;
 use tracing::Instrument;
 
@@ -157,12 +157,7 @@ impl InboxPump {
         delivered: u64,
         seen: &mut SeenSet,
     ) -> Verdict {
-        let content_type = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(headers::CONTENT_TYPE))
-            .map(|v| v.as_str());
-        let envelope = protocol::decode_with_content_type(&msg.payload, content_type).ok();
+        let envelope = crate::decode::envelope(msg.headers.as_ref(), &msg.payload).ok();
         let Some(envelope) = envelope else {
             self.counters.malformed.bump();
             return Verdict::Malformed;

@@ -9,8 +9,9 @@
 //! - `journal.log`: an append-only log, one record per line:
 //!   `<crc32 as 8 hex digits> <JSON record>\n`, where the JSON record is tagged by `kind`:
 //!   `admitted`, `result`, `answer`, `published`, `parked`, or `done`. A result, an answer or a
-//!   parked task is `write_all` plus `sync_data` before the call returns, so it survives a
-//!   crash or power loss. An
+//!   parked task is `write_all` plus `sync_data` before it counts (before the call returns, or,
+//!   under [`Journal::deferring`], once its [`SyncToken`] is waited on: the group commit the
+//!   worker uses), so it survives a crash or power loss. An
 //!   admission is written (it survives the process: the page cache does) and becomes durable
 //!   with the next durable record; a power loss before that may lose it, which only changes
 //!   the re-run's attempt id (the re-run itself is flagged from the broker's delivery count).
@@ -27,8 +28,8 @@
 //! stream's sequences start over when it is deleted and recreated):
 //!
 //! 1. [`Journal::admit`] before the handler runs (idempotent: a redelivered input gets the
-//!    same attempt back; see [`Admission::is_rerun`] and [`Admission::result`]; an open
-//!    record of the same sequence for another task is a stale one and is forgotten);
+//!    same attempt back with [`Admission::result`], if any; an open record of the same
+//!    sequence for another task is a stale one and is forgotten, unless it is parked);
 //! 2. [`Journal::save_result`] when the handler returns, before publishing;
 //! 3. [`Journal::mark_published`] once the broker confirmed the publish;
 //! 4. [`Journal::forget`] once the input is acknowledged; [`Journal::compact`] later rewrites
@@ -116,14 +117,6 @@ pub struct Admission {
     pub result: Option<Value>,
     /// Whether that saved result was already confirmed by the broker.
     pub published: bool,
-}
-
-impl Admission {
-    /// The input was admitted before but has no saved result: the worker crashed mid-run and
-    /// the same attempt must be run again, telling the handler it is a re-run.
-    pub fn is_rerun(&self) -> bool {
-        !self.new && self.result.is_none()
-    }
 }
 
 /// The worker's local journal. See the [module documentation](self).

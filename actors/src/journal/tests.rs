@@ -49,7 +49,7 @@ fn journal_admission_survives_reopen_and_is_idempotent() {
         let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
         let admission = journal.admit(5, "task-a", "att-1").unwrap();
         assert!(admission.new);
-        assert!(!admission.is_rerun());
+        assert_eq!(admission.result, None);
         // Dropped without any close: a crash.
     }
     let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
@@ -57,7 +57,10 @@ fn journal_admission_survives_reopen_and_is_idempotent() {
     assert!(!admission.new);
     assert_eq!(admission.attempt_id, "att-1");
     assert_eq!(admission.result, None);
-    assert!(admission.is_rerun(), "admitted without result means re-run");
+    assert!(
+        !admission.new && admission.result.is_none(),
+        "admitted before without a result: the same attempt runs again"
+    );
     let record = journal.lookup(5, "task-a").unwrap();
     assert_eq!(record.task_id, "task-a");
     assert_eq!(record.attempt_id, "att-1");
@@ -86,7 +89,7 @@ fn journal_saved_result_survives_crash() {
     }
     let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
     let admission = journal.admit(1, "task-a", "att-x").unwrap();
-    assert!(!admission.new && !admission.is_rerun());
+    assert!(!admission.new);
     assert_eq!(
         admission.result,
         Some(json!({"state": "completed", "response": "ok"}))

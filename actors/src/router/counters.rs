@@ -21,6 +21,8 @@ crate::counters! {
         in_flight,
         /// Times the pull loop re-issued its pulls (missed heartbeats, reconnects).
         reconnects,
+        /// Status requests ignored because their reply subject is not under the inbox prefix.
+        replies_refused,
     }
 }
 

@@ -87,15 +87,14 @@ impl DurablePump {
         let js = jetstream::ContextBuilder::new()
             .max_ack_inflight(max_in_flight * protocol::routing::MAX_BUNDLE_ITEMS + 1)
             .build(self.client.clone());
-        let consumer_err = |e: &dyn std::fmt::Display| RouterError::Consumer(e.to_string().into());
         let stream = js
             .get_stream(&self.delivery.ingress.name)
             .await
-            .map_err(|e| consumer_err(&e))?;
+            .map_err(|e| RouterError::Consumer(Box::new(e)))?;
         let consumer = stream
             .create_consumer(crate::consumers::router_consumer(&self.delivery))
             .await
-            .map_err(|e| consumer_err(&e))?;
+            .map_err(|e| RouterError::Consumer(Box::new(e)))?;
         let mut messages = consumer
             .stream()
             .max_messages_per_batch(max_in_flight.min(500))
@@ -103,7 +102,7 @@ impl DurablePump {
             .expires(PULL_EXPIRES)
             .messages()
             .await
-            .map_err(|e| consumer_err(&e))?;
+            .map_err(|e| RouterError::Consumer(Box::new(e)))?;
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
         let mut held: VecDeque<Message> = VecDeque::new();
         let mut seq_fallback = 0u64;

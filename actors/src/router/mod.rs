@@ -211,10 +211,14 @@ impl Actor for Router {
         fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             RouterMsg::StatusRequest { reply } => {
-                if !subjects::is_reply_subject_under(reply.as_str(), &self.reply_prefix) {
-                    tracing::warn!(%reply, prefix = %self.reply_prefix, "status request with a reply outside the reply prefix ignored");
+                let Some(reply) = crate::reply::answerable(
+                    Some(&reply),
+                    &self.reply_prefix,
+                    subjects::STATUS_SUBJECT,
+                    || state.counters.replies_refused.bump(),
+                ) else {
                     return Ok(());
-                }
+                };
                 state.status_requests += 1;
                 let body = serde_json::to_vec(&self.snapshot(state))?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {

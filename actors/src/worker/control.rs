@@ -24,7 +24,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use protocol::subjects::{self, ControlKind};
+use protocol::subjects::ControlKind;
 use protocol::task::{
     judge_answer, Answer, AnswerRefusal, AnswerVerdict, AttemptView, ControlRequest, QueryReply,
     TaskState,
@@ -253,14 +253,12 @@ impl Worker {
                 let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
                 journal
                     .lookup_attempt(request.task_id.as_str(), request.attempt_id.as_str())
-                    .map(|r| (r.result.clone(), Parked::of(r)))
+                    .map(|r| (super::attempt::saved_of(r), Parked::of(r)))
             };
             let Some((saved, parked)) = record else {
                 publish_json(&client, reply, &unknown()).await;
                 return;
             };
-            let saved: Option<super::SavedResult> =
-                saved.and_then(|v| serde_json::from_value(v).ok());
             let task_state = saved
                 .as_ref()
                 .map_or(TaskState::Running, |s| s.result.state);
@@ -362,14 +360,12 @@ impl Worker {
         msg: &async_nats::Message,
         state: &WorkerState,
     ) -> Option<async_nats::Subject> {
-        let reply = msg.reply.clone()?;
-        if subjects::is_reply_subject_under(reply.as_str(), &self.reply_prefix) {
-            Some(reply)
-        } else {
-            state.counters.replies_refused.bump();
-            tracing::warn!(subject = %msg.subject, prefix = %self.reply_prefix, "request with a reply subject outside the reply prefix ignored");
-            None
-        }
+        crate::reply::answerable(
+            msg.reply.as_ref(),
+            &self.reply_prefix,
+            msg.subject.as_str(),
+            || state.counters.replies_refused.bump(),
+        )
     }
 }
 

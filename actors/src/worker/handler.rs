@@ -42,8 +42,8 @@ impl AttemptContext {
 /// # Cancel safety
 ///
 /// The future a handler returns may be dropped at any await point: when the worker fails or
-/// stops, when a graceful shutdown hands the input back after its grace, and after a cancel
-/// request that the handler does not answer in time. Nothing it did is rolled back, and its
+/// stops, and when a graceful shutdown hands the input back (after the grace, and after the
+/// cancelled handler was given a bounded time to end). Nothing it did is rolled back, and its
 /// outcome is not recorded: the attempt is run again elsewhere (flagged `rerun`). Keep effects
 /// idempotent or keyed by `task_id`/`attempt_id`, and hold external resources in values whose
 /// `Drop` releases them. A cancel is first signalled through [`AttemptContext::cancelled`],

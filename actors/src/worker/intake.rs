@@ -181,17 +181,11 @@ impl Worker {
     }
 }
 
-/// Decodes the envelope of a stored input with the one rule of every reader
-/// ([`protocol::decode_with_content_type`]).
+/// Decodes the envelope of a stored input ([`crate::decode::envelope`]).
 pub(super) fn decode_envelope(
     msg: &jetstream::Message,
 ) -> Result<protocol::Envelope, protocol::EnvelopeError> {
-    let content_type = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
-        .map(|v| v.as_str());
-    protocol::decode_with_content_type(&msg.payload, content_type)
+    crate::decode::envelope(msg.headers.as_ref(), &msg.payload)
 }
 
 /// Decodes a task input; on failure returns the salvageable task id and the error.

@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use async_nats::Client;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use protocol::subjects::{self, ControlKind};
 use protocol::{QueueName, WireError, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -549,20 +549,19 @@ impl Worker {
             slots: state.slots.clone(),
         };
         let consumers = bound.consumers.clone();
-        let me = myself.clone();
-        state.fetch = Some(Owned::spawn(async move {
-            let ended = std::panic::AssertUnwindSafe(fetcher.run(consumers, stop_rx))
-                .catch_unwind()
-                .await;
-            let msg = match ended {
-                Ok(Ok(())) => return,
-                Ok(Err(FetchError::ConsumerGone { consumer })) => {
-                    WorkerMsg::ConsumersLost(consumer)
+        let (me, lost) = (myself.clone(), myself.clone());
+        // A consumer gone makes the worker re-join; any other end is a failure.
+        let fetch = async move {
+            match fetcher.run(consumers, stop_rx).await {
+                Err(FetchError::ConsumerGone { consumer }) => {
+                    let _ = lost.cast(WorkerMsg::ConsumersLost(consumer));
+                    Ok(())
                 }
-                Ok(Err(e)) => WorkerMsg::PumpFailed(e.to_string()),
-                Err(_) => WorkerMsg::PumpFailed("the fetch loop panicked".into()),
-            };
-            let _ = me.cast(msg);
+                other => other,
+            }
+        };
+        state.fetch = Some(crate::background::spawn_pump(fetch, move |reason| {
+            let _ = me.cast(WorkerMsg::PumpFailed(reason));
         }));
         state.bound = Some(bound);
     }

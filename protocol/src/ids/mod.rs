@@ -41,7 +41,7 @@ pub const MAX_MESSAGE_ID_LEN: usize = 256;
 
 /// The prefix of every `Nats-Msg-Id` and system `meta.id` the hub stores under
 /// (`hub-router:`, `hub-system:`, `hub-reject-`, `hub-task:`, `hub-result:`,
-/// `hub-status:`, `hub-bundle:`). Reserved in [`AgentId`] and [`WorkerId`]:
+/// `hub-status:`, `hub-bundle:`, `hub-refusal:`). Reserved in [`AgentId`] and [`WorkerId`]:
 /// refused with [`IdError::ReservedPrefix`].
 pub const SYSTEM_ID_PREFIX: &str = "hub-";
 

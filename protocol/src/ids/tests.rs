@@ -154,6 +154,7 @@ fn system_id_prefixes() -> Vec<&'static str> {
         crate::task::TASK_MSG_ID_PREFIX,
         crate::task::RESULT_MSG_ID_PREFIX,
         crate::task::STATUS_MSG_ID_PREFIX,
+        crate::task::REFUSAL_MSG_ID_PREFIX,
         // Not exported: the prefix of a built bundle id, up to its first `:`.
         bundle_prefix(),
     ]

@@ -133,17 +133,16 @@ pub fn router_msg_id(from: &AgentId, id: &MessageId) -> String {
     format!("{ROUTER_MSG_ID_PREFIX}{from}:{id}")
 }
 
-/// Whether `reply` is a reply subject a service may answer on: under
-/// [`DEFAULT_REPLY_PREFIX`] (see [`is_reply_subject_under`]).
-pub fn is_reply_subject(reply: &str) -> bool {
-    is_reply_subject_under(reply, DEFAULT_REPLY_PREFIX)
-}
-
 /// Whether `prefix` can root reply subjects: dot-separated, non-empty tokens without wildcards
 /// or whitespace (`_INBOX`, `_INBOX.alice`).
 pub fn is_valid_reply_prefix(prefix: &str) -> bool {
-    !prefix.is_empty()
-        && prefix
+    is_literal_subject(prefix)
+}
+
+/// Dot-separated, non-empty tokens without wildcards or whitespace.
+fn is_literal_subject(subject: &str) -> bool {
+    !subject.is_empty()
+        && subject
             .split('.')
             .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
 }
@@ -152,17 +151,10 @@ pub fn is_valid_reply_prefix(prefix: &str) -> bool {
 /// followed by at least one token, and a literal subject (no wildcard, whitespace or empty
 /// token).
 pub fn is_reply_subject_under(reply: &str, prefix: &str) -> bool {
-    let Some(rest) = reply
+    reply
         .strip_prefix(prefix)
         .and_then(|rest| rest.strip_prefix('.'))
-    else {
-        return false;
-    };
-    !prefix.is_empty()
-        && !rest.is_empty()
-        && rest
-            .split('.')
-            .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
+        .is_some_and(|rest| is_literal_subject(prefix) && is_literal_subject(rest))
 }
 
 /// Whether a `Nats-Msg-Id` was set by the router (the replay guard drops

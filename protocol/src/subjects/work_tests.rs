@@ -244,7 +244,10 @@ fn an_answer_route_names_no_sender_and_is_checked_against_the_worker() {
 #[test]
 fn only_literal_inbox_replies_are_reply_subjects() {
     for good in ["_INBOX.abc", "_INBOX.alice.x1", "_INBOX.a.b.c"] {
-        assert!(crate::subjects::is_reply_subject(good), "{good}");
+        assert!(
+            crate::subjects::is_reply_subject_under(good, crate::subjects::DEFAULT_REPLY_PREFIX),
+            "{good}"
+        );
     }
     for bad in [
         "hub.pub.bob.inbox",
@@ -257,7 +260,10 @@ fn only_literal_inbox_replies_are_reply_subjects() {
         "x._INBOX.a",
         "",
     ] {
-        assert!(!crate::subjects::is_reply_subject(bad), "{bad}");
+        assert!(
+            !crate::subjects::is_reply_subject_under(bad, crate::subjects::DEFAULT_REPLY_PREFIX),
+            "{bad}"
+        );
     }
     // A deployment's own root.
     assert!(crate::subjects::is_reply_subject_under(

@@ -8,12 +8,12 @@ use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
 use protocol::{AgentId, Envelope, MessageId, Meta};
 use runtime::system::messaging::Receipt;
-use runtime::{ActorSystem, SystemError};
+use runtime::SystemError;
 
 use super::{InboxArgs, SendArgs};
 
 pub(super) fn agent(flag: &str, value: &str) -> Result<AgentId, SystemError> {
-    AgentId::new(value).map_err(|e| SystemError::InvalidSetting(format!("{flag}: {e}")))
+    AgentId::new(value).map_err(|e| super::invalid(flag, &e))
 }
 
 /// Whether the hub is durable: its ingress stream exists.
@@ -39,18 +39,14 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
     let from = agent("--as", &args.as_id)?;
     let to = agent("--to", &args.to)?;
     let id = match args.id {
-        Some(id) => {
-            MessageId::new(id).map_err(|e| SystemError::InvalidSetting(format!("--id: {e}")))?
-        }
+        Some(id) => MessageId::new(id).map_err(|e| super::invalid("--id", &e))?,
         None => runtime::system::messaging::new_message_id(),
     };
     let delivery = args.hub.delivery()?;
-    let client = args.nats.settings().connect("runtime-send").await?;
+    let nats = args.nats.settings();
+    let client = nats.connect("runtime-send").await?;
     let durable = hub_is_durable(&client, &delivery).await;
-    let system = ActorSystem::builder()
-        .client(client)
-        .durable(durable)
-        .delivery_config(delivery)
+    let system = super::client_builder(client, &nats, delivery, durable)
         .build()
         .await?;
     // The trace of a DM starts here: the publish carries this span's `traceparent`, so the
@@ -85,16 +81,13 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
             .map_err(|e: protocol::attach::InvalidInboxMode| {
                 SystemError::InvalidSetting(e.to_string())
             })?;
-    let signals = runtime::shutdown::Signals::install()
-        .map_err(|e| SystemError::InvalidSetting(format!("cannot install signal handlers: {e}")))?;
+    let signals = super::signals()?;
     let delivery = args.hub.delivery()?;
-    let client = args.nats.settings().connect("runtime-inbox").await?;
+    let nats = args.nats.settings();
+    let client = nats.connect("runtime-inbox").await?;
     let durable = mode != DurableInboxMode::Off && hub_is_durable(&client, &delivery).await;
-    let system = ActorSystem::builder()
-        .client(client)
-        .durable(durable)
+    let system = super::client_builder(client, &nats, delivery, durable)
         .inbox_mode(mode)
-        .delivery_config(delivery)
         .build()
         .await?;
     let json = args.json;

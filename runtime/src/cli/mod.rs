@@ -14,16 +14,39 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use protocol::config::DeliveryConfig;
 use runtime::{NatsSettings, SystemError};
 
-/// Exit code of a usage or configuration error (BSD `EX_USAGE`).
-pub const EXIT_USAGE: i32 = 64;
-/// Exit code of `runtime delegate --wait`/`--resume` when the task waits for an answer: its
-/// waiting result was printed, and the line on stderr says how to answer (BSD `EX_TEMPFAIL`:
-/// the task is not finished; resume it after answering).
-pub const EXIT_WAITING: i32 = 75;
-/// Exit code when NATS cannot be reached or refuses a request (BSD `EX_UNAVAILABLE`).
-pub const EXIT_UNAVAILABLE: i32 = 69;
-/// Exit code of an internal failure (BSD `EX_SOFTWARE`).
-pub const EXIT_SOFTWARE: i32 = 70;
+/// A flag's value refused: exit [`EXIT_USAGE`], one line naming the flag.
+pub fn invalid(flag: &str, e: &dyn std::fmt::Display) -> SystemError {
+    SystemError::InvalidSetting(format!("{flag}: {e}"))
+}
+
+/// The system of a client command, on `client` (connected with `nats`, whose inbox prefix
+/// it keeps), with `delivery`'s stream names.
+pub fn client_builder(
+    client: async_nats::Client,
+    nats: &NatsSettings,
+    delivery: DeliveryConfig,
+    durable: bool,
+) -> runtime::ActorSystemBuilder {
+    runtime::ActorSystem::builder()
+        .client(client)
+        .inbox_prefix(nats.reply_prefix())
+        .durable(durable)
+        .delivery_config(delivery)
+}
+
+/// Installs the SIGINT/SIGTERM handlers of a command; a failure is the process's, not the
+/// operator's (exit [`EXIT_SOFTWARE`]).
+pub fn signals() -> Result<runtime::shutdown::Signals, SystemError> {
+    runtime::shutdown::Signals::install().map_err(|e| SystemError::Spawn {
+        what: "the signal handlers".into(),
+        source: Box::new(e),
+    })
+}
+
+pub use runtime::exit::{
+    SOFTWARE as EXIT_SOFTWARE, UNAVAILABLE as EXIT_UNAVAILABLE, USAGE as EXIT_USAGE,
+    WAITING as EXIT_WAITING,
+};
 
 /// Actor-based runtime for durable agent messaging and task execution over NATS JetStream.
 #[derive(Debug, Parser)]
@@ -344,7 +367,7 @@ impl HubArgs {
         let named = |flag: &str, name: &str| {
             protocol::subjects::validate_stream_name(name)
                 .map(|()| name.to_owned())
-                .map_err(|e| SystemError::InvalidSetting(format!("{flag}: {e}")))
+                .map_err(|e| invalid(flag, &e))
         };
         if let Some(name) = &self.inbox_stream {
             delivery.inbox.name = named("--inbox-stream", name)?;

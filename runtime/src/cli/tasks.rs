@@ -7,11 +7,10 @@ use actors::tracker::TrackerEvent;
 use protocol::subjects::ControlKind;
 use protocol::task::TaskResult;
 use protocol::{QueueName, TaskId, WorkerId};
-use runtime::system::tasks::TaskReceipt;
 use runtime::{ActorSystem, SystemError};
 
 use super::messaging::agent;
-use super::{AnswerArgs, DelegateArgs, TaskAction, TaskArgs};
+use super::{invalid, AnswerArgs, DelegateArgs, TaskAction, TaskArgs};
 
 /// `delegate --wait`/`--resume` ended because the task waits for an answer (exit
 /// [`EXIT_WAITING`](super::EXIT_WAITING)); its waiting result was printed.
@@ -37,19 +36,6 @@ pub enum DelegateError {
     System(#[from] SystemError),
 }
 
-/// What `runtime delegate` printed.
-#[derive(Debug, serde::Serialize)]
-pub struct DelegateOutcome {
-    /// The receipt (absent with `--resume`).
-    pub receipt: Option<TaskReceipt>,
-    /// The final result, with `--wait` or `--resume`.
-    pub result: Option<TaskResult>,
-}
-
-fn invalid(flag: &str, e: &dyn std::fmt::Display) -> SystemError {
-    SystemError::InvalidSetting(format!("{flag}: {e}"))
-}
-
 /// `runtime delegate`: submits a task (and waits for its result with `--wait`), or finds a
 /// task's result from its stored channel with `--resume`. Every JSON line goes through
 /// `print`: the receipt, a waiting result, the final result.
@@ -63,26 +49,10 @@ fn invalid(flag: &str, e: &dyn std::fmt::Display) -> SystemError {
 /// [`DelegateError::Waiting`]; [`SystemError::InvalidSetting`] / [`SystemError::InvalidTask`]
 /// for invalid input; [`SystemError::Timeout`] when no result arrived in time; connection and
 /// publish errors.
-pub async fn delegate(
-    args: DelegateArgs,
-    print: impl Fn(&str),
-) -> Result<DelegateOutcome, DelegateError> {
-    let delivery = args.hub.delivery()?;
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-delegate")
-        .await
-        .map_err(SystemError::from)?;
-    let system = ActorSystem::builder()
-        .client(client)
-        .durable(true)
-        .delivery_config(delivery)
-        .build()
-        .await?;
-    let (receipt, task_id, tracking) = match &args.resume {
+pub async fn delegate(args: DelegateArgs, print: impl Fn(&str)) -> Result<(), DelegateError> {
+    let system = client_system(&args.nats, &args.hub, "runtime-delegate").await?;
+    let (task_id, tracking) = match &args.resume {
         Some(id) => (
-            None,
             TaskId::new(id.as_str()).map_err(|e| invalid("--resume", &e))?,
             None,
         ),
@@ -119,11 +89,9 @@ pub async fn delegate(
             };
             let (receipt, tracking) = tracing::Instrument::instrument(submitted, span).await?;
             print(&serde_json::to_string(&receipt).unwrap_or_default());
-            let task_id = receipt.task_id.clone();
-            (Some(receipt), task_id, tracking)
+            (receipt.task_id, tracking)
         }
     };
-    let mut result = None;
     if args.wait || args.resume.is_some() {
         let tracking = match tracking {
             Some(tracking) => tracking,
@@ -131,11 +99,11 @@ pub async fn delegate(
         };
         let waited = wait_for_result(&system, &task_id, tracking, &args, &print).await;
         let _ = system.shutdown(Duration::from_secs(5)).await;
-        result = Some(waited?);
-        return Ok(DelegateOutcome { receipt, result });
+        waited?;
+        return Ok(());
     }
     system.shutdown(Duration::from_secs(5)).await?;
-    Ok(DelegateOutcome { receipt, result })
+    Ok(())
 }
 
 /// Waits for the final result of `task_id`, printing each waiting result that is the task's
@@ -147,9 +115,7 @@ async fn wait_for_result(
     args: &DelegateArgs,
     print: &impl Fn(&str),
 ) -> Result<TaskResult, DelegateError> {
-    let signals = runtime::shutdown::Signals::install()
-        .map_err(|e| invalid("signal handlers", &e))?
-        .recv();
+    let signals = super::signals()?.recv();
     let mut signals = std::pin::pin!(signals);
     let runtime::system::tasks::Tracking {
         result: mut final_result,
@@ -158,10 +124,11 @@ async fn wait_for_result(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.timeout_secs);
     let mut questions_printed = BTreeSet::new();
     let mut read_warned = false;
-    // A waiting result seen live may not be readable from the stream yet: read again soon.
-    let mut recheck: Option<tokio::time::Instant> = None;
+    // A waiting result seen live may not be readable from the stream yet: read again soon, a
+    // few times ([`RECHECKS`]) per event.
+    let mut recheck = Recheck::default();
     loop {
-        let check_at = recheck.unwrap_or(deadline);
+        let check_at = recheck.at.unwrap_or(deadline);
         tokio::select! {
             got = &mut final_result => {
                 let r = got.map_err(|_| SystemError::Task {
@@ -171,8 +138,8 @@ async fn wait_for_result(
                 print(&serde_json::to_string(&r).unwrap_or_default());
                 return Ok(r);
             }
-            () = tokio::time::sleep_until(check_at), if recheck.is_some() => {
-                recheck = None;
+            () = tokio::time::sleep_until(check_at), if recheck.at.is_some() => {
+                recheck.at = None;
                 if let Some(waiting) = current_question(system, task_id, &mut recheck).await? {
                     if let Some(stop) = show_question(waiting, &mut questions_printed, args, print, task_id) {
                         return Err(stop.into());
@@ -182,6 +149,7 @@ async fn wait_for_result(
             event = events.recv(), if !events.is_closed() => match event {
                 Some(TrackerEvent::Progress(_)) => {
                     // Is it the task's current state? The channel says.
+                    recheck.left = RECHECKS;
                     let Some(waiting) = current_question(system, task_id, &mut recheck).await? else {
                         continue;
                     };
@@ -222,20 +190,31 @@ async fn wait_for_result(
     }
 }
 
+/// How many times the channel is read again after a progress event that it does not show yet.
+const RECHECKS: u32 = 10;
+
+/// When to read the channel again, and how many more times.
+#[derive(Default)]
+struct Recheck {
+    at: Option<tokio::time::Instant>,
+    left: u32,
+}
+
 /// The task's pending question when its channel shows one; when it shows neither a question nor
 /// a final result yet (a result seen live may not be stored yet), `recheck` is set to read it
-/// again shortly.
+/// again shortly, while it has tries left (a question already answered stays unshown).
 async fn current_question(
     system: &ActorSystem,
     task_id: &TaskId,
-    recheck: &mut Option<tokio::time::Instant>,
+    recheck: &mut Recheck,
 ) -> Result<Option<TaskResult>, SystemError> {
     let view = system.task_view(task_id).await?;
     if let Some(waiting) = view.waiting() {
         return Ok(Some(waiting.clone()));
     }
-    if view.final_result.is_none() {
-        *recheck = Some(tokio::time::Instant::now() + Duration::from_millis(200));
+    if view.final_result.is_none() && recheck.left > 0 {
+        recheck.left -= 1;
+        recheck.at = Some(tokio::time::Instant::now() + Duration::from_millis(200));
     }
     Ok(None)
 }
@@ -269,11 +248,9 @@ async fn client_system(
     name: &str,
 ) -> Result<ActorSystem, SystemError> {
     let delivery = hub.delivery()?;
-    let client = nats.settings().connect(name).await?;
-    ActorSystem::builder()
-        .client(client)
-        .durable(true)
-        .delivery_config(delivery)
+    let settings = nats.settings();
+    let client = settings.connect(name).await?;
+    super::client_builder(client, &settings, delivery, true)
         .build()
         .await
 }

@@ -157,6 +157,12 @@ pub async fn js(server: &harness::NatsServer) -> jetstream::Context {
     jetstream::new(server.client().await.unwrap())
 }
 
+/// How many messages `stream` holds now.
+pub async fn stream_messages(js: &jetstream::Context, stream: &str) -> u64 {
+    let mut stream = js.get_stream(stream).await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
 /// How many messages `stream` holds on exactly `subject`.
 pub async fn count_on(js: &jetstream::Context, stream: &str, subject: &str) -> usize {
     let stream = js.get_stream(stream).await.unwrap();

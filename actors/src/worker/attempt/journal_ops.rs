@@ -48,17 +48,24 @@ impl Parked {
             record_seq: record.input_seq,
             task,
             attempt_id: protocol::task::AttemptId::new(&record.attempt_id).ok()?,
-            saved: record
-                .result
-                .clone()
-                .and_then(|v| serde_json::from_value(v).ok()),
-            answers: record
-                .answers
-                .iter()
-                .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
-                .collect(),
+            saved: saved_of(record),
+            answers: answers_of(record),
         })
     }
+}
+
+/// The saved result of a journal record, when it has one that decodes.
+pub fn saved_of(record: &crate::journal::AttemptRecord) -> Option<SavedResult> {
+    serde_json::from_value(record.result.clone()?).ok()
+}
+
+/// The answers journalled in a record, oldest first (those that decode).
+pub fn answers_of(record: &crate::journal::AttemptRecord) -> Vec<protocol::task::Answer> {
+    record
+        .answers
+        .iter()
+        .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
+        .collect()
 }
 
 /// Runs a journal operation: its appends are written here, under the journal's lock (a

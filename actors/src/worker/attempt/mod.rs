@@ -21,8 +21,8 @@ use protocol::{MessageId, WireError, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
-pub(crate) use journal_ops::Parked;
 pub use journal_ops::SavedResult;
+pub(crate) use journal_ops::{saved_of, Parked};
 
 use super::handler::{AttemptContext, TaskHandler};
 use super::publish::PendingPublish;
@@ -62,7 +62,8 @@ pub const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// 6. the result is saved in the journal (fsync) *before* it is published (a too-large
 ///    result is replaced); a waiting result is parked with its task in the same fsync;
 /// 7. the result is published with stable ids and its stream acks awaited; a publish that is
-///    not confirmed is sent again with the same ids (four tries within 10 s); one that never
+///    not confirmed is sent again with the same ids (four tries, each waiting up to 2.5 s per
+///    stream ack); one that never
 ///    is fails the attempt *without* acking, after a nak with a short delay;
 /// 8. only then the input is acked (double ack, while still heartbeating); a final result
 ///    makes the journal forget the attempt, a waiting one leaves it parked; the slot is freed
@@ -316,24 +317,17 @@ impl Actor for Attempt {
                 admission,
                 slot,
             } => {
-                let (answers, saved) = {
+                let answers = {
                     let journal = self.journal.lock().unwrap_or_else(|e| e.into_inner());
-                    let record = journal.lookup(seq, task.task_id.as_str());
-                    (
-                        record
-                            .map(|r| {
-                                r.answers
-                                    .iter()
-                                    .filter_map(|a| serde_json::from_value(a.payload.clone()).ok())
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                        admission
-                            .result
-                            .as_ref()
-                            .and_then(|v| serde_json::from_value(v.clone()).ok()),
-                    )
+                    journal
+                        .lookup(seq, task.task_id.as_str())
+                        .map(journal_ops::answers_of)
+                        .unwrap_or_default()
                 };
+                let saved = admission
+                    .result
+                    .as_ref()
+                    .and_then(|v| serde_json::from_value(v.clone()).ok());
                 (
                     Some(msg),
                     seq,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use protocol::task::{bundle_msg_id, result_msg_id, status_msg_id, StatusEvent, TaskChannelBody};
 
-use super::{now_ms, Attempt, AttemptError, AttemptState, SavedResult};
+use super::{Attempt, AttemptError, AttemptState, SavedResult};
 use crate::worker::publish::{start_publish, start_publish_bundle, PendingPublish, PublishError};
 
 /// How many times a state change is sent while it is not confirmed.
@@ -14,8 +14,9 @@ const PUBLISH_TRIES: u32 = 4;
 /// The pause before a try after an error (times the tries so far).
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
 
-/// How long one try waits for its stream acks: a quarter of the publish-ack budget, so that all
-/// tries together take at most [`PUBLISH_ACK_TIMEOUT`](crate::PUBLISH_ACK_TIMEOUT).
+/// How long one try waits for each of its stream acks (a bundle, or each item of a state change
+/// too large to bundle, and a status sent before): a quarter of
+/// [`PUBLISH_ACK_TIMEOUT`](crate::PUBLISH_ACK_TIMEOUT).
 fn try_timeout() -> Duration {
     crate::PUBLISH_ACK_TIMEOUT / PUBLISH_TRIES
 }
@@ -66,22 +67,20 @@ impl Attempt {
                 .await;
             match sent {
                 Ok(()) => return Ok(()),
-                Err(e @ PublishError::Uncertain { .. }) if tries < PUBLISH_TRIES => {
+                Err(
+                    e @ (PublishError::Uncertain { .. }
+                    | PublishError::Send { .. }
+                    | PublishError::Refused { .. }),
+                ) if tries < PUBLISH_TRIES => {
                     self.counters.publish_retries.bump();
-                    tracing::warn!(task_id = %state.task.task_id, error = %e, "state change not confirmed in time; sending it again");
+                    tracing::warn!(task_id = %state.task.task_id, error = %e, "state change not confirmed; sending it again");
                     // The acceptance goes in the bundle now (its own publish may be lost too).
-                    acceptance = acceptance
-                        .or_else(|| (saved.seq >= 1).then(|| self.acceptance_event(state)));
-                }
-                Err(e @ (PublishError::Send { .. } | PublishError::Refused { .. }))
-                    if tries < PUBLISH_TRIES =>
-                {
-                    // No responders during a leader election, a broken connection: it may pass.
-                    self.counters.publish_retries.bump();
-                    tracing::warn!(task_id = %state.task.task_id, error = %e, "state change not sent; sending it again shortly");
-                    acceptance = acceptance
-                        .or_else(|| (saved.seq >= 1).then(|| self.acceptance_event(state)));
-                    tokio::time::sleep(RETRY_PAUSE * tries).await;
+                    acceptance = acceptance.or_else(|| Some(self.acceptance_event(state)));
+                    // No ack in time already took its time; an error that may pass (no
+                    // responders during a leader election, a broken connection) waits a little.
+                    if !matches!(e, PublishError::Uncertain { .. }) {
+                        tokio::time::sleep(RETRY_PAUSE * tries).await;
+                    }
                 }
                 Err(e) => return Err(unconfirmed("state change", e)),
             }
@@ -97,14 +96,7 @@ impl Attempt {
     ) -> Result<(), PublishError> {
         // One status event per state change, with a stable id (the result's seq), stored
         // before the result so that a tracker that stops at the final result has seen it.
-        let event = StatusEvent::new(
-            state.task.task_id.clone(),
-            state.attempt_id.clone(),
-            self.worker_id.clone(),
-            saved.seq.max(1),
-            saved.result.state,
-            now_ms(),
-        );
+        let event = self.status_event(state, saved.seq.max(1), saved.result.state);
         let msg_id = result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq);
         let (task_id, worker, span) = (&state.task.task_id, &self.worker_id, &state.span);
         let status_id = status_msg_id(&event.event_id);

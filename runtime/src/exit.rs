@@ -1,0 +1,13 @@
+//! The exit codes of the `runtime` binary (BSD `sysexits`), shared with the examples so that
+//! every program of the project means the same by each.
+
+/// A usage or configuration error (`EX_USAGE`).
+pub const USAGE: i32 = 64;
+/// NATS cannot be reached or refuses a request (`EX_UNAVAILABLE`).
+pub const UNAVAILABLE: i32 = 69;
+/// An internal failure (`EX_SOFTWARE`).
+pub const SOFTWARE: i32 = 70;
+/// `runtime delegate --wait`/`--resume`: the task waits for an answer; its waiting result was
+/// printed, and the line on stderr says how to answer (`EX_TEMPFAIL`: the task is not
+/// finished; resume it after answering).
+pub const WAITING: i32 = 75;

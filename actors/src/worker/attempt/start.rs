@@ -250,7 +250,11 @@ async fn read_record(
     mine: &AttemptId,
     redelivered: bool,
 ) -> Option<ChannelState> {
-    for pause in [200, 400, 800] {
+    // Pauses before the second and third tries.
+    for pause in [0, 200, 400] {
+        if pause > 0 {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
         match crate::task_channel::view(js, &streams.tasks, task_id).await {
             Ok(mut view) => {
                 let state = view.state_for(Some(mine));
@@ -276,7 +280,6 @@ async fn read_record(
                 tracing::warn!(%task_id, error = %e, "cannot read the task channel before running the task")
             }
         }
-        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
     None
 }

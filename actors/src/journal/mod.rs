@@ -202,6 +202,25 @@ impl Journal {
         Ok(journal)
     }
 
+    /// [`open`](Self::open), waiting up to 2 s for a lock held by this very process: tests
+    /// reopen a journal right after dropping it, while other tests of the same binary spawn
+    /// processes, each of which holds a copy of every descriptor (the lock's among them)
+    /// between its fork and its exec.
+    #[cfg(test)]
+    pub(crate) fn open_when_free(dir: &Path, worker_id: &str) -> Result<Journal, JournalError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match Journal::open(dir, worker_id) {
+                Err(JournalError::Locked {
+                    holder: Some(pid), ..
+                }) if pid == std::process::id() && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// The worker's journal directory (`<dir>/<worker_id>`).
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -46,13 +46,13 @@ fn append_raw(dir: &Path, bytes: &[u8]) {
 fn journal_admission_survives_reopen_and_is_idempotent() {
     let tmp = TempDir::new("admit");
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         let admission = journal.admit(5, "task-a", "att-1").unwrap();
         assert!(admission.new);
         assert_eq!(admission.result, None);
         // Dropped without any close: a crash.
     }
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     let admission = journal.admit(5, "task-a", "att-other").unwrap();
     assert!(!admission.new);
     assert_eq!(admission.attempt_id, "att-1");
@@ -72,7 +72,7 @@ fn journal_admission_survives_reopen_and_is_idempotent() {
 fn journal_saved_result_survives_crash() {
     let tmp = TempDir::new("result");
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         journal.admit(1, "task-a", "att-1").unwrap();
         journal
             .save_result(
@@ -87,7 +87,7 @@ fn journal_saved_result_survives_crash() {
             .unwrap();
         journal.mark_published(2, "task-b").unwrap();
     }
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     let admission = journal.admit(1, "task-a", "att-x").unwrap();
     assert!(!admission.new);
     assert_eq!(
@@ -107,14 +107,14 @@ fn journal_saved_result_survives_crash() {
 fn journal_ignores_torn_last_line() {
     let tmp = TempDir::new("torn");
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         journal.admit(1, "task-a", "att-1").unwrap();
         journal.save_result(1, "task-a", &json!("done")).unwrap();
     }
     // A crash in the middle of writing a record.
     append_raw(tmp.path(), br#"0badc0de {"kind":"result","seq":1,"res"#);
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         assert_eq!(
             journal.lookup(1, "task-a").unwrap().result,
             Some(json!("done"))
@@ -124,7 +124,7 @@ fn journal_ignores_torn_last_line() {
     }
     // A complete last line with a bad checksum is also a torn write.
     append_raw(tmp.path(), b"garbage\n");
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     assert_eq!(journal.open_attempts().len(), 2);
     assert_eq!(journal.lookup(2, "task-b").unwrap().attempt_id, "att-2");
 }
@@ -133,7 +133,7 @@ fn journal_ignores_torn_last_line() {
 fn journal_reports_corruption_before_the_last_line() {
     let tmp = TempDir::new("corrupt");
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         journal.admit(1, "task-a", "att-1").unwrap();
     }
     append_raw(tmp.path(), b"garbage\n");
@@ -144,7 +144,7 @@ fn journal_reports_corruption_before_the_last_line() {
             tid: Some("task-a".into()),
         }),
     );
-    let err = Journal::open(tmp.path(), "w-1").unwrap_err();
+    let err = Journal::open_when_free(tmp.path(), "w-1").unwrap_err();
     assert!(
         matches!(err, JournalError::Corrupt { line: 2, .. }),
         "{err:?}"
@@ -155,7 +155,7 @@ fn journal_reports_corruption_before_the_last_line() {
 #[test]
 fn journal_second_open_is_locked_until_first_is_dropped() {
     let tmp = TempDir::new("lock");
-    let first = Journal::open(tmp.path(), "w-1").unwrap();
+    let first = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     // `File::try_lock` conflicts between open file descriptions of one process, too.
     let err = Journal::open(tmp.path(), "w-1").unwrap_err();
     let pid = std::process::id();
@@ -176,14 +176,15 @@ fn journal_second_open_is_locked_until_first_is_dropped() {
     let other = Journal::open(tmp.path(), "w-2").unwrap();
     drop(other);
     drop(first);
-    Journal::open(tmp.path(), "w-1").unwrap();
+    // Free once dropped (see `open_when_free` for the wait).
+    Journal::open_when_free(tmp.path(), "w-1").unwrap();
 }
 
 #[test]
 fn journal_duplicate_answers_detected_across_reopen() {
     let tmp = TempDir::new("answers");
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         journal.admit(3, "task-a", "att-1").unwrap();
         journal
             .save_result(3, "task-a", &json!({"state": "waiting"}))
@@ -203,7 +204,7 @@ fn journal_duplicate_answers_detected_across_reopen() {
             .save_result(3, "task-a", &json!({"state": "completed"}))
             .unwrap();
     }
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     assert!(!journal
         .record_answer(3, "task-a", "m-1", &json!({"text": "again"}))
         .unwrap());
@@ -233,7 +234,7 @@ fn journal_forget_and_compact_keep_open_attempts() {
     let tmp = TempDir::new("compact");
     let log = tmp.path().join("w-1").join(LOG_FILE);
     {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         for seq in 1..=4 {
             journal
                 .admit(seq, &format!("task-{seq}"), &format!("att-{seq}"))
@@ -263,7 +264,7 @@ fn journal_forget_and_compact_keep_open_attempts() {
     let text = fs::read_to_string(&log).unwrap();
     assert!(!text.contains("att-1") && !text.contains("att-2"), "{text}");
     assert!(!text.contains(r#""kind":"done""#), "{text}");
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     assert!(journal.lookup(1, "task-1").is_none() && journal.lookup(2, "task-2").is_none());
     let seqs: Vec<u64> = journal
         .open_attempts()
@@ -282,7 +283,7 @@ fn journal_forget_and_compact_keep_open_attempts() {
 #[test]
 fn journal_lookup_by_task_finds_open_attempt() {
     let tmp = TempDir::new("by-task");
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     journal.admit(10, "task-a", "att-1").unwrap();
     journal.admit(11, "task-b", "att-2").unwrap();
     assert_eq!(journal.lookup_by_task("task-a").unwrap().input_seq, 10);
@@ -300,7 +301,7 @@ fn journal_lookup_by_task_finds_open_attempt() {
     journal.forget(10, "task-a").unwrap();
     assert!(journal.lookup_by_task("task-a").is_none());
     drop(journal);
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     assert_eq!(
         journal.lookup_by_task("task-b").unwrap().attempt_id,
         "att-2"
@@ -324,7 +325,7 @@ fn admitting_a_reused_sequence_for_another_task_starts_a_new_attempt() {
     // HUB_WORK was deleted and recreated: its sequences start over while this journal still
     // holds an open record (with a saved result) of input 3 for another task.
     let tmp = TempDir::new("reused-seq");
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     journal.admit(3, "task-old", "att-old").unwrap();
     journal
         .save_result(3, "task-old", &json!({"old": true}))
@@ -341,7 +342,7 @@ fn admitting_a_reused_sequence_for_another_task_starts_a_new_attempt() {
     assert_eq!(journal.lookup_by_task("task-new").unwrap().input_seq, 3);
     drop(journal);
     // And so it replays.
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     let open = journal.open_attempts();
     assert_eq!(open.len(), 1);
     assert_eq!(open[0].task_id, "task-new");
@@ -355,7 +356,7 @@ fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
     let mut sizes = Vec::new();
     let mut seq = 0;
     for _ in 0..10 {
-        let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         sizes.push(fs::metadata(&log).unwrap().len());
         for _ in 0..5 {
             seq += 1;
@@ -376,14 +377,14 @@ fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
         sizes[2..].iter().all(|&s| s <= first_open),
         "the log grows across restarts: {sizes:?}"
     );
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     assert_eq!(journal.open_attempts().len(), 1);
 }
 
 #[test]
 fn a_parked_attempt_is_found_by_task_and_attempt_beside_a_newer_admission() {
     let tmp = TempDir::new("parked");
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     journal.admit(1, "task-a", "att-1").unwrap();
     journal
         .save_result(1, "task-a", &json!({"waiting": true}))
@@ -400,7 +401,7 @@ fn a_parked_attempt_is_found_by_task_and_attempt_beside_a_newer_admission() {
     assert_eq!(journal.parked_count(), 1);
     drop(journal);
     // Parked survives a reopen (and its compaction).
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     let parked = journal.lookup_attempt("task-a", "att-1").unwrap();
     assert_eq!(parked.task, Some(json!({"task": "a"})));
     assert_eq!(parked.result, Some(json!({"waiting": true})));
@@ -412,7 +413,7 @@ fn a_parked_attempt_survives_the_reuse_of_its_sequence_by_another_task() {
     // long ago and its attempt is parked waiting for an answer; a new input 1 of task-b must
     // not take its place.
     let tmp = TempDir::new("parked-reuse");
-    let mut journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     journal.admit(1, "task-a", "att-a").unwrap();
     journal
         .save_result(1, "task-a", &json!({"state": "waiting"}))
@@ -430,7 +431,7 @@ fn a_parked_attempt_survives_the_reuse_of_its_sequence_by_another_task() {
         .unwrap();
     assert!(journal.forget(1, "task-b").unwrap());
     drop(journal);
-    let journal = Journal::open(tmp.path(), "w-1").unwrap();
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     let parked = journal.lookup_attempt("task-a", "att-a").unwrap();
     assert_eq!(parked.answers.len(), 1);
     assert_eq!(parked.task, Some(json!({"task": "a"})));

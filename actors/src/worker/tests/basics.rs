@@ -116,7 +116,7 @@ async fn saved_result_is_republished_without_running_the_handler() {
         },
     };
     {
-        let mut journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+        let mut journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
         journal.admit(seq, "t-saved", "a-saved").unwrap();
         journal
             .save_result(seq, "t-saved", &serde_json::to_value(&saved).unwrap())
@@ -143,7 +143,7 @@ async fn saved_result_is_republished_without_running_the_handler() {
     assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
     assert_eq!(snapshot(&worker).await.counters.redelivered, 1);
     stop(worker).await;
-    let journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+    let journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
     assert!(
         journal.open_attempts().is_empty(),
         "forgotten after the ack"
@@ -483,7 +483,8 @@ async fn journal_is_compacted_while_running_and_reopens_without_finished_attempt
     stop(worker).await;
     // The compacted log replays to no open attempt, and is short: only the attempts finished
     // since the last compaction (at most 3 + the 2 that may finish meanwhile), 3 lines each.
-    let journal = crate::journal::Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+    let journal =
+        crate::journal::Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
     assert!(journal.open_attempts().is_empty());
     let log = env
         .dir

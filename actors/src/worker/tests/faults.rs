@@ -62,7 +62,7 @@ async fn a_reused_sequence_for_another_task_runs_as_a_new_attempt_with_its_own_r
     // The journal holds an open record of input 1 from an earlier incarnation of HUB_WORK
     // (deleted and recreated since): task t-old, with a saved result.
     {
-        let mut journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+        let mut journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
         journal.admit(1, "t-old", "a-old").unwrap();
         let saved = super::super::SavedResult {
             seq: 1,

@@ -13,7 +13,7 @@ use crate::journal::Journal;
 
 /// Asserts that the (stopped) worker's journal holds no open attempt.
 fn assert_journal_empty(env: &Env) {
-    let journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+    let journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
     let open = journal.open_attempts();
     assert!(open.is_empty(), "{open:?}");
 }
@@ -137,7 +137,7 @@ async fn the_start_up_sweep_publishes_a_saved_cancel_and_forgets_attempts_finish
     // What a crash leaves: the cancel of the parked attempt saved, its publish never made;
     // and an open record of t-done's input (another copy of it finished elsewhere).
     {
-        let mut journal = Journal::open(&env.dir, env.worker_id.as_str()).unwrap();
+        let mut journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
         let record = journal
             .lookup_attempt("t-cancelled", waiting.attempt_id.as_str())
             .unwrap()

@@ -26,6 +26,7 @@ mod background;
 pub mod consumers;
 pub mod counters;
 mod decode;
+mod epoch;
 pub mod fault;
 pub mod inbox;
 pub mod journal;

@@ -171,7 +171,36 @@ pub async fn ensure_streams(
         out.push(ensure_stream(js, config).await?);
     }
     ensure_idempotency_bucket(js).await?;
+    ensure_brokers_bucket(js).await?;
     Ok(out)
+}
+
+/// How long a broker incarnation's record is kept: a router that connects to a broker up
+/// longer than this records it again, and treats it as just started (the safe side).
+pub const BROKER_RECORD_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+/// Creates the broker incarnations bucket ([`protocol::subjects::BROKERS_BUCKET`]) when it
+/// does not exist.
+///
+/// # Errors
+/// [`StreamError::Api`] / [`StreamError::Timeout`].
+pub async fn ensure_brokers_bucket(js: &Context) -> Result<(), StreamError> {
+    let name = protocol::subjects::BROKERS_BUCKET;
+    if let Ok(Ok(_)) = tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await {
+        return Ok(());
+    }
+    let config = async_nats::jetstream::kv::Config {
+        bucket: name.to_string(),
+        description: "broker incarnations seen by routers (create-only)".into(),
+        history: 1,
+        max_age: BROKER_RECORD_AGE,
+        storage: StorageType::File,
+        ..Default::default()
+    };
+    timed("create", name, js.create_key_value(config))
+        .await?
+        .map_err(|e| api("create", name, e))?;
+    Ok(())
 }
 
 /// The KV bucket of task idempotency keys: one create-only entry per (queue, key), no expiry,

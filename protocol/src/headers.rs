@@ -34,6 +34,12 @@ pub const REPLAY_HEADERS: [&str; 5] = [
     NATS_LAST_SEQUENCE,
 ];
 
+/// On a task input: read the task channel before running it, it may have run before. Set by
+/// the router on the work stream copy (`protocol::task::router_flags`), and by a sender on a
+/// retry of a publish whose outcome it never learned (the router carries it over). Its value
+/// is ignored; it can only make a worker more careful.
+pub const HUB_CHECK: &str = "Hub-Check";
+
 /// Makes a JetStream publish fail unless it lands in the named stream.
 pub const NATS_EXPECTED_STREAM: &str = "Nats-Expected-Stream";
 

@@ -21,6 +21,9 @@ crate::counters! {
         in_flight,
         /// Times the pull loop re-issued its pulls (missed heartbeats, reconnects).
         reconnects,
+        /// Tasks stored flagged `Hub-Check` (the worker reads their task channel before running
+        /// them: they may have been stored or run before).
+        flagged,
         /// Status requests ignored because their reply subject is not under the inbox prefix.
         replies_refused,
     }

@@ -25,6 +25,8 @@ use tracing::Instrument;
 use super::counters::RouterCounters;
 use super::outbound::{header_pairs, routed_headers, view};
 use super::RouterError;
+use crate::background::Owned;
+use crate::epoch::{broker_mark, Baseline, BrokerMark};
 use crate::PUBLISH_ACK_TIMEOUT;
 
 /// Delay of a nak after a failed store: the message comes back after this long.
@@ -103,6 +105,22 @@ impl DurablePump {
             .messages()
             .await
             .map_err(|e| RouterError::Consumer(Box::new(e)))?;
+        // What the broker held when this connection began (re-taken after every reconnect):
+        // a task stored from an input older than that, or while the broker may have
+        // forgotten the dedupe ids of consumed tasks, is flagged for the worker to check.
+        let broker = Baseline::<BrokerMark>::new(self.client.clone());
+        let read = {
+            let (client, js) = (self.client.clone(), js.clone());
+            let ingress = self.delivery.ingress.name.clone();
+            move || {
+                let (client, js, ingress) = (client.clone(), js.clone(), ingress.clone());
+                async move { broker_mark(&client, &js, &ingress, protocol::subjects::WORK_STREAM).await }
+            }
+        };
+        if let Err(e) = broker.refresh(read()).await {
+            tracing::warn!(error = %e, "no broker baseline yet; every routed task is flagged for a check");
+        }
+        let _refresher = Owned::spawn(broker.clone().keep_fresh(read));
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
         let mut held: VecDeque<Message> = VecDeque::new();
         let mut seq_fallback = 0u64;
@@ -125,7 +143,7 @@ impl DurablePump {
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
                         self.counters.in_flight.bump();
-                        in_flight.push_back(self.start(&js, &msg, seq).await);
+                        in_flight.push_back(self.start(&js, &msg, seq, &broker).await);
                         held.push_back(msg);
                     }
                     Some(Err(e)) => match e.kind() {
@@ -158,7 +176,13 @@ impl DurablePump {
     // The async block yields the *store-ack* future on purpose: awaiting it here would
     // serialize the pipeline.
     #[allow(clippy::async_yields_async)]
-    async fn start(&self, js: &jetstream::Context, msg: &Message, seq: u64) -> Pending {
+    async fn start(
+        &self,
+        js: &jetstream::Context,
+        msg: &Message,
+        seq: u64,
+        broker: &Baseline<BrokerMark>,
+    ) -> Pending {
         let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         let pairs = header_pairs(msg.headers.as_ref());
@@ -176,7 +200,13 @@ impl DurablePump {
                     if let Err(e) = self.ensure_queue_consumer(js, &subject).await {
                         return ready(Done::Failed(e));
                     }
-                    let headers = routed_headers(Some(&msg_id), codec);
+                    let mut headers = routed_headers(Some(&msg_id), codec);
+                    if protocol::subjects::parse_work(&subject).is_ok()
+                        && self.flags_check(msg, seq, broker)
+                    {
+                        self.counters.flagged.bump();
+                        headers.insert(protocol::headers::HUB_CHECK, "1");
+                    }
                     store(js, subject, headers, payload, false).await
                 }
                 RouteDecision::StoreAll {
@@ -260,6 +290,34 @@ impl DurablePump {
         }
         .instrument(span)
         .await
+    }
+
+    /// Whether a task stored from `msg` is flagged (`Hub-Check`) for the worker to read its
+    /// task channel first ([`protocol::task::router_flags`]).
+    fn flags_check(&self, msg: &Message, seq: u64, broker: &Baseline<BrokerMark>) -> bool {
+        let info = msg.info().ok();
+        let window =
+            i128::try_from(self.delivery.duplicate_window().as_nanos()).unwrap_or(i128::MAX);
+        let stored_ns = info.as_ref().map(|i| i.published.unix_timestamp_nanos());
+        let baseline = broker
+            .current()
+            .map(|mark| protocol::task::IngressBaseline {
+                ingress_last_seq: mark.ingress_last_seq,
+                dedupe_may_be_lost: match (mark.dedupe_lost_since_ns, stored_ns) {
+                    (None, _) => false,
+                    (Some(since), Some(stored)) => stored < since.saturating_add(window),
+                    (Some(_), None) => true,
+                },
+            });
+        protocol::task::router_flags(&protocol::task::IngressFacts {
+            delivered: info.map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1)),
+            sender_flagged: msg
+                .headers
+                .as_ref()
+                .is_some_and(|h| h.get(protocol::headers::HUB_CHECK).is_some()),
+            baseline,
+            ingress_seq: seq,
+        })
     }
 
     /// The first task routed to a queue creates the queue's shared consumer, so tasks wait for

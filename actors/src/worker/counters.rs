@@ -37,6 +37,9 @@ crate::counters! {
         /// Inputs acked without running anything: the task channel showed the task finished,
         /// or parked on another attempt's question.
         settled,
+        /// Task inputs run without reading their task channel first: delivered once, not
+        /// flagged, stored after the worker's baseline (`protocol::task::must_read_channel`).
+        unread,
         /// Waiting attempts resumed from the journal by an answer.
         resumed,
         /// Pulls that failed (each backed off before the next).

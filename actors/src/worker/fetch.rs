@@ -72,6 +72,9 @@ pub(super) struct Fetcher {
     pub client: async_nats::Client,
     pub counters: Arc<WorkerCounters>,
     pub slots: Arc<Slots>,
+    /// Dropped at every failed pull: the consumer may have been created again, and its
+    /// delivery counts with it.
+    pub baseline: Arc<crate::epoch::Baseline<u64>>,
 }
 
 /// How a pull ended.
@@ -275,6 +278,7 @@ impl Fetcher {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<(), FetchError> {
         self.counters.fetch_errors.bump();
+        self.baseline.invalidate();
         let name = consumer.cached_info().name.clone();
         let gone = matches!(
             consumer.get_info().await.map_err(|e| e.kind()),

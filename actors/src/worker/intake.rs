@@ -124,6 +124,7 @@ impl Worker {
             compact_after: self.compact_after,
             counters: state.counters.clone(),
             slots: state.slots.clone(),
+            baseline: state.baseline.clone(),
         };
         let name = attempt.name.clone();
         match Actor::spawn_linked(Some(name), attempt, args, myself.get_cell()).await {

@@ -78,6 +78,7 @@ use slots::Slots;
 use startup::Bound;
 
 use crate::background::Owned;
+use crate::epoch::Baseline;
 use crate::fault::{self, FaultPoint};
 use crate::journal::{Journal, JournalError};
 
@@ -249,6 +250,12 @@ pub struct WorkerState {
     running: RunningSet,
     counters: Arc<WorkerCounters>,
     started: Instant,
+    /// The work stream's last sequence when the current connection and consumers began: an
+    /// input stored after it and delivered once is a first delivery, and runs without its
+    /// task channel being read ([`protocol::task::must_read_channel`]).
+    baseline: Arc<Baseline<u64>>,
+    /// Takes the baseline again when it is dropped.
+    baseline_task: Option<Owned>,
 }
 
 /// Why a join failed.
@@ -378,7 +385,10 @@ impl Actor for Worker {
             running: RunningSet::default(),
             counters: Arc::new(WorkerCounters::default()),
             started: Instant::now(),
+            baseline: Baseline::new(self.client.clone()),
+            baseline_task: None,
         };
+        self.keep_baseline(&mut state, &bound).await;
         self.start_fetch(&myself, &mut state, bound);
         state.sweep = Some(self.spawn_sweep(myself.clone(), &state));
         tracing::info!(name = %self.name, worker = %self.worker_id, queue = %self.queue, "worker started");
@@ -467,6 +477,9 @@ impl Actor for Worker {
                     return Ok(());
                 }
                 tracing::info!(worker = %self.worker_id, "re-joined the queue");
+                // The consumers may be new: their delivery counts started over.
+                state.baseline.invalidate();
+                self.keep_baseline(state, &bound).await;
                 self.start_fetch(&myself, state, *bound);
             }
             WorkerMsg::PumpFailed(reason) => return Err(WorkerError::Pump(reason).into()),
@@ -537,6 +550,21 @@ impl Worker {
         }))
     }
 
+    /// Takes the work stream baseline of `bound` now (a failure leaves it to the background
+    /// task) and keeps it taken: [`crate::epoch::Baseline::keep_fresh`], owned by the state.
+    async fn keep_baseline(&self, state: &mut WorkerState, bound: &Bound) {
+        let js = jetstream::new(self.client.clone());
+        let stream = bound.work_stream.clone();
+        let read = move || {
+            let (js, stream) = (js.clone(), stream.clone());
+            async move { crate::epoch::last_seq(&js, &stream).await }
+        };
+        if let Err(e) = state.baseline.refresh(read()).await {
+            tracing::warn!(error = %e, "no work stream baseline yet; every input's task channel is read");
+        }
+        state.baseline_task = Some(Owned::spawn(state.baseline.clone().keep_fresh(read)));
+    }
+
     /// Starts the fetch loops on `bound`'s consumers.
     fn start_fetch(&self, myself: &ActorRef<WorkerMsg>, state: &mut WorkerState, bound: Bound) {
         let (stop, stop_rx) = watch::channel(false);
@@ -547,6 +575,7 @@ impl Worker {
             client: self.client.clone(),
             counters: state.counters.clone(),
             slots: state.slots.clone(),
+            baseline: state.baseline.clone(),
         };
         let consumers = bound.consumers.clone();
         let (me, lost) = (myself.clone(), myself.clone());

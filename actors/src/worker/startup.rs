@@ -23,6 +23,8 @@ pub struct Bound {
     pub(super) consumers: Consumers,
     /// The task channel and ingress streams (from the join reply).
     pub(super) streams: Streams,
+    /// The work stream the queue and targeted consumers read.
+    pub(super) work_stream: String,
 }
 
 /// First and longest pause between two re-join tries.
@@ -113,6 +115,7 @@ impl Worker {
                 tasks: join.tasks_stream,
                 ingress: join.ingress_stream,
             },
+            work_stream: join.work_stream,
         })
     }
 

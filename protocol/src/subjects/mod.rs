@@ -76,6 +76,13 @@ pub const WORKER_STATUS_SUBJECT: &str = "hub.admin.workers";
 pub const DEFAULT_REPLY_PREFIX: &str = "_INBOX";
 /// The KV bucket of task idempotency keys (see [`crate::task::idempotency`]).
 pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
+
+/// The KV bucket of broker incarnations: one create-only entry per nats-server run (its
+/// `server_id`, new at every start), written by the first router that connects to it, whose
+/// value says whether the work stream held messages then (`"1"`) or not (`"0"`). Routers use
+/// it to tell a broker that just restarted (and may have forgotten the dedupe ids of consumed
+/// tasks) from one long up.
+pub const BROKERS_BUCKET: &str = "HUB_BROKERS";
 /// Prefix of the `Nats-Msg-Id` of every message the router stores.
 pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 

@@ -33,6 +33,7 @@ mod channel;
 mod decide;
 mod decode;
 mod error;
+mod fresh;
 pub mod idempotency;
 mod types;
 mod wire;
@@ -48,6 +49,7 @@ pub use decide::{
 };
 pub use decode::{decode_task, decode_task_json};
 pub use error::TaskError;
+pub use fresh::{must_read_channel, router_flags, IngressBaseline, IngressFacts, InputFacts};
 pub use types::{
     Answer, CancelStatus, ControlRequest, JoinRequest, Outcome, QueryReply, StatusEvent,
     StatusKind, Suspend, TaskResult, TaskSpec, TaskState,

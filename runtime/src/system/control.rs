@@ -114,7 +114,8 @@ impl ActorSystem {
             extra: Default::default(),
         };
         let msg_id = format!("{from}:{}", envelope.meta.id);
-        self.publish_envelope(&subject, &msg_id, &envelope).await?;
+        self.publish_envelope(&subject, &msg_id, &envelope, super::messaging::Retry::No)
+            .await?;
         Ok(answer)
     }
 }

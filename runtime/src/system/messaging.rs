@@ -115,7 +115,12 @@ impl ActorSystem {
             });
         }
         let ack = self
-            .publish_ingress(&subject, &format!("{from}:{}", envelope.meta.id), payload)
+            .publish_ingress(
+                &subject,
+                &format!("{from}:{}", envelope.meta.id),
+                payload,
+                Retry::No,
+            )
             .await?;
         Ok(Receipt {
             id: envelope.meta.id.clone(),
@@ -188,10 +193,15 @@ impl ActorSystem {
         subject: &str,
         msg_id: &str,
         payload: Vec<u8>,
+        retry: Retry,
     ) -> Result<async_nats::jetstream::publish::PublishAck, SystemError> {
         let mut h = HeaderMap::new();
         actors::trace_context::inject_current(&mut h);
         h.insert(headers::NATS_MSG_ID, msg_id);
+        if retry == Retry::OutcomeUnknown {
+            // It may have been stored (and run) already: the worker is to check first.
+            h.insert(headers::HUB_CHECK, "retry");
+        }
         let js = async_nats::jetstream::new(self.client.clone());
         let ack = js
             .publish_with_headers(subject.to_owned(), h, payload.into())
@@ -215,9 +225,19 @@ impl ActorSystem {
         subject: &str,
         msg_id: &str,
         envelope: &Envelope,
+        retry: Retry,
     ) -> Result<async_nats::jetstream::publish::PublishAck, SystemError> {
         let payload = protocol::encode(envelope, Codec::Json)
             .map_err(|e| SystemError::publish(subject, e))?;
-        self.publish_ingress(subject, msg_id, payload).await
+        self.publish_ingress(subject, msg_id, payload, retry).await
     }
+}
+
+/// Whether an ingress publish repeats one whose outcome the sender never learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retry {
+    /// A first publish.
+    No,
+    /// A publish again of a task that may have been stored and run: flagged `Hub-Check`.
+    OutcomeUnknown,
 }

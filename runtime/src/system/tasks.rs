@@ -5,7 +5,7 @@ use protocol::task::{TaskSpec, TASK_VERSION};
 use protocol::{subjects, AgentId, Envelope, Meta, QueueName, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
-use super::messaging::new_message_id;
+use super::messaging::{new_message_id, Retry};
 use super::{ActorSystem, SystemError};
 
 /// Proof that a task was submitted.
@@ -76,7 +76,9 @@ impl ActorSystem {
             extra: Default::default(),
         };
         let Some(key) = &spec.idempotency_key else {
-            let ack = self.publish_envelope(&subject, &msg_id, &envelope).await?;
+            let ack = self
+                .publish_envelope(&subject, &msg_id, &envelope, Retry::No)
+                .await?;
             return Ok(TaskReceipt {
                 task_id: spec.task_id.clone(),
                 ingress_seq: Some(ack.sequence),
@@ -101,7 +103,7 @@ impl ActorSystem {
         match kv.create(&entry, value.into()).await {
             Ok(revision) => {
                 let ack = self
-                    .publish_envelope(&record.subject, &record.msg_id, &envelope)
+                    .publish_envelope(&record.subject, &record.msg_id, &envelope, Retry::No)
                     .await?;
                 mark_stored(&kv, &entry, record, revision).await;
                 Ok(TaskReceipt {
@@ -146,7 +148,12 @@ impl ActorSystem {
                     extra: Default::default(),
                 });
                 let ack = self
-                    .publish_envelope(&record.subject, &record.msg_id, &again)
+                    .publish_envelope(
+                        &record.subject,
+                        &record.msg_id,
+                        &again,
+                        Retry::OutcomeUnknown,
+                    )
                     .await?;
                 let task_id = record.task_id.clone();
                 mark_stored(&kv, &entry, *record, found.revision).await;

@@ -114,9 +114,14 @@ impl Attempt {
         if let Some(input) = &state.input {
             crate::worker::publish::ack_confirmed(input)
                 .await
-                .map_err(|source| AttemptError::Unconfirmed {
-                    what: "input ack".into(),
-                    source,
+                .map_err(|source| {
+                    // Its consumer may be gone (and made again, its delivery counts started
+                    // over): inputs are checked until a new baseline is taken.
+                    self.baseline.invalidate();
+                    AttemptError::Unconfirmed {
+                        what: "input ack".into(),
+                        source,
+                    }
                 })?;
         }
         state.heartbeat = None;

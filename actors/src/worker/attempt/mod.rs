@@ -99,6 +99,9 @@ pub(crate) struct Attempt {
     pub counters: Arc<WorkerCounters>,
     /// The worker's slots (a resume takes one).
     pub slots: Arc<Slots>,
+    /// The worker's work stream baseline: an input stored after it, delivered once, runs
+    /// without its task channel being read; a refused input ack drops it.
+    pub baseline: Arc<crate::epoch::Baseline<u64>>,
 }
 
 /// The streams an attempt reads a task's record from.

@@ -49,6 +49,29 @@ impl Attempt {
                 .as_ref()
                 .and_then(|m| m.info().ok())
                 .is_some_and(|i| i.delivered > 1);
+        let flagged = state.input.as_ref().is_some_and(|m| {
+            m.headers
+                .as_ref()
+                .is_some_and(|h| h.get(protocol::headers::HUB_CHECK).is_some())
+        });
+        let info = state.input.as_ref().and_then(|m| m.info().ok());
+        let facts = protocol::task::InputFacts {
+            fresh_admission: new,
+            delivered: info
+                .as_ref()
+                .map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1)),
+            flagged,
+            seq: info.map_or(state.record_seq, |i| i.stream_sequence),
+            baseline_last_seq: self.baseline.current(),
+        };
+        if !protocol::task::must_read_channel(&facts) {
+            // A first delivery of an input stored after the baseline: nothing of it can have
+            // run before, and its channel holds nothing of another attempt.
+            self.counters.unread.bump();
+            return self
+                .on_planned(myself, state, Some(ChannelState::Untouched))
+                .await;
+        }
         let me = myself.clone();
         state.pending = Some(Owned::spawn(async move {
             let channel = read_record(&js, &streams, &task_id, &mine, redelivered).await;
@@ -255,7 +278,14 @@ async fn read_record(
         if pause > 0 {
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
-        match crate::task_channel::view(js, &streams.tasks, task_id).await {
+        // Most tasks arrive to an empty channel: a probe of its last message says so more
+        // cheaply than a read.
+        let read = match crate::task_channel::is_empty(js, &streams.tasks, task_id).await {
+            Ok(true) => Ok(protocol::task::ChannelView::default()),
+            Ok(false) => crate::task_channel::view(js, &streams.tasks, task_id).await,
+            Err(e) => Err(e),
+        };
+        match read {
             Ok(mut view) => {
                 let state = view.state_for(Some(mine));
                 let earlier_attempt = redelivered || state == ChannelState::StartedElsewhere;

@@ -326,3 +326,53 @@ async fn control_requests_are_answered_under_the_workers_own_reply_prefix_only()
     assert_eq!(snap.counters.replies_refused, 1);
     stop(worker).await;
 }
+
+#[tokio::test]
+async fn a_first_delivery_from_a_consumer_made_again_is_checked_and_not_run_twice() {
+    // A consumer deleted and created again delivers what the old one had delivered with a
+    // delivery count of 1. The worker that took the baseline before must not trust it: its
+    // refused ack drops the baseline, and the redelivered task, already finished, is settled
+    // without running.
+    let env = env("remade-consumer").await;
+    let slow = TestHandler::new(Duration::from_secs(4));
+    let first = env.start("worker-remade-1", slow.clone(), 1).await;
+    env.submit("t-remade-x").await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while slow.calls() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "x never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The second worker's baseline covers x only; t is stored after it.
+    let quick = TestHandler::new(Duration::from_secs(1));
+    let other = WorkerId::new("w-remade-other").unwrap();
+    let second = spawn(env.worker_as("worker-remade-2", other, quick.clone(), 1)).await;
+    env.submit("t-remade-t").await;
+    while quick.calls() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "t never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    work.delete_consumer(&subjects::queue_consumer(&env.queue))
+        .await
+        .unwrap();
+    work.create_consumer(crate::consumers::queue_consumer(&env.delivery, &env.queue))
+        .await
+        .unwrap();
+    // t finishes on the second worker, whose ack is refused; it stops.
+    wait_snapshot(&second, "t's ack refused", |s| {
+        s.counters.attempt_failures == 1
+    })
+    .await;
+    stop(second).await;
+    // x finishes on the first, whose ack is refused too; then it gets x and t again, each
+    // delivered once by the new consumer: x from its journal, t settled from its channel.
+    let snap = wait_snapshot(&first, "t settled", |s| s.counters.settled == 1).await;
+    env.wait_work_empty().await;
+    assert_eq!(quick.calls(), 1, "t ran once");
+    assert_eq!(slow.calls(), 1, "the first worker ran x only");
+    assert_eq!(
+        snap.counters.unread, 1,
+        "only x's first delivery ran unread: {snap:?}"
+    );
+    stop(first).await;
+}

@@ -175,6 +175,24 @@ pub async fn ensure_streams(
     Ok(out)
 }
 
+/// The KV bucket of task idempotency keys: one create-only entry per (queue, key), no expiry,
+/// so two submissions with the same key produce one task however far apart they are.
+pub use protocol::subjects::IDEMPOTENCY_BUCKET;
+
+/// Creates the idempotency bucket when it does not exist.
+///
+/// # Errors
+/// [`StreamError::Api`] / [`StreamError::Timeout`].
+pub async fn ensure_idempotency_bucket(js: &Context) -> Result<(), StreamError> {
+    ensure_bucket(
+        js,
+        IDEMPOTENCY_BUCKET,
+        "task idempotency keys (create-only)",
+        std::time::Duration::ZERO,
+    )
+    .await
+}
+
 /// How long a broker incarnation's record is kept: a router that connects to a broker up
 /// longer than this records it again, and treats it as just started (the safe side).
 pub const BROKER_RECORD_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
@@ -185,41 +203,31 @@ pub const BROKER_RECORD_AGE: std::time::Duration = std::time::Duration::from_sec
 /// # Errors
 /// [`StreamError::Api`] / [`StreamError::Timeout`].
 pub async fn ensure_brokers_bucket(js: &Context) -> Result<(), StreamError> {
-    let name = protocol::subjects::BROKERS_BUCKET;
-    if let Ok(Ok(_)) = tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await {
-        return Ok(());
-    }
-    let config = async_nats::jetstream::kv::Config {
-        bucket: name.to_string(),
-        description: "broker incarnations seen by routers (create-only)".into(),
-        history: 1,
-        max_age: BROKER_RECORD_AGE,
-        storage: StorageType::File,
-        ..Default::default()
-    };
-    timed("create", name, js.create_key_value(config))
-        .await?
-        .map_err(|e| api("create", name, e))?;
-    Ok(())
+    ensure_bucket(
+        js,
+        protocol::subjects::BROKERS_BUCKET,
+        "broker incarnations seen by routers (create-only)",
+        BROKER_RECORD_AGE,
+    )
+    .await
 }
 
-/// The KV bucket of task idempotency keys: one create-only entry per (queue, key), no expiry,
-/// so two submissions with the same key produce one task however far apart they are.
-pub use protocol::subjects::IDEMPOTENCY_BUCKET;
-
-/// Creates the idempotency bucket when it does not exist.
-///
-/// # Errors
-/// [`StreamError::Api`] / [`StreamError::Timeout`].
-pub async fn ensure_idempotency_bucket(js: &Context) -> Result<(), StreamError> {
-    let name = IDEMPOTENCY_BUCKET;
+/// Creates a KV bucket of create-only entries (history 1, file storage, entries kept for
+/// `max_age`, zero meaning for ever) when it does not exist.
+async fn ensure_bucket(
+    js: &Context,
+    name: &str,
+    description: &str,
+    max_age: std::time::Duration,
+) -> Result<(), StreamError> {
     if let Ok(Ok(_)) = tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await {
         return Ok(());
     }
     let config = async_nats::jetstream::kv::Config {
         bucket: name.to_string(),
-        description: "task idempotency keys (create-only)".into(),
+        description: description.into(),
         history: 1,
+        max_age,
         storage: StorageType::File,
         ..Default::default()
     };

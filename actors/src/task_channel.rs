@@ -129,6 +129,19 @@ pub async fn unrouted(
     Ok(out)
 }
 
+/// A handle of `stream` for direct gets (no info request).
+async fn handle(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<jetstream::stream::Stream<()>, ReadError> {
+    js.get_stream_no_info(stream)
+        .await
+        .map_err(|source| ReadError::Stream {
+            stream: stream.to_owned(),
+            source,
+        })
+}
+
 /// Every message of `stream` on `subject` (a filter) from sequence `from` on, by direct gets
 /// (`next_by_subj`), at most [`MAX_READ`], within [`READ_TIMEOUT`].
 async fn read_subject(
@@ -138,13 +151,7 @@ async fn read_subject(
     from: u64,
 ) -> Result<Vec<async_nats::jetstream::message::StreamMessage>, ReadError> {
     let read = async {
-        let handle = js
-            .get_stream_no_info(stream)
-            .await
-            .map_err(|source| ReadError::Stream {
-                stream: stream.to_owned(),
-                source,
-            })?;
+        let handle = handle(js, stream).await?;
         let mut out = Vec::new();
         let mut next = from.max(1);
         while out.len() < MAX_READ {
@@ -191,14 +198,11 @@ pub async fn is_empty(
 ) -> Result<bool, ReadError> {
     let subject = subjects::task(&TaskKey::from_task_id(task_id));
     let probe = async {
-        let handle = js
-            .get_stream_no_info(stream)
+        match handle(js, stream)
+            .await?
+            .direct_get_last_for_subject(subject.as_str())
             .await
-            .map_err(|source| ReadError::Stream {
-                stream: stream.to_owned(),
-                source,
-            })?;
-        match handle.direct_get_last_for_subject(subject.as_str()).await {
+        {
             Ok(_) => Ok(false),
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(true),
             Err(source) => Err(ReadError::Get {

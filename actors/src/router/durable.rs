@@ -108,16 +108,16 @@ impl DurablePump {
         // What the broker held when this connection began (re-taken after every reconnect):
         // a task stored from an input older than that, or while the broker may have
         // forgotten the dedupe ids of consumed tasks, is flagged for the worker to check.
-        let broker = Baseline::<BrokerMark>::new(self.client.clone());
+        let broker = Baseline::<BrokerMark>::new(self.client.clone(), None);
         let read = {
             let (client, js) = (self.client.clone(), js.clone());
             let ingress = self.delivery.ingress.name.clone();
-            move || {
+            move |_previous| {
                 let (client, js, ingress) = (client.clone(), js.clone(), ingress.clone());
                 async move { broker_mark(&client, &js, &ingress, protocol::subjects::WORK_STREAM).await }
             }
         };
-        if let Err(e) = broker.refresh(read()).await {
+        if let Err(e) = broker.refresh(&read).await {
             tracing::warn!(error = %e, "no broker baseline yet; every routed task is flagged for a check");
         }
         let _refresher = Owned::spawn(broker.clone().keep_fresh(read));
@@ -197,13 +197,17 @@ impl DurablePump {
                     codec,
                     ..
                 } => {
-                    if let Err(e) = self.ensure_queue_consumer(js, &subject).await {
-                        return ready(Done::Failed(e));
+                    // A task (a work subject; parsed only then, DMs pay one prefix test).
+                    let task = protocol::subjects::is_work(&subject)
+                        .then(|| protocol::subjects::parse_work(&subject).ok())
+                        .flatten();
+                    if let Some((queue, None)) = &task {
+                        if let Err(e) = self.ensure_queue_consumer(js, queue).await {
+                            return ready(Done::Failed(e));
+                        }
                     }
                     let mut headers = routed_headers(Some(&msg_id), codec);
-                    if protocol::subjects::parse_work(&subject).is_ok()
-                        && self.flags_check(msg, seq, broker)
-                    {
+                    if task.is_some() && self.flags_check(msg, seq, broker) {
                         self.counters.flagged.bump();
                         headers.insert(protocol::headers::HUB_CHECK, "1");
                     }
@@ -325,20 +329,17 @@ impl DurablePump {
     async fn ensure_queue_consumer(
         &self,
         js: &jetstream::Context,
-        subject: &str,
+        queue: &protocol::QueueName,
     ) -> Result<(), String> {
-        let Ok((queue, None)) = protocol::subjects::parse_work(subject) else {
-            return Ok(());
-        };
         if self
             .known_queues
             .lock()
             .expect("not poisoned")
-            .contains(&queue)
+            .contains(queue)
         {
             return Ok(());
         }
-        let config = crate::consumers::queue_consumer(&self.delivery, &queue);
+        let config = crate::consumers::queue_consumer(&self.delivery, queue);
         let created = async {
             js.get_stream(protocol::subjects::WORK_STREAM)
                 .await?
@@ -351,7 +352,7 @@ impl DurablePump {
                 self.known_queues
                     .lock()
                     .expect("not poisoned")
-                    .insert(queue);
+                    .insert(queue.clone());
                 Ok(())
             }
             Ok(Err(e)) => Err(format!("cannot create the consumer of queue {queue}: {e}")),

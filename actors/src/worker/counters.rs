@@ -40,6 +40,9 @@ crate::counters! {
         /// Task inputs run without reading their task channel first: delivered once, not
         /// flagged, stored after the worker's baseline (`protocol::task::must_read_channel`).
         unread,
+        /// Times a task consumer was found deleted and made again (its creation time
+        /// changed): the baseline was taken anew, so inputs stored before are checked.
+        consumers_remade,
         /// Waiting attempts resumed from the journal by an answer.
         resumed,
         /// Pulls that failed (each backed off before the next).

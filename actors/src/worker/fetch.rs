@@ -74,7 +74,7 @@ pub(super) struct Fetcher {
     pub slots: Arc<Slots>,
     /// Dropped at every failed pull: the consumer may have been created again, and its
     /// delivery counts with it.
-    pub baseline: Arc<crate::epoch::Baseline<u64>>,
+    pub baseline: Arc<crate::epoch::Baseline<crate::epoch::WorkMark>>,
 }
 
 /// How a pull ended.

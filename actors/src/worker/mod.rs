@@ -78,7 +78,7 @@ use slots::Slots;
 use startup::Bound;
 
 use crate::background::Owned;
-use crate::epoch::Baseline;
+use crate::epoch::{Baseline, WorkMark, WORK_MARK_AGE};
 use crate::fault::{self, FaultPoint};
 use crate::journal::{Journal, JournalError};
 
@@ -253,7 +253,7 @@ pub struct WorkerState {
     /// The work stream's last sequence when the current connection and consumers began: an
     /// input stored after it and delivered once is a first delivery, and runs without its
     /// task channel being read ([`protocol::task::must_read_channel`]).
-    baseline: Arc<Baseline<u64>>,
+    baseline: Arc<Baseline<WorkMark>>,
     /// Takes the baseline again when it is dropped.
     baseline_task: Option<Owned>,
 }
@@ -385,7 +385,7 @@ impl Actor for Worker {
             running: RunningSet::default(),
             counters: Arc::new(WorkerCounters::default()),
             started: Instant::now(),
-            baseline: Baseline::new(self.client.clone()),
+            baseline: Baseline::new(self.client.clone(), Some(WORK_MARK_AGE)),
             baseline_task: None,
         };
         self.keep_baseline(&mut state, &bound).await;
@@ -555,11 +555,27 @@ impl Worker {
     async fn keep_baseline(&self, state: &mut WorkerState, bound: &Bound) {
         let js = jetstream::new(self.client.clone());
         let stream = bound.work_stream.clone();
-        let read = move || {
-            let (js, stream) = (js.clone(), stream.clone());
-            async move { crate::epoch::last_seq(&js, &stream).await }
+        let consumers = [
+            bound.consumers.queue.clone(),
+            bound.consumers.targeted.clone(),
+        ];
+        let counters = state.counters.clone();
+        let read = move |previous| {
+            let (js, stream, consumers, counters) = (
+                js.clone(),
+                stream.clone(),
+                consumers.clone(),
+                counters.clone(),
+            );
+            async move {
+                crate::epoch::work_mark(&js, &stream, &consumers, previous, || {
+                    counters.consumers_remade.bump();
+                    tracing::warn!("a task consumer was deleted and made again; inputs stored before now are checked");
+                })
+                .await
+            }
         };
-        if let Err(e) = state.baseline.refresh(read()).await {
+        if let Err(e) = state.baseline.refresh(&read).await {
             tracing::warn!(error = %e, "no work stream baseline yet; every input's task channel is read");
         }
         state.baseline_task = Some(Owned::spawn(state.baseline.clone().keep_fresh(read)));

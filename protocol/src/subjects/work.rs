@@ -212,6 +212,12 @@ pub fn parse_answer_ingress(subject: &str) -> Result<Option<(AgentId, WorkerId)>
     }
 }
 
+/// Whether `subject` is under `work.` (a stored task, maybe malformed): a prefix test, for
+/// hot paths that parse only when it holds.
+pub fn is_work(subject: &str) -> bool {
+    subject.starts_with(WORK_PREFIX)
+}
+
 /// Parses `work.<queue>` or `work.<queue>.<worker>`.
 ///
 /// # Errors

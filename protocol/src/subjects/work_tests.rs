@@ -279,3 +279,21 @@ fn only_literal_inbox_replies_are_reply_subjects() {
         assert!(!crate::subjects::is_valid_reply_prefix(bad), "{bad}");
     }
 }
+
+#[test]
+fn is_work_is_the_prefix_parse_work_requires() {
+    for subject in [
+        "work.review",
+        "work.review.w",
+        "work.",
+        "channel.inbox.bob",
+        "workx.a",
+    ] {
+        if parse_work(subject).is_ok() {
+            assert!(is_work(subject), "{subject}");
+        }
+    }
+    assert!(is_work("work.review"));
+    assert!(!is_work("channel.inbox.bob"));
+    assert!(!is_work("workx.a"));
+}

@@ -101,7 +101,7 @@ pub(crate) struct Attempt {
     pub slots: Arc<Slots>,
     /// The worker's work stream baseline: an input stored after it, delivered once, runs
     /// without its task channel being read; a refused input ack drops it.
-    pub baseline: Arc<crate::epoch::Baseline<u64>>,
+    pub baseline: Arc<crate::epoch::Baseline<crate::epoch::WorkMark>>,
 }
 
 /// The streams an attempt reads a task's record from.

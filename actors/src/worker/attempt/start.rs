@@ -38,31 +38,18 @@ impl Attempt {
         if let Some(saved) = state.saved.clone() {
             return self.publish_saved(myself, state, saved).await;
         }
-        let js = jetstream::new(self.client.clone());
-        let streams = self.streams.clone();
-        let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
-        // A first delivery of a fresh admission has no earlier attempt whose result could be
-        // waiting in the ingress, unless the channel shows one started.
-        let redelivered = !new
-            || state
-                .input
-                .as_ref()
-                .and_then(|m| m.info().ok())
-                .is_some_and(|i| i.delivered > 1);
-        let flagged = state.input.as_ref().is_some_and(|m| {
-            m.headers
-                .as_ref()
-                .is_some_and(|h| h.get(protocol::headers::HUB_CHECK).is_some())
-        });
-        let info = state.input.as_ref().and_then(|m| m.info().ok());
+        let input = state.input.as_ref();
+        let info = input.and_then(|m| m.info().ok());
         let facts = protocol::task::InputFacts {
             fresh_admission: new,
             delivered: info
                 .as_ref()
                 .map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1)),
-            flagged,
+            flagged: input
+                .and_then(|m| m.headers.as_ref())
+                .is_some_and(|h| h.get(protocol::headers::HUB_CHECK).is_some()),
             seq: info.map_or(state.record_seq, |i| i.stream_sequence),
-            baseline_last_seq: self.baseline.current(),
+            baseline_last_seq: self.baseline.current().map(|mark| mark.last_seq),
         };
         if !protocol::task::must_read_channel(&facts) {
             // A first delivery of an input stored after the baseline: nothing of it can have
@@ -72,6 +59,12 @@ impl Attempt {
                 .on_planned(myself, state, Some(ChannelState::Untouched))
                 .await;
         }
+        // A first delivery of a fresh admission has no earlier attempt whose result could be
+        // waiting in the ingress, unless the channel shows one started.
+        let redelivered = !facts.fresh_admission || facts.delivered > 1;
+        let js = jetstream::new(self.client.clone());
+        let streams = self.streams.clone();
+        let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
         let me = myself.clone();
         state.pending = Some(Owned::spawn(async move {
             let channel = read_record(&js, &streams, &task_id, &mine, redelivered).await;

@@ -327,31 +327,97 @@ async fn control_requests_are_answered_under_the_workers_own_reply_prefix_only()
     stop(worker).await;
 }
 
+/// Holds every run until the test opens it (then lets every run through); counts runs.
+struct Gate {
+    calls: std::sync::atomic::AtomicUsize,
+    open: tokio::sync::Semaphore,
+}
+
+impl Gate {
+    fn new() -> Arc<Gate> {
+        Arc::new(Gate {
+            calls: Default::default(),
+            open: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    fn open(&self) {
+        self.open.add_permits(1 << 20);
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait_started(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while self.calls() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what} never started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for Gate {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        if task.text.contains("[hold]") {
+            // Keeps a slot busy, uncounted, until cancelled.
+            ctx.cancelled().await;
+            return Outcome::Cancelled;
+        }
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::select! {
+            _ = self.open.acquire() => Outcome::Completed(serde_json::json!({ "echo": task.text })),
+            () = ctx.cancelled() => Outcome::Cancelled,
+        }
+    }
+}
+
+/// Stores a task for `worker` alone (its targeted consumer, which the test leaves alone).
+async fn submit_targeted(env: &Env, worker: &WorkerId, task_id: &str, text: &str) {
+    let envelope = serde_json::json!({
+        "meta": { "id": format!("m-{task_id}"), "from": "delegator" },
+        "body": { "version": 1, "task_id": task_id, "text": text },
+    });
+    env.store(
+        &subjects::work(&env.queue, Some(worker)),
+        serde_json::to_vec(&envelope).unwrap(),
+    )
+    .await;
+}
+
 #[tokio::test]
-#[ignore = "timing-dependent: x must outlast the second worker's run of t; passes on an idle machine, fails under a loaded CI; to be driven by a gate instead of sleeps (issue 8 note)"]
 async fn a_first_delivery_from_a_consumer_made_again_is_checked_and_not_run_twice() {
-    // A consumer deleted and created again delivers what the old one had delivered with a
-    // delivery count of 1. The worker that took the baseline before must not trust it: its
-    // refused ack drops the baseline, and the redelivered task, already finished, is settled
-    // without running.
+    // A queue consumer deleted and created again delivers what the old one had delivered
+    // with a delivery count of 1 (and may even take the old deliveries' acks). A worker whose
+    // baseline predates it must notice (the consumer's creation time changed) and read the
+    // channel of such a task, which another worker already finished.
     let env = env("remade-consumer").await;
-    let slow = TestHandler::new(Duration::from_secs(4));
-    let first = env.start("worker-remade-1", slow.clone(), 1).await;
-    env.submit("t-remade-x").await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while slow.calls() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "x never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // The second worker's baseline covers x only; t is stored after it.
-    let quick = TestHandler::new(Duration::from_secs(1));
+    let mut results = env.results().await;
+    // The first worker is kept busy by x, a task for it alone.
+    let first_gate = Gate::new();
+    let first = env.start("worker-remade-1", first_gate.clone(), 1).await;
+    submit_targeted(&env, &env.worker_id, "t-remade-x", "do x").await;
+    first_gate.wait_started("x").await;
+    // The second worker takes t from the queue; its attempt stores t's result and fails
+    // before its ack, so t stays in the work stream; its slot then takes a task held for it.
+    let second_gate = Gate::new();
     let other = WorkerId::new("w-remade-other").unwrap();
-    let second = spawn(env.worker_as("worker-remade-2", other, quick.clone(), 1)).await;
+    fault::arm(
+        "worker-remade-2.attempt.t-remade-t",
+        FaultPoint::ResultConfirmed,
+        Fault::Error,
+        1,
+    );
+    let second =
+        spawn(env.worker_as("worker-remade-2", other.clone(), second_gate.clone(), 1)).await;
     env.submit("t-remade-t").await;
-    while quick.calls() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "t never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    second_gate.wait_started("t").await;
+    submit_targeted(&env, &other, "t-remade-hold", "[hold]").await;
     let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
     work.delete_consumer(&subjects::queue_consumer(&env.queue))
         .await
@@ -359,21 +425,22 @@ async fn a_first_delivery_from_a_consumer_made_again_is_checked_and_not_run_twic
     work.create_consumer(crate::consumers::queue_consumer(&env.delivery, &env.queue))
         .await
         .unwrap();
-    // t finishes on the second worker, whose ack is refused; it stops.
-    wait_snapshot(&second, "t's ack refused", |s| {
-        s.counters.attempt_failures == 1
+    second_gate.open();
+    let t = result_of(&mut results, "t-remade-t").await;
+    assert_eq!(t.state, TaskState::Completed);
+    wait_snapshot(&second, "t's attempt failed, the held task taken", |s| {
+        s.counters.attempt_failures == 1 && s.running == 1
     })
     .await;
-    stop(second).await;
-    // x finishes on the first, whose ack is refused too; then it gets x and t again, each
-    // delivered once by the new consumer: x from its journal, t settled from its channel.
+    // A consumer made again goes unnoticed for at most the baseline's age (the documented
+    // window): past it, the first worker looks at its consumers before it trusts the
+    // baseline. x then finishes there, and the new queue consumer delivers t to it.
+    tokio::time::sleep(crate::epoch::WORK_MARK_AGE).await;
+    first_gate.open();
     let snap = wait_snapshot(&first, "t settled", |s| s.counters.settled == 1).await;
-    env.wait_work_empty().await;
-    assert_eq!(quick.calls(), 1, "t ran once");
-    assert_eq!(slow.calls(), 1, "the first worker ran x only");
-    assert_eq!(
-        snap.counters.unread, 1,
-        "only x's first delivery ran unread: {snap:?}"
-    );
+    assert_eq!(second_gate.calls(), 1, "t ran once");
+    assert_eq!(first_gate.calls(), 1, "the first worker ran x only");
+    assert_eq!(snap.counters.consumers_remade, 1, "{snap:?}");
+    stop(second).await;
     stop(first).await;
 }

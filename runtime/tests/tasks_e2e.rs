@@ -3,37 +3,18 @@
 
 mod support;
 
+use support::Counting;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actors::worker::{AttemptContext, Outcome, TaskHandler};
 use protocol::attach::DurableInboxMode;
-use protocol::task::{TaskSpec, TaskState};
+use protocol::task::TaskState;
 use protocol::{AgentId, QueueName, WorkerId};
 use runtime::system::tasks::new_task;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Echoes the task text after `delay`, counting runs per task id.
-struct Echo {
-    delay: Duration,
-    runs: Arc<Mutex<HashMap<String, u32>>>,
-}
-
-#[async_trait::async_trait]
-impl TaskHandler for Echo {
-    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
-        *self
-            .runs
-            .lock()
-            .unwrap()
-            .entry(task.task_id.to_string())
-            .or_default() += 1;
-        tokio::time::sleep(self.delay).await;
-        Outcome::Completed(serde_json::json!({"echo": task.text, "worker": ctx.worker_id.as_str()}))
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both_took_part() {
@@ -43,7 +24,7 @@ async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
     for id in ["w1", "w2"] {
-        let echo = Echo {
+        let echo = Counting {
             delay: Duration::from_millis(200),
             runs: runs.clone(),
         };
@@ -105,7 +86,7 @@ async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_la
     .unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
-    let echo = Echo {
+    let echo = Counting {
         delay: Duration::ZERO,
         runs: runs.clone(),
     };
@@ -129,7 +110,7 @@ async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
     let queue = QueueName::new("long").unwrap();
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
-    let echo = Echo {
+    let echo = Counting {
         delay: Duration::from_secs(3), // ack wait is 1 s
         runs: runs.clone(),
     };
@@ -168,7 +149,7 @@ async fn a_targeted_task_runs_only_on_the_named_worker() {
     let runs = Arc::new(Mutex::new(HashMap::new()));
     let journal = tempfile::tempdir().unwrap();
     for id in ["t1", "t2"] {
-        let echo = Echo {
+        let echo = Counting {
             delay: Duration::ZERO,
             runs: runs.clone(),
         };
@@ -223,7 +204,7 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
     let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("status").unwrap();
     let journal = tempfile::tempdir().unwrap();
-    let echo = Echo {
+    let echo = Counting {
         delay: Duration::from_millis(100),
         runs: Arc::default(),
     };
@@ -262,7 +243,7 @@ async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in
     let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("quick").unwrap();
     let journal = tempfile::tempdir().unwrap();
-    let echo = Echo {
+    let echo = Counting {
         delay: Duration::ZERO,
         runs: Arc::default(),
     };
@@ -309,7 +290,7 @@ async fn many_tasks_tracked_at_once_on_a_fresh_system_all_get_their_result() {
     let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
     let queue = QueueName::new("crowd").unwrap();
     let journal = tempfile::tempdir().unwrap();
-    let echo = Echo {
+    let echo = Counting {
         delay: Duration::ZERO,
         runs: Arc::default(),
     };

@@ -4,51 +4,20 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use support::Counting;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use actors::worker::{AttemptContext, Outcome, TaskHandler};
 use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
 use protocol::subjects;
-use protocol::task::{TaskSpec, TaskState};
+use protocol::task::TaskState;
 use protocol::{AgentId, QueueName};
 use runtime::system::tasks::new_task;
 use runtime::{ActorSystem, NatsSettings};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// Counts runs per task id and completes after `delay`.
-#[derive(Clone, Default)]
-struct Counting {
-    delay: Duration,
-    runs: Arc<Mutex<HashMap<String, u32>>>,
-}
-
-impl Counting {
-    fn runs(&self, task_id: &str) -> u32 {
-        self.runs.lock().unwrap().get(task_id).copied().unwrap_or(0)
-    }
-
-    fn total(&self) -> u32 {
-        self.runs.lock().unwrap().values().sum()
-    }
-}
-
-#[async_trait::async_trait]
-impl TaskHandler for Counting {
-    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
-        *self
-            .runs
-            .lock()
-            .unwrap()
-            .entry(task.task_id.to_string())
-            .or_default() += 1;
-        tokio::time::sleep(self.delay).await;
-        Outcome::Completed(serde_json::json!({"worker": ctx.worker_id.as_str()}))
-    }
-}
 
 fn alice() -> AgentId {
     support::agent("alice")

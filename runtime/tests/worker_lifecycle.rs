@@ -38,25 +38,60 @@ async fn wait_exit(process: &mut RuntimeProcess, within: Duration) -> Option<i32
     process.wait_exit(within).await.expect("the process exits")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_mid_task_lets_a_short_task_complete_once_before_exit() {
-    let server = harness::run_server().await.unwrap();
-    let url = server.url();
+/// What [`one_task_started`] starts.
+struct Started {
+    scene: Scene,
+    router: RuntimeProcess,
+    worker: RuntimeProcess,
+    hub: runtime::ActorSystem,
+    tracking: runtime::system::tasks::Tracking,
+}
+
+/// A router (ack wait 20 s), worker `id` on `queue` running [`SCRIPT`] (with `args` and
+/// `env`), a durable system, and one task delegated to `queue`, seen started.
+async fn one_task_started(
+    url: &str,
+    id: &str,
+    queue: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    server: &harness::NatsServer,
+) -> Started {
     let scene = Scene::new(0)
         .with_delivery(r#"{"ack_wait_secs": 20}"#)
         .with_script(SCRIPT);
-    let router = scene.router(&url);
+    let router = scene.router(url);
     support::wait_router_answers(&server.client().await.unwrap()).await;
-    let mut w1 = scene.worker_with(&url, "sw1", "sq", &[], &[("SLEEP_sw1", "2")]);
-    let hub = support::durable_system(url.clone()).await;
-    let spec = new_task("finish me", vec![]);
+    let worker = scene.worker_with(url, id, queue, args, env);
+    let hub = support::durable_system(url.to_owned()).await;
+    let spec = new_task(format!("a task for {id}"), vec![]);
     let (_, tracking) = hub
-        .delegate_tracked(&alice(), &QueueName::new("sq").unwrap(), None, &spec)
+        .delegate_tracked(&alice(), &QueueName::new(queue).unwrap(), None, &spec)
         .await
         .unwrap();
     harness::wait_until("the task started", DEADLINE, || !runs(&scene).is_empty())
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("sw1", &w1)])));
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), (id, &worker)])));
+    Started {
+        scene,
+        router,
+        worker,
+        hub,
+        tracking,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_task_lets_a_short_task_complete_once_before_exit() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let Started {
+        scene,
+        router,
+        worker: mut w1,
+        hub,
+        tracking,
+    } = one_task_started(&url, "sw1", "sq", &[], &[("SLEEP_sw1", "2")], &server).await;
     // Another worker joins; then the first is asked to stop mid-task.
     let w2 = scene.worker(&url, "sw2", "sq");
     w1.signal(15);
@@ -87,27 +122,21 @@ async fn sigterm_with_a_long_task_hands_it_to_another_worker_at_once() {
     let server = harness::run_server().await.unwrap();
     let url = server.url();
     // A 20 s ack wait: the task must move long before it.
-    let scene = Scene::new(0)
-        .with_delivery(r#"{"ack_wait_secs": 20}"#)
-        .with_script(SCRIPT);
-    let router = scene.router(&url);
-    support::wait_router_answers(&server.client().await.unwrap()).await;
-    let mut w1 = scene.worker_with(
+    let Started {
+        scene,
+        router,
+        worker: mut w1,
+        hub,
+        tracking,
+    } = one_task_started(
         &url,
         "lw1",
         "lq",
         &["--shutdown-grace-secs", "2"],
         &[("SLEEP_lw1", "120")],
-    );
-    let hub = support::durable_system(url.clone()).await;
-    let spec = new_task("too long for the grace", vec![]);
-    let (_, tracking) = hub
-        .delegate_tracked(&alice(), &QueueName::new("lq").unwrap(), None, &spec)
-        .await
-        .unwrap();
-    harness::wait_until("the task started", DEADLINE, || !runs(&scene).is_empty())
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("lw1", &w1)])));
+        &server,
+    )
+    .await;
     let w2 = scene.worker(&url, "lw2", "lq");
     support::wait_router_answers(&server.client().await.unwrap()).await;
     harness::wait_until_async("lw2 joined", DEADLINE, || async {

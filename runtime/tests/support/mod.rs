@@ -311,3 +311,45 @@ pub async fn results_on(
         })
         .collect()
 }
+
+/// A task handler that counts runs per task id and completes after `delay` with
+/// `{"echo": <text>, "worker": <worker id>}`.
+#[derive(Clone, Default)]
+pub struct Counting {
+    /// How long each run takes.
+    pub delay: Duration,
+    /// Runs per task id (shared by clones, and by handlers built with the same map).
+    pub runs: Arc<Mutex<std::collections::HashMap<String, u32>>>,
+}
+
+impl Counting {
+    /// How often `task_id` ran.
+    pub fn runs(&self, task_id: &str) -> u32 {
+        self.runs.lock().unwrap().get(task_id).copied().unwrap_or(0)
+    }
+
+    /// How many runs in all.
+    pub fn total(&self) -> u32 {
+        self.runs.lock().unwrap().values().sum()
+    }
+}
+
+#[async_trait::async_trait]
+impl actors::worker::TaskHandler for Counting {
+    async fn run(
+        &self,
+        task: protocol::task::TaskSpec,
+        ctx: actors::worker::AttemptContext,
+    ) -> actors::worker::Outcome {
+        *self
+            .runs
+            .lock()
+            .unwrap()
+            .entry(task.task_id.to_string())
+            .or_default() += 1;
+        tokio::time::sleep(self.delay).await;
+        actors::worker::Outcome::Completed(
+            serde_json::json!({"echo": task.text, "worker": ctx.worker_id.as_str()}),
+        )
+    }
+}

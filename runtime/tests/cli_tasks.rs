@@ -17,6 +17,22 @@ async fn run(args: &[&str], envs: &[(&str, &str)]) -> Output {
     support::oneshot::run_cli_env(args, envs).await
 }
 
+/// `runtime answer <task_id> --as alice --text because`, which must succeed.
+async fn answer_because(task_id: &str, url: &str, envs: &[(&str, &str)]) {
+    let args = [
+        "answer",
+        task_id,
+        "--as",
+        "alice",
+        "--text",
+        "because",
+        "--nats-url",
+        url,
+    ];
+    let out = run(&args, envs).await;
+    assert_eq!(out.status.code(), Some(0), "answer: {}", describe(&out));
+}
+
 fn describe(out: &Output) -> String {
     format!(
         "exit {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -126,21 +142,7 @@ async fn client_commands_use_the_configured_stream_names() {
     .unwrap_or_else(|e| panic!("{e}: {}", waiting.borrow()));
 
     // `answer` with the environment variable instead of the file.
-    let out = run(
-        &[
-            "answer",
-            &task_id,
-            "--as",
-            "alice",
-            "--text",
-            "because",
-            "--nats-url",
-            &url,
-        ],
-        &[("NATS_HUB_TASKS_STREAM", "MY_TASKS")],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(0), "answer: {}", describe(&out));
+    answer_because(&task_id, &url, &[("NATS_HUB_TASKS_STREAM", "MY_TASKS")]).await;
 
     // `delegate --resume` finds the result on the configured stream (following answers: the
     // channel may still show the question for a moment after the answer).
@@ -265,21 +267,7 @@ async fn delegate_wait_follow_answers_waits_through_the_answer_to_the_final_resu
     let task_id = receipt["task_id"].as_str().unwrap().to_string();
     let waiting = next().await;
     assert_eq!(waiting["state"], "waiting", "{waiting}");
-    let out = run(
-        &[
-            "answer",
-            &task_id,
-            "--as",
-            "alice",
-            "--text",
-            "because",
-            "--nats-url",
-            &url,
-        ],
-        &[],
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(0), "answer: {}", describe(&out));
+    answer_because(&task_id, &url, &[]).await;
     let done = next().await;
     assert_eq!(done["state"], "completed", "{done}");
     let status = tokio::time::timeout(DEADLINE, delegator.wait())

@@ -36,14 +36,15 @@ pub enum StreamError {
         wanted: RetentionPolicy,
     },
     /// A JetStream API request failed (server down, JetStream disabled, subjects overlap...).
-    #[error("cannot {action} stream {stream}: {reason}")]
+    #[error("cannot {action} stream {stream}: {source}")]
     Api {
         /// create, update or look up.
         action: &'static str,
         /// The stream name.
         stream: String,
-        /// The server's or client's message.
-        reason: String,
+        /// The server's or client's error.
+        #[source]
+        source: async_nats::Error,
     },
     /// A JetStream API request did not answer in time.
     #[error("timed out after {timeout:?} trying to {action} stream {stream}")]
@@ -279,11 +280,11 @@ fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
     matches!(e.kind(), GetStreamErrorKind::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
-fn api(action: &'static str, stream: &str, e: impl std::fmt::Display) -> StreamError {
+fn api(action: &'static str, stream: &str, source: impl Into<async_nats::Error>) -> StreamError {
     StreamError::Api {
         action,
         stream: stream.to_string(),
-        reason: e.to_string(),
+        source: source.into(),
     }
 }
 

@@ -58,7 +58,7 @@ pub mod wire_error;
 
 pub use attach::{
     attach_fallback, when_consumer_missing, AttachOutcome, AttachReply, AttachResponse,
-    DurableInboxMode, InboxPlan, InvalidInboxMode, ENV_DURABLE_INBOX,
+    DurableInboxMode, InboxFailure, InboxPlan, InvalidInboxMode, ENV_DURABLE_INBOX,
 };
 pub use config::{ConfigError, DeliveryConfig, StorageKind};
 pub use dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};

@@ -23,27 +23,48 @@ pub enum ConnectError {
         /// The URL as given, through [`redact_url`].
         url: String,
         /// What is wrong.
-        reason: String,
+        reason: &'static str,
     },
     /// The inbox prefix is not a literal subject prefix.
     #[error("invalid inbox prefix {0:?}: dot-separated tokens without wildcards or whitespace")]
     InvalidInboxPrefix(String),
     /// The credentials file could not be read.
-    #[error("cannot read nats credentials file {path}: {reason}")]
+    #[error("cannot read nats credentials file {path}: {source}")]
     Creds {
         /// The file.
         path: PathBuf,
-        /// Why.
-        reason: String,
+        /// Why: async-nats' read or parse error, which names the file but never shows its
+        /// contents.
+        #[source]
+        source: std::io::Error,
     },
     /// The server could not be reached in time, or refused the connection.
-    #[error("cannot connect to nats at {url}: {reason}")]
+    #[error("cannot connect to nats at {url}: {source}")]
     Unreachable {
         /// The URL, through [`redact_url`].
         url: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: ConnectFailure,
     },
+}
+
+/// Why the server could not be reached ([`ConnectError::Unreachable`]).
+///
+/// Holds no secret: the URL async-nats was given has no credentials ([`validate`] refuses a
+/// userinfo, query or fragment), and its errors show no token, password or seed (the
+/// `*_show_no_secret_*` tests check both `Display` and `Debug`).
+///
+/// [`validate`]: NatsSettings::validate
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectFailure {
+    /// async-nats' error: a refusal (authentication, TLS...), or the last of the retried
+    /// failures (connection refused, DNS, timed out).
+    #[error(transparent)]
+    Refused(async_nats::ConnectError),
+    /// No connection came within the connect timeout.
+    #[error("no connection within {0:?}")]
+    TimedOut(Duration),
 }
 
 impl ConnectError {
@@ -204,10 +225,7 @@ impl NatsSettings {
                 options
                     .credentials_file(&path)
                     .await
-                    .map_err(|e| ConnectError::Creds {
-                        path,
-                        reason: e.to_string(),
-                    })?
+                    .map_err(|source| ConnectError::Creds { path, source })?
             }
         };
         // Retry refused connections until the timeout: a router started just before its
@@ -224,17 +242,17 @@ impl NatsSettings {
                     if !transient {
                         return Err(ConnectError::Unreachable {
                             url: redact_url(&self.url),
-                            reason: e.to_string(),
+                            source: ConnectFailure::Refused(e),
                         });
                     }
-                    e.to_string()
+                    ConnectFailure::Refused(e)
                 }
-                Err(_) => format!("no connection within {:?}", self.connect_timeout),
+                Err(_) => ConnectFailure::TimedOut(self.connect_timeout),
             };
             if tokio::time::Instant::now() + pause >= deadline {
                 return Err(ConnectError::Unreachable {
                     url: redact_url(&self.url),
-                    reason: last,
+                    source: last,
                 });
             }
             tokio::time::sleep(pause).await;
@@ -284,9 +302,9 @@ pub fn redact_url(url: &str) -> String {
 }
 
 fn validate_url(url: &str) -> Result<(), ConnectError> {
-    let invalid = |reason: &str| ConnectError::InvalidUrl {
+    let invalid = |reason: &'static str| ConnectError::InvalidUrl {
         url: redact_url(url),
-        reason: reason.to_string(),
+        reason,
     };
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(invalid("expected scheme://host[:port]"));

@@ -20,7 +20,7 @@ use async_nats::Client;
 use futures::future::BoxFuture;
 use protocol::attach::{
     attach_fallback, attach_fallback_on_durable_hub, when_consumer_missing, AttachOutcome,
-    AttachResponse, DurableInboxMode, InboxPlan,
+    AttachResponse, DurableInboxMode, InboxFailure, InboxPlan,
 };
 use protocol::{subjects, AgentId, Envelope};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -114,16 +114,31 @@ pub struct InboxState {
 #[derive(Debug, thiserror::Error)]
 pub enum InboxError {
     /// Attach was refused or no durable inbox could be bound.
-    #[error("cannot bind the inbox of {id}: {reason}")]
+    #[error("cannot bind the inbox of {id}: {source}")]
     Bind {
         /// Whose inbox.
         id: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: BindError,
     },
     /// The pump failed.
     #[error("inbox pump failed: {0}")]
     Pump(String),
+}
+
+/// Why no inbox could be bound ([`InboxError::Bind`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The attach outcome and the mode say give up.
+    #[error(transparent)]
+    Plan(#[from] InboxFailure),
+    /// The plan still named an existing consumer after it was looked up.
+    #[error("consumer {consumer} does not exist and no router answered")]
+    NoConsumer {
+        /// The consumer.
+        consumer: String,
+    },
 }
 
 #[ractor::async_trait]
@@ -198,9 +213,9 @@ impl Actor for InboxConsumer {
 impl InboxConsumer {
     /// Attach (unless off), then decide how to bind.
     async fn bind(&self) -> Result<Binding, InboxError> {
-        let fail = |reason: String| InboxError::Bind {
+        let fail = |source: BindError| InboxError::Bind {
             id: self.id.to_string(),
-            reason,
+            source,
         };
         let plan = if self.mode == DurableInboxMode::Off {
             InboxPlan::CoreSubscribe
@@ -230,10 +245,8 @@ impl InboxConsumer {
                 Ok(Binding::Durable { stream, consumer })
             }
             InboxPlan::CoreSubscribe => Ok(Binding::Core),
-            InboxPlan::BindExisting { consumer } => Err(fail(format!(
-                "consumer {consumer} does not exist and no router answered"
-            ))),
-            InboxPlan::Fail(reason) => Err(fail(reason)),
+            InboxPlan::BindExisting { consumer } => Err(fail(BindError::NoConsumer { consumer })),
+            InboxPlan::Fail(failure) => Err(fail(failure.into())),
         }
     }
 

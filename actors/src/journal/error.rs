@@ -28,14 +28,15 @@ pub enum JournalError {
     },
     /// A record that is not the last one of the log is damaged. A damaged *last* record is a
     /// torn write of a crash and is dropped silently instead.
-    #[error("journal {} is corrupt at line {line}: {reason}", path.display())]
+    #[error("journal {} is corrupt at line {line}: {source}", path.display())]
     Corrupt {
         /// The log file.
         path: PathBuf,
         /// 1-based line number.
         line: usize,
         /// What is wrong with the line.
-        reason: String,
+        #[source]
+        source: CorruptLine,
     },
     /// The operation names an input sequence that is not an open (admitted, not forgotten)
     /// attempt.
@@ -46,6 +47,31 @@ pub enum JournalError {
         /// The task id.
         task_id: String,
     },
+}
+
+/// What is wrong with a line of the journal log.
+#[derive(Debug, thiserror::Error)]
+pub enum CorruptLine {
+    /// The line has no trailing newline (a torn write).
+    #[error("incomplete line")]
+    Incomplete,
+    /// The line does not start with a checksum and a space.
+    #[error("missing checksum")]
+    MissingChecksum,
+    /// The checksum is not 8 hex digits.
+    #[error("bad checksum")]
+    BadChecksum,
+    /// The checksum does not match the record.
+    #[error("checksum mismatch (expected {expected:08x}, got {actual:08x})")]
+    ChecksumMismatch {
+        /// The checksum written on the line.
+        expected: u32,
+        /// The checksum of the record as read.
+        actual: u32,
+    },
+    /// The checksum matches but the record does not decode.
+    #[error("invalid record: {0}")]
+    InvalidRecord(#[source] serde_json::Error),
 }
 
 fn describe_holder(holder: Option<u32>) -> String {

@@ -64,7 +64,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use error::JournalError;
+pub use error::{CorruptLine, JournalError};
 use group_sync::GroupSync;
 pub use group_sync::SyncToken;
 use index::Index;
@@ -569,7 +569,7 @@ impl Journal {
             let decoded = if complete {
                 record::decode(line)
             } else {
-                Err("incomplete line".to_owned())
+                Err(CorruptLine::Incomplete)
             };
             match decoded {
                 Ok(record) => self.index.apply(record),
@@ -582,11 +582,11 @@ impl Journal {
                     );
                     break;
                 }
-                Err(reason) => {
+                Err(source) => {
                     return Err(JournalError::Corrupt {
                         path: self.log_path.clone(),
                         line: line_no,
-                        reason,
+                        source,
                     })
                 }
             }

@@ -10,6 +10,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::CorruptLine;
+
 /// One entry of the append-only log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -68,20 +70,18 @@ pub(crate) fn encode(record: &Record) -> Vec<u8> {
 }
 
 /// Decodes one log line (without its newline).
-pub(crate) fn decode(line: &[u8]) -> Result<Record, String> {
+pub(crate) fn decode(line: &[u8]) -> Result<Record, CorruptLine> {
     if line.len() < 10 || line[8] != b' ' {
-        return Err("missing checksum".to_owned());
+        return Err(CorruptLine::MissingChecksum);
     }
-    let crc_text = std::str::from_utf8(&line[..8]).map_err(|_| "bad checksum".to_owned())?;
-    let expected = u32::from_str_radix(crc_text, 16).map_err(|_| "bad checksum".to_owned())?;
+    let crc_text = std::str::from_utf8(&line[..8]).map_err(|_| CorruptLine::BadChecksum)?;
+    let expected = u32::from_str_radix(crc_text, 16).map_err(|_| CorruptLine::BadChecksum)?;
     let json = &line[9..];
     let actual = crc32(json);
     if actual != expected {
-        return Err(format!(
-            "checksum mismatch (expected {expected:08x}, got {actual:08x})"
-        ));
+        return Err(CorruptLine::ChecksumMismatch { expected, actual });
     }
-    serde_json::from_slice(json).map_err(|e| format!("invalid record: {e}"))
+    serde_json::from_slice(json).map_err(CorruptLine::InvalidRecord)
 }
 
 const CRC_TABLE: [u32; 256] = {

@@ -42,9 +42,9 @@ impl CorePump {
             .client
             .queue_subscribe(subjects::INGRESS_FILTER, CORE_QUEUE_GROUP.to_string())
             .await
-            .map_err(|e| RouterError::Subscribe {
+            .map_err(|source| RouterError::Subscribe {
                 subject: subjects::INGRESS_FILTER,
-                reason: e.to_string(),
+                source,
             })?;
         let mut seq = 0u64;
         loop {

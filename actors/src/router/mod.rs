@@ -106,12 +106,13 @@ pub enum RouterError {
     #[error("router pump failed: {0}")]
     Pump(String),
     /// The status subscription could not be made.
-    #[error("cannot subscribe to {subject}: {reason}")]
+    #[error("cannot subscribe to {subject}: {source}")]
     Subscribe {
         /// The subject.
         subject: &'static str,
         /// Why.
-        reason: String,
+        #[source]
+        source: async_nats::SubscribeError,
     },
 }
 
@@ -139,9 +140,9 @@ impl Actor for Router {
             .client
             .subscribe(subjects::STATUS_SUBJECT)
             .await
-            .map_err(|e| RouterError::Subscribe {
+            .map_err(|source| RouterError::Subscribe {
                 subject: subjects::STATUS_SUBJECT,
-                reason: e.to_string(),
+                source,
             })?;
         let me = myself.clone();
         let status_task = Owned::spawn(async move {

@@ -118,8 +118,8 @@ impl Fetcher {
             match pulled {
                 Ok(Pulled::Stopped) => return Ok(()),
                 Ok(Pulled::Done) => backoff = BACKOFF.0,
-                Err(reason) => {
-                    self.failed(&answers, reason, &mut backoff, &mut stop)
+                Err(error) => {
+                    self.failed(&answers, error, &mut backoff, &mut stop)
                         .await?
                 }
             }
@@ -170,8 +170,8 @@ impl Fetcher {
                 match pulled {
                     Ok(Pulled::Stopped) => return Ok(()),
                     Ok(Pulled::Done) => backoffs[i] = BACKOFF.0,
-                    Err(reason) => {
-                        self.failed(consumer, reason, &mut backoffs[i], &mut stop)
+                    Err(error) => {
+                        self.failed(consumer, error, &mut backoffs[i], &mut stop)
                             .await?;
                         break;
                     }
@@ -213,7 +213,7 @@ impl Fetcher {
         wait: Option<Duration>,
         stop: &mut watch::Receiver<bool>,
         mut take: impl FnMut(jetstream::Message) -> bool,
-    ) -> Result<Pulled, String> {
+    ) -> Result<Pulled, async_nats::Error> {
         let stats = self.client.statistics();
         let connects = stats.connects.load(Ordering::Relaxed);
         let (batch, bound) = match wait {
@@ -231,7 +231,7 @@ impl Fetcher {
                 PULL_MARGIN * 2,
             ),
         };
-        let mut batch = batch.map_err(|e| e.to_string())?;
+        let mut batch = batch?;
         let deadline = tokio::time::Instant::now() + bound;
         let mut check = tokio::time::interval(RECONNECT_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -261,7 +261,7 @@ impl Fetcher {
                             return Ok(Pulled::Stopped);
                         }
                     }
-                    Some(Err(e)) => return Err(e.to_string()),
+                    Some(Err(e)) => return Err(e),
                     None => return Ok(Pulled::Done),
                 },
             }
@@ -273,7 +273,7 @@ impl Fetcher {
     async fn failed(
         &self,
         consumer: &PullConsumer,
-        reason: String,
+        error: async_nats::Error,
         backoff: &mut Duration,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<(), FetchError> {
@@ -285,10 +285,10 @@ impl Fetcher {
             Err(ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound)
         );
         if gone {
-            tracing::warn!(consumer = %name, %reason, "consumer gone; re-joining the queue");
+            tracing::warn!(consumer = %name, %error, "consumer gone; re-joining the queue");
             return Err(FetchError::ConsumerGone { consumer: name });
         }
-        tracing::warn!(consumer = %name, %reason, pause = ?*backoff, "pull failed; pulling again after a pause");
+        tracing::warn!(consumer = %name, %error, pause = ?*backoff, "pull failed; pulling again after a pause");
         tokio::select! {
             _ = stop.changed() => {}
             () = tokio::time::sleep(*backoff) => {}

@@ -115,8 +115,28 @@ pub enum InboxPlan {
     },
     /// Plain core-NATS subscription to `channel.inbox.<id>`.
     CoreSubscribe,
-    /// Give up with this message.
-    Fail(String),
+    /// Give up, for this reason.
+    Fail(InboxFailure),
+}
+
+/// Why a client gives up binding its inbox ([`InboxPlan::Fail`]).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InboxFailure {
+    /// hub-server refused the attach request.
+    #[error("durable inbox attach for `{id}` refused: {error}")]
+    Refused {
+        /// Whose inbox.
+        id: AgentId,
+        /// hub-server's error.
+        #[source]
+        error: WireError,
+    },
+    /// The durable inbox is `on`, but nobody answered and the consumer does not exist.
+    #[error(
+        "durable inbox is on, but no hub-server answered the attach request \
+         and the inbox consumer does not exist"
+    )]
+    NoConsumer,
 }
 
 /// Which inbox a client uses, from [`ENV_DURABLE_INBOX`].
@@ -212,9 +232,10 @@ pub fn attach_fallback(mode: DurableInboxMode, id: &AgentId, outcome: AttachOutc
         (DurableInboxMode::On, AttachOutcome::NoResponders) | (_, AttachOutcome::Timeout) => {
             existing()
         }
-        (_, AttachOutcome::Refused(error)) => {
-            InboxPlan::Fail(format!("durable inbox attach for `{id}` refused: {error}"))
-        }
+        (_, AttachOutcome::Refused(error)) => InboxPlan::Fail(InboxFailure::Refused {
+            id: id.clone(),
+            error,
+        }),
     }
 }
 
@@ -241,11 +262,7 @@ pub fn attach_fallback_on_durable_hub(
 pub fn when_consumer_missing(mode: DurableInboxMode) -> InboxPlan {
     match mode {
         DurableInboxMode::Auto | DurableInboxMode::Off => InboxPlan::CoreSubscribe,
-        DurableInboxMode::On => InboxPlan::Fail(
-            "durable inbox is on, but no hub-server answered the attach request \
-             and the inbox consumer does not exist"
-                .to_owned(),
-        ),
+        DurableInboxMode::On => InboxPlan::Fail(InboxFailure::NoConsumer),
     }
 }
 

@@ -139,7 +139,7 @@ fn on_table() {
         panic!("{plan:?}")
     };
     assert_eq!(
-        message,
+        message.to_string(),
         "durable inbox attach for `bob` refused: internal: cannot create consumer"
     );
     assert!(is_fail(&when_consumer_missing(On)));

@@ -88,7 +88,6 @@ impl Index {
                         attempt_id,
                         result: None,
                         answers: Vec::new(),
-                        published: false,
                         task: None,
                     },
                 );
@@ -101,7 +100,6 @@ impl Index {
             Record::Result { seq, tid, result } => {
                 if let Some(attempt) = self.open_mut(seq, tid) {
                     attempt.result = Some(result);
-                    attempt.published = false;
                 }
             }
             Record::Answer {
@@ -117,15 +115,10 @@ impl Index {
                             payload,
                         });
                         attempt.result = None;
-                        attempt.published = false;
                     }
                 }
             }
-            Record::Published { seq, tid } => {
-                if let Some(attempt) = self.open_mut(seq, tid) {
-                    attempt.published = true;
-                }
-            }
+            Record::Published { .. } => {}
             Record::Done { seq, tid } => {
                 let Some(key) = self.resolve(seq, tid) else {
                     return;

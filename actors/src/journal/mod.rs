@@ -8,15 +8,16 @@
 //!   [`JournalError::Locked`], which names the holder's pid.
 //! - `journal.log`: an append-only log, one record per line:
 //!   `<crc32 as 8 hex digits> <JSON record>\n`, where the JSON record is tagged by `kind`:
-//!   `admitted`, `result`, `answer`, `published`, `parked`, or `done`. A result, an answer or a
+//!   `admitted`, `result`, `answer`, `parked`, or `done` (a `published` record,
+//!   written by earlier versions, is read and ignored). A result, an answer or a
 //!   parked task is `write_all` plus `sync_data` before it counts (before the call returns, or,
 //!   under [`Journal::deferring`], once its [`SyncToken`] is waited on: the group commit the
 //!   worker uses), so it survives a crash or power loss. An
 //!   admission is written (it survives the process: the page cache does) and becomes durable
 //!   with the next durable record; a power loss before that may lose it, which only changes
 //!   the re-run's attempt id (the re-run itself is flagged from the broker's delivery count).
-//!   The `published` and `done` hints are appended without their own fsync, since losing them
-//!   only republishes a result the stream dedupes.
+//!   The `done` hint is appended without its own fsync, since losing it only republishes a
+//!   result the stream dedupes.
 //!
 //! On [`Journal::open`] the log is replayed to rebuild the in-memory index, and compacted when
 //! it holds finished attempts, so a worker restarted often keeps a small log. A damaged or
@@ -31,8 +32,7 @@
 //!    same attempt back with [`Admission::result`], if any; an open record of the same
 //!    sequence for another task is a stale one and is forgotten, unless it is parked);
 //! 2. [`Journal::save_result`] when the handler returns, before publishing;
-//! 3. [`Journal::mark_published`] once the broker confirmed the publish;
-//! 4. [`Journal::forget`] once the input is acknowledged; [`Journal::compact`] later rewrites
+//! 3. [`Journal::forget`] once the input is acknowledged; [`Journal::compact`] later rewrites
 //!    the log without forgotten attempts.
 //!
 //! A waiting attempt is [`park`](Journal::park)ed with its task before its input is acked: its
@@ -98,8 +98,6 @@ pub struct AttemptRecord {
     pub result: Option<Value>,
     /// Accepted answers, in the order they were recorded.
     pub answers: Vec<AnswerRecord>,
-    /// Whether the broker confirmed the publish of the current `result`.
-    pub published: bool,
     /// The task, once the attempt is parked waiting for an answer (its input is acked).
     pub task: Option<Value>,
 }
@@ -109,14 +107,10 @@ pub struct AttemptRecord {
 pub struct Admission {
     /// The attempt id: the requested one when `new`, the journalled one otherwise.
     pub attempt_id: String,
-    /// The task id the attempt was admitted with.
-    pub task_id: String,
     /// `true` when this call admitted the input; `false` when it was already admitted.
     pub new: bool,
     /// The saved result of an earlier admission, to be republished instead of running again.
     pub result: Option<Value>,
-    /// Whether that saved result was already confirmed by the broker.
-    pub published: bool,
 }
 
 /// The worker's local journal. See the [module documentation](self).
@@ -243,10 +237,8 @@ impl Journal {
         if let Some(existing) = self.index.get(input_seq, task_id) {
             return Ok(Admission {
                 attempt_id: existing.attempt_id.clone(),
-                task_id: existing.task_id.clone(),
                 new: false,
                 result: existing.result.clone(),
-                published: existing.published,
             });
         }
         let stale: Vec<String> = self
@@ -277,10 +269,8 @@ impl Journal {
         })?;
         Ok(Admission {
             attempt_id: attempt_id.to_owned(),
-            task_id: task_id.to_owned(),
             new: true,
             result: None,
-            published: false,
         })
     }
 
@@ -291,6 +281,7 @@ impl Journal {
 
     /// The open attempt of `task_id` (the most recently admitted one, if several inputs carry
     /// the same task id).
+    #[cfg(test)]
     pub fn lookup_by_task(&self, task_id: &str) -> Option<&AttemptRecord> {
         self.index.of_task(task_id).next()
     }
@@ -303,7 +294,7 @@ impl Journal {
     }
 
     /// Saves the (latest) result of the attempt of `input_seq`/`task_id`, durably, replacing
-    /// an earlier one and clearing its published mark.
+    /// an earlier one.
     pub fn save_result(
         &mut self,
         input_seq: u64,
@@ -342,6 +333,7 @@ impl Journal {
     }
 
     /// The recorded answer `message_id` of the attempt of `input_seq`/`task_id`.
+    #[cfg(test)]
     pub fn answer(&self, input_seq: u64, task_id: &str, message_id: &str) -> Option<&AnswerRecord> {
         self.index
             .get(input_seq, task_id)?
@@ -371,18 +363,6 @@ impl Journal {
     /// How many open attempts are parked (waiting for an answer, input acked).
     pub fn parked_count(&self) -> usize {
         self.index.values().filter(|a| a.task.is_some()).count()
-    }
-
-    /// Marks the current result of the attempt of `input_seq`/`task_id` as confirmed by the
-    /// broker.
-    pub fn mark_published(&mut self, input_seq: u64, task_id: &str) -> Result<(), JournalError> {
-        self.require(input_seq, task_id)?;
-        // A hint, not a promise: lost in a crash, it only means the saved result is published
-        // again (the stream dedupes it), so it is not fsync'd on its own.
-        self.write_lazy(Record::Published {
-            seq: input_seq,
-            tid: Some(task_id.to_owned()),
-        })
     }
 
     /// Marks the attempt of `input_seq`/`task_id` finished (its input was acknowledged, or it
@@ -446,9 +426,6 @@ impl Journal {
                     tid: tid(),
                     result: result.clone(),
                 }));
-            }
-            if attempt.published {
-                data.extend(record::encode(&Record::Published { seq, tid: tid() }));
             }
         }
         let tmp = self.dir.join(COMPACT_TMP_FILE);

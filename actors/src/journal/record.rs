@@ -37,7 +37,8 @@ pub(crate) enum Record {
         message_id: String,
         payload: Value,
     },
-    /// The current result was confirmed by the broker.
+    /// Written by earlier versions when the broker confirmed the current result; read and
+    /// ignored (nothing decided on it).
     Published {
         seq: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]

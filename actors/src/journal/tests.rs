@@ -85,7 +85,6 @@ fn journal_saved_result_survives_crash() {
         journal
             .save_result(2, "task-b", &json!({"state": "failed"}))
             .unwrap();
-        journal.mark_published(2, "task-b").unwrap();
     }
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
     let admission = journal.admit(1, "task-a", "att-x").unwrap();
@@ -94,8 +93,6 @@ fn journal_saved_result_survives_crash() {
         admission.result,
         Some(json!({"state": "completed", "response": "ok"}))
     );
-    assert!(!admission.published);
-    assert!(journal.lookup(2, "task-b").unwrap().published);
     let err = journal.save_result(99, "task-z", &json!(null)).unwrap_err();
     assert!(
         matches!(&err, JournalError::Unknown { input_seq: 99, task_id } if task_id == "task-z"),
@@ -189,14 +186,12 @@ fn journal_duplicate_answers_detected_across_reopen() {
         journal
             .save_result(3, "task-a", &json!({"state": "waiting"}))
             .unwrap();
-        journal.mark_published(3, "task-a").unwrap();
         assert!(journal
             .record_answer(3, "task-a", "m-1", &json!({"text": "yes"}))
             .unwrap());
         // The answer supersedes the waiting result until the resume saves its own.
         let record = journal.lookup(3, "task-a").unwrap();
         assert_eq!(record.result, None);
-        assert!(!record.published);
         assert!(!journal
             .record_answer(3, "task-a", "m-1", &json!({"text": "changed"}))
             .unwrap());
@@ -247,7 +242,6 @@ fn journal_forget_and_compact_keep_open_attempts() {
             .record_answer(3, "task-3", "m-1", &json!("answer"))
             .unwrap();
         journal.save_result(3, "task-3", &json!("resumed")).unwrap();
-        journal.mark_published(3, "task-3").unwrap();
         assert!(journal.forget(1, "task-1").unwrap());
         assert!(journal.forget(2, "task-2").unwrap());
         assert!(!journal.forget(2, "task-2").unwrap());
@@ -258,8 +252,6 @@ fn journal_forget_and_compact_keep_open_attempts() {
         assert!(fs::metadata(&log).unwrap().len() < before);
         assert_eq!(journal.forgotten_since_compaction(), 0);
         assert_eq!(journal.open_attempts(), open_before);
-        // Appends after compaction go to the new log.
-        journal.mark_published(4, "task-4").unwrap();
     }
     let text = fs::read_to_string(&log).unwrap();
     assert!(!text.contains("att-1") && !text.contains("att-2"), "{text}");
@@ -274,9 +266,7 @@ fn journal_forget_and_compact_keep_open_attempts() {
     assert_eq!(seqs, [3, 4]);
     let three = journal.lookup(3, "task-3").unwrap();
     assert_eq!(three.result, Some(json!("resumed")));
-    assert!(three.published);
     assert_eq!(three.answers.len(), 1);
-    assert!(journal.lookup(4, "task-4").unwrap().published);
     assert!(!tmp.path().join("w-1").join(COMPACT_TMP_FILE).exists());
 }
 
@@ -333,7 +323,7 @@ fn admitting_a_reused_sequence_for_another_task_starts_a_new_attempt() {
     let admission = journal.admit(3, "task-new", "att-new").unwrap();
     assert!(admission.new, "a new input, not the old attempt");
     assert_eq!(admission.attempt_id, "att-new");
-    assert_eq!(admission.task_id, "task-new");
+    assert_eq!(journal.lookup(3, "task-new").unwrap().attempt_id, "att-new");
     assert_eq!(
         admission.result, None,
         "task-old's result is not task-new's"

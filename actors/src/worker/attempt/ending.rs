@@ -93,10 +93,6 @@ impl Attempt {
                 _ => &self.counters.failed,
             }
             .bump();
-        } else {
-            // A hint (no fsync of its own): lost, it only republishes a deduplicated result.
-            let (record_seq, task_id) = (state.record_seq, state.task.task_id.to_string());
-            journal_ops::lazy(&self.journal, |j| j.mark_published(record_seq, &task_id))?;
         }
         self.ack_and_stop(myself, state, final_state).await
     }

@@ -90,7 +90,7 @@ pub(crate) async fn durable<T>(
     Ok(out?)
 }
 
-/// Runs a journal operation that appends no durable record (admissions, `published` and
+/// Runs a journal operation that appends no durable record (admissions and
 /// `done` hints) right here: such an append is one `write` into the page cache, cheaper than a
 /// trip to the blocking pool.
 pub(crate) fn lazy<T>(

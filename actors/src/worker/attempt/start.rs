@@ -190,10 +190,6 @@ impl Attempt {
                 state.phase = Phase::Settling;
                 self.send_state_change(state, &saved, None, None).await?;
                 let final_state = saved.result.state.is_final();
-                if !final_state {
-                    let (record_seq, task_id) = (state.record_seq, state.task.task_id.to_string());
-                    journal_ops::lazy(&self.journal, |j| j.mark_published(record_seq, &task_id))?;
-                }
                 return self.ack_and_stop(myself, state, final_state).await;
             }
             // Journalled by a resume that never finished (this worker crashed): resume again.

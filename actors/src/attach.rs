@@ -17,7 +17,6 @@ use protocol::subjects;
 use protocol::task::{JoinReply, JoinRequest, JoinResponse};
 use protocol::{WireError, WireErrorKind};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde::{Deserialize, Serialize};
 
 use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
@@ -52,25 +51,21 @@ pub struct AttachState {
     /// The queue-group listeners (attach, join): owned, so that a failed incarnation's
     /// subscriptions end with it and take no request they would never answer.
     listeners: Vec<Owned>,
-    joined: u64,
-    attached: u64,
-    refused: u64,
-    /// Requests ignored because their reply subject is not under the inbox prefix.
-    replies_refused: u64,
+    counters: AttachCounters,
 }
 
-/// Counters of the attach actor.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AttachSnapshot {
-    /// Consumers created or updated and replied.
-    pub attached: u64,
-    /// Requests refused (invalid identity, JetStream error).
-    pub refused: u64,
-    /// Worker joins answered.
-    pub joined: u64,
-    /// Requests ignored because their reply subject is not under the inbox prefix.
-    #[serde(default)]
-    pub replies_refused: u64,
+crate::counters! {
+    /// Counters of the attach actor.
+    pub struct AttachCounters => AttachSnapshot {
+        /// Consumers created or updated and replied.
+        attached,
+        /// Requests refused (invalid identity, JetStream error).
+        refused,
+        /// Worker joins answered.
+        joined,
+        /// Requests ignored because their reply subject is not under the inbox prefix.
+        replies_refused,
+    }
 }
 
 #[ractor::async_trait]
@@ -116,10 +111,7 @@ impl Actor for Attach {
         });
         Ok(AttachState {
             listeners: vec![listener, join_listener],
-            joined: 0,
-            attached: 0,
-            refused: 0,
-            replies_refused: 0,
+            counters: AttachCounters::default(),
         })
     }
 
@@ -151,9 +143,10 @@ impl Actor for Attach {
                 };
                 let response = self.attach(msg.subject.as_str()).await;
                 match &response {
-                    AttachResponse::Attached(_) => state.attached += 1,
-                    AttachResponse::Refused { .. } => state.refused += 1,
+                    AttachResponse::Attached(_) => &state.counters.attached,
+                    AttachResponse::Refused { .. } => &state.counters.refused,
                 }
+                .bump();
                 let body = serde_json::to_vec(&response)?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {
                     tracing::warn!(error = %e, "cannot answer an attach request");
@@ -165,21 +158,17 @@ impl Actor for Attach {
                 };
                 let response = self.join(msg.subject.as_str(), &msg.payload).await;
                 match &response {
-                    JoinResponse::Joined(_) => state.joined += 1,
-                    JoinResponse::Refused { .. } => state.refused += 1,
+                    JoinResponse::Joined(_) => &state.counters.joined,
+                    JoinResponse::Refused { .. } => &state.counters.refused,
                 }
+                .bump();
                 let body = serde_json::to_vec(&response)?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {
                     tracing::warn!(error = %e, "cannot answer a join request");
                 }
             }
             AttachMsg::Snapshot(port) => {
-                let _ = port.send(AttachSnapshot {
-                    attached: state.attached,
-                    refused: state.refused,
-                    joined: state.joined,
-                    replies_refused: state.replies_refused,
-                });
+                let _ = port.send(state.counters.snapshot());
             }
         }
         Ok(())
@@ -194,7 +183,7 @@ fn reply_of(
     state: &mut AttachState,
 ) -> Option<async_nats::Subject> {
     crate::reply::answerable(msg.reply.as_ref(), prefix, msg.subject.as_str(), || {
-        state.replies_refused += 1
+        state.counters.replies_refused.bump()
     })
 }
 

@@ -56,6 +56,9 @@ crate::counters! {
         handed_back,
         /// Publishes sent again after an uncertain outcome (no stream ack in time).
         publish_retries,
+        /// Task channel publishes whose stream ack said `duplicate`: an earlier try (or an
+        /// earlier attempt) of the same id was stored, so this one was not stored again.
+        publish_duplicates,
         /// Control and status requests ignored because their reply subject is not under the
         /// worker's reply prefix.
         replies_refused,

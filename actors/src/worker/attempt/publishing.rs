@@ -138,12 +138,14 @@ impl Attempt {
             }
         }
         let within = try_timeout();
+        let mut duplicates = 0;
         if let Some(accepted) = accepted {
-            accepted.confirmed(within).await?;
+            duplicates += u64::from(accepted.confirmed(within).await?);
         }
         for publish in pending {
-            publish.confirmed(within).await?;
+            duplicates += u64::from(publish.confirmed(within).await?);
         }
+        self.counters.publish_duplicates.add(duplicates);
         Ok(())
     }
 }

@@ -377,6 +377,36 @@ impl TaskHandler for Gate {
     }
 }
 
+#[tokio::test]
+async fn a_result_whose_stream_ack_is_late_is_sent_again_and_reported_a_duplicate() {
+    let env = env("late-ack").await;
+    let mut results = env.results().await;
+    let gate = Gate::new();
+    let worker = env.start("worker-late-ack", gate.clone(), 1).await;
+    env.submit("t-late-ack").await;
+    gate.wait_started("t").await;
+    // The broker hangs while the result goes out: the first try gets no stream ack in time
+    // and is sent again. Woken, the broker stores the first try and acks the second as a
+    // duplicate of it.
+    env.server.freeze();
+    gate.open();
+    wait_snapshot(&worker, "the result sent again", |s| {
+        s.counters.publish_retries >= 1
+    })
+    .await;
+    env.server.thaw();
+    let result = result_of(&mut results, "t-late-ack").await;
+    assert_eq!(result.state, TaskState::Completed);
+    let snap = wait_snapshot(&worker, "the duplicate reported", |s| {
+        s.counters.publish_duplicates >= 1
+    })
+    .await;
+    env.wait_work_empty().await;
+    assert_eq!(gate.calls(), 1, "ran once");
+    assert_eq!(snap.counters.attempt_failures, 0, "{snap:?}");
+    stop(worker).await;
+}
+
 /// Stores a task for `worker` alone (its targeted consumer, which the test leaves alone).
 async fn submit_targeted(env: &Env, worker: &WorkerId, task_id: &str, text: &str) {
     let envelope = serde_json::json!({

@@ -87,12 +87,30 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
     };
     let (code, line) = match result {
         Ok(()) => (0, None),
-        Err(e) => (exit_code(&e), Some(format!("{e:#}").replace('\n', " "))),
+        Err(e) => (exit_code(&e), Some(error_line(&e))),
     };
     tokio::task::spawn_blocking(move || telemetry.shutdown())
         .await
         .ok();
     (code, line)
+}
+
+/// The one line an error prints: its message and each source whose text the line does not
+/// show yet (our errors print their source in their own message, so a plain `{e:#}` would
+/// repeat it).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', " ")
 }
 
 fn exit_code(e: &anyhow::Error) -> i32 {

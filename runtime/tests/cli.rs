@@ -577,6 +577,12 @@ async fn unreachable_server_exits_69() {
     );
     let line = one_stderr_line(&out, "unreachable server");
     assert!(line.contains(&port), "names the server: {line}");
+    // The cause once: an error that prints its source is not followed by it again.
+    assert_eq!(
+        line.matches("refused").count(),
+        1,
+        "the cause is said once: {line}"
+    );
 
     let out = run_cli(&["status", "--nats-url", &url, "--connect-timeout-secs", "1"]).await;
     assert_exit(&out, 69, "status against an unreachable server");

@@ -225,3 +225,116 @@ async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_agai
     assert_eq!(results[0].state, TaskState::Completed);
     assert_eq!(results[0].worker_id.as_str(), "cw1");
 }
+
+/// The directory holding `consumer`'s state in the server's store (`…/obs/<consumer>`).
+fn consumer_dir(server: &harness::NatsServer, stream: &str, consumer: &str) -> std::path::PathBuf {
+    fn find(dir: &std::path::Path, stream: &str, consumer: &str) -> Option<std::path::PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if path.ends_with(format!("streams/{stream}/obs/{consumer}")) {
+                return Some(path);
+            }
+            if let Some(found) = find(&path, stream, consumer) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    find(&server.store_dir(), stream, consumer)
+        .unwrap_or_else(|| panic!("no state of {stream}/{consumer} under the store"))
+}
+
+/// The consumer's state files (name and bytes), to put back later.
+fn consumer_state(dir: &std::path::Path) -> Vec<(std::ffi::OsString, Vec<u8>)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_file())
+        .map(|e| (e.file_name(), std::fs::read(e.path()).unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_task_delivered_once_more_after_a_broker_crash_is_not_run_again() {
+    let mut server = harness::run_server().await.unwrap();
+    let url = server.url();
+    // A 20 s ack wait: nothing is redelivered before the crash.
+    let scene = Scene::new(0)
+        .with_delivery(r#"{"ack_wait_secs": 20}"#)
+        .with_script(SCRIPT);
+    let router = scene.router(&url);
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    let spec = new_task("finished, then delivered once more", vec![]);
+    let fault = format!(
+        "sys1/worker-kw1.attempt.{}@result_confirmed=exit",
+        spec.task_id
+    );
+    let mut w1 = scene.worker_with(&url, "kw1", "kq", &[], &[("RUNTIME_FAULTS", &fault)]);
+    let hub = support::durable_system(url.clone()).await;
+    let joined = |id: &'static str| {
+        let client = hub.client().clone();
+        move || {
+            let client = client.clone();
+            async move {
+                runtime::request_worker_status(&client, Duration::from_millis(300))
+                    .await
+                    .is_ok_and(|w| w.iter().any(|s| s.worker_id == id))
+            }
+        }
+    };
+    harness::wait_until_async("kw1 joined", DEADLINE, joined("kw1"))
+        .await
+        .unwrap();
+    // The queue consumer's state before the delivery.
+    let queue = QueueName::new("kq").unwrap();
+    let obs = consumer_dir(
+        &server,
+        subjects::WORK_STREAM,
+        &subjects::queue_consumer(&queue),
+    );
+    let before = consumer_state(&obs);
+    hub.delegate(&alice(), &queue, None, &spec).await.unwrap();
+    // kw1 dies right after the stream confirmed its result, before its input ack.
+    let exited = w1.wait_exit(DEADLINE).await.expect("kw1 exits");
+    assert_ne!(exited, Some(0), "the fault fired\n{}", w1.log());
+    let js = support::js(&server).await;
+    harness::wait_until_async("the result routed", DEADLINE, || async {
+        !support::results_on(&js, &spec.task_id).await.is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router)])));
+    // Another worker of the queue is connected before the broker crashes.
+    let w2 = scene.worker(&url, "kw2", "kq");
+    harness::wait_until_async("kw2 joined", DEADLINE, joined("kw2"))
+        .await
+        .unwrap();
+    hub.shutdown(Duration::from_secs(5)).await.unwrap();
+    // kill -9 of the broker within its consumer-state flush window (about 100 ms) leaves the
+    // consumer's state as it was before the delivery: put that state back while it is down.
+    server.stop().await;
+    for entry in std::fs::read_dir(&obs).unwrap().flatten() {
+        if entry.path().is_file() {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    for (name, bytes) in &before {
+        std::fs::write(obs.join(name), bytes).unwrap();
+    }
+    server.start().await.unwrap();
+    let js = support::js(&server).await;
+    // The broker delivers the input again, counted once, to kw2, which settles it from the
+    // task channel instead of running it: the input was stored before kw2's baseline, taken
+    // again on its new connection. (Without that rule kw2 runs it with `TASK_RERUN=0`.)
+    harness::wait_until_async("the input settled", DEADLINE, || async {
+        support::stream_messages(&js, subjects::WORK_STREAM).await == 0
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router), ("kw2", &w2)])));
+    let results = support::results_on(&js, &spec.task_id).await;
+    assert_eq!(runs(&scene), ["kw1 0"], "one execution");
+    assert_eq!(results.len(), 1, "one completed result: {results:?}");
+    assert_eq!(results[0].worker_id.as_str(), "kw1");
+}

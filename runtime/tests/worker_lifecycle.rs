@@ -312,8 +312,9 @@ async fn a_finished_task_delivered_once_more_after_a_broker_crash_is_not_run_aga
         .await
         .unwrap();
     hub.shutdown(Duration::from_secs(5)).await.unwrap();
-    // kill -9 of the broker within its consumer-state flush window (about 100 ms) leaves the
-    // consumer's state as it was before the delivery: put that state back while it is down.
+    // The broker writes a consumer's state lazily, after the delivery: a kill -9 before that
+    // write leaves the state as it was before the delivery (the chaos run saw delivery counts
+    // start again at 1). Here that state is put back while the broker is down.
     server.stop().await;
     for entry in std::fs::read_dir(&obs).unwrap().flatten() {
         if entry.path().is_file() {

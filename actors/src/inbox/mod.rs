@@ -195,7 +195,9 @@ impl Actor for InboxConsumer {
         msg: InboxMsg,
         state: &mut InboxState,
     ) -> Result<(), ActorProcessingErr> {
-        // The inbox's fault point `Handle` is checked by its pump, per DM (see `pump.rs`).
+        // The fault point `Handle` is checked here, for the actor's own messages, and by its
+        // pump, per DM (see `pump.rs`).
+        fault::check(&self.name, FaultPoint::Handle)?;
         match msg {
             InboxMsg::Snapshot(port) => {
                 let _ = port.send(InboxSnapshot {

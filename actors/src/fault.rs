@@ -201,24 +201,21 @@ pub fn parse_spec(spec: &str) -> Result<Vec<(String, FaultPoint, Fault, u32)>, F
             Some((fault, times)) => (fault, times.parse().map_err(|_| fail("bad *<times>"))?),
             None => (fault, 1),
         };
-        let point = match point {
-            "pre_start" => FaultPoint::PreStart,
-            "handle" => FaultPoint::Handle,
-            "result_confirmed" => FaultPoint::ResultConfirmed,
-            _ => return Err(fail("unknown point")),
-        };
-        let fault = match fault {
-            "panic" => Fault::Panic,
-            "error" => Fault::Error,
-            "exit" => Fault::Exit,
-            _ => return Err(fail("unknown fault")),
-        };
+        // The names are the enums' serde names (snake case).
+        let point = by_name::<FaultPoint>(point).ok_or_else(|| fail("unknown point"))?;
+        let fault = by_name::<Fault>(fault).ok_or_else(|| fail("unknown fault"))?;
         if name.is_empty() {
             return Err(fail("no actor name"));
         }
         out.push((name.to_owned(), point, fault, times));
     }
     Ok(out)
+}
+
+/// The unit variant of `T` whose serde name is `name`.
+fn by_name<T: serde::de::DeserializeOwned>(name: &str) -> Option<T> {
+    use serde::de::IntoDeserializer;
+    T::deserialize(IntoDeserializer::<serde::de::value::Error>::into_deserializer(name)).ok()
 }
 
 /// Arms every fault of `spec` (see [`parse_spec`]). A no-op, after parsing, when the hook is

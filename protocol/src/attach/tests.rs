@@ -218,7 +218,7 @@ fn env_value_defaults_when_unset_or_blank() {
 proptest! {
     #[test]
     fn bind_existing_always_names_the_identitys_consumer(
-        id in "[A-Za-z0-9_-]{1,64}".prop_filter("not a reserved system id", |s: &String| !s.starts_with("hub-")),
+        id in crate::ids::strategies::token(64),
         mode_index in 0usize..3,
         outcome_index in 0usize..4,
     ) {

@@ -290,13 +290,7 @@ fn extra(reserved: &'static [&'static str]) -> impl Strategy<Value = Map<String,
 }
 
 fn agent_id() -> impl Strategy<Value = Option<AgentId>> {
-    prop::option::of(
-        "[A-Za-z0-9_-]{1,32}"
-            .prop_filter("not a reserved system id", |s: &String| {
-                !s.starts_with("hub-")
-            })
-            .prop_map(|s| AgentId::new(s).unwrap()),
-    )
+    prop::option::of(crate::ids::strategies::token(32).prop_map(|s| AgentId::new(s).unwrap()))
 }
 
 fn envelope() -> impl Strategy<Value = Envelope> {

@@ -226,4 +226,6 @@ validated_id! {
 }
 
 #[cfg(test)]
+pub(crate) mod strategies;
+#[cfg(test)]
 mod tests;

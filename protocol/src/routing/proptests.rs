@@ -11,12 +11,7 @@ use crate::ids::{ChannelName, MAX_TOKEN_LEN};
 use crate::subjects::TaskKey;
 
 fn agent_id() -> impl Strategy<Value = AgentId> {
-    proptest::string::string_regex(&format!("[A-Za-z0-9_-]{{1,{MAX_TOKEN_LEN}}}"))
-        .unwrap()
-        .prop_filter("not a reserved system id", |s: &String| {
-            !s.starts_with("hub-")
-        })
-        .prop_map(|s| AgentId::new(s).unwrap())
+    crate::ids::strategies::token(MAX_TOKEN_LEN).prop_map(|s| AgentId::new(s).unwrap())
 }
 
 fn message_id() -> impl Strategy<Value = MessageId> {

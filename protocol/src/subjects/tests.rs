@@ -274,9 +274,7 @@ fn durable_and_stream_names() {
 }
 
 fn token_string() -> impl Strategy<Value = String> {
-    "[A-Za-z0-9_-]{1,128}".prop_filter("not a reserved system id", |s: &String| {
-        !s.starts_with("hub-")
-    })
+    crate::ids::strategies::token(128)
 }
 
 fn agent_id() -> impl Strategy<Value = AgentId> {

@@ -141,9 +141,7 @@ fn parse_stored_names_and_control() {
 }
 
 fn token_string() -> impl Strategy<Value = String> {
-    "[A-Za-z0-9_-]{1,32}".prop_filter("not a reserved system id", |s: &String| {
-        !s.starts_with("hub-")
-    })
+    crate::ids::strategies::token(32)
 }
 
 fn messy() -> impl Strategy<Value = String> {

@@ -8,9 +8,7 @@ use super::*;
 use crate::ids::{MessageId, TaskId, WorkerId};
 
 fn token() -> impl Strategy<Value = String> {
-    "[A-Za-z0-9_-]{1,16}".prop_filter("not a reserved system id", |s: &String| {
-        !s.starts_with("hub-")
-    })
+    crate::ids::strategies::token(16)
 }
 
 fn state() -> impl Strategy<Value = TaskState> {

@@ -16,6 +16,8 @@ pub(super) struct Index {
     by_task: HashMap<String, BTreeSet<u64>>,
     /// Attempts forgotten since the last compaction.
     pub forgotten: usize,
+    /// How many open attempts are parked (their task kept): counted, not scanned for.
+    pub parked: usize,
 }
 
 impl Index {
@@ -94,7 +96,9 @@ impl Index {
             }
             Record::Parked { seq, tid, task } => {
                 if let Some(attempt) = self.open_mut(seq, tid) {
+                    let newly = attempt.task.is_none();
                     attempt.task = Some(task);
+                    self.parked += usize::from(newly);
                 }
             }
             Record::Result { seq, tid, result } => {
@@ -124,6 +128,7 @@ impl Index {
                     return;
                 };
                 if let Some(attempt) = self.attempts.remove(&key) {
+                    self.parked -= usize::from(attempt.task.is_some());
                     if let Some(seqs) = self.by_task.get_mut(&attempt.task_id) {
                         seqs.remove(&seq);
                         if seqs.is_empty() {

@@ -362,7 +362,7 @@ impl Journal {
 
     /// How many open attempts are parked (waiting for an answer, input acked).
     pub fn parked_count(&self) -> usize {
-        self.index.values().filter(|a| a.task.is_some()).count()
+        self.index.parked
     }
 
     /// Marks the attempt of `input_seq`/`task_id` finished (its input was acknowledged, or it

@@ -139,14 +139,7 @@ async fn sigterm_with_a_long_task_hands_it_to_another_worker_at_once() {
     .await;
     let w2 = scene.worker(&url, "lw2", "lq");
     support::wait_router_answers(&server.client().await.unwrap()).await;
-    harness::wait_until_async("lw2 joined", DEADLINE, || async {
-        let client = server.client().await.unwrap();
-        runtime::request_worker_status(&client, Duration::from_millis(300))
-            .await
-            .is_ok_and(|w| w.iter().any(|s| s.worker_id == "lw2"))
-    })
-    .await
-    .unwrap();
+    wait_joined(&hub, "lw2").await;
     let stopped = Instant::now();
     w1.signal(15);
     let result = tokio::time::timeout(DEADLINE, tracking.result)
@@ -170,6 +163,33 @@ async fn sigterm_with_a_long_task_hands_it_to_another_worker_at_once() {
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
+/// Worker `id` on `queue`, armed to die (as with kill -9) right after the stream confirmed
+/// the result of `spec`, before its input ack.
+fn dying_after_result(
+    scene: &Scene,
+    url: &str,
+    id: &str,
+    queue: &str,
+    spec: &protocol::task::TaskSpec,
+) -> RuntimeProcess {
+    let fault = format!(
+        "sys1/worker-{id}.attempt.{}@result_confirmed=exit",
+        spec.task_id
+    );
+    scene.worker_with(url, id, queue, &[], &[("RUNTIME_FAULTS", &fault)])
+}
+
+/// Waits until worker `id` answers the status request.
+async fn wait_joined(hub: &runtime::ActorSystem, id: &str) {
+    harness::wait_until_async(&format!("{id} joined"), DEADLINE, || async {
+        runtime::request_worker_status(hub.client(), Duration::from_millis(300))
+            .await
+            .is_ok_and(|w| w.iter().any(|s| s.worker_id == id))
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_again() {
     let mut server = harness::run_server().await.unwrap();
@@ -180,21 +200,10 @@ async fn a_result_stored_but_unconfirmed_when_the_broker_crashed_is_not_run_agai
     let mut router = scene.router(&url);
     support::wait_router_answers(&server.client().await.unwrap()).await;
     let spec = new_task("stored then crashed", vec![]);
-    // w1 dies (as with kill -9) right after the stream confirmed its result, before its
-    // input ack: the result is stored, the input is not acked.
-    let fault = format!(
-        "sys1/worker-cw1.attempt.{}@result_confirmed=exit",
-        spec.task_id
-    );
-    let mut w1 = scene.worker_with(&url, "cw1", "cq", &[], &[("RUNTIME_FAULTS", &fault)]);
+    // The result is stored, the input is not acked.
+    let mut w1 = dying_after_result(&scene, &url, "cw1", "cq", &spec);
     let hub = support::durable_system(url.clone()).await;
-    harness::wait_until_async("cw1 joined", DEADLINE, || async {
-        runtime::request_worker_status(hub.client(), Duration::from_millis(300))
-            .await
-            .is_ok_and(|w| w.iter().any(|s| s.worker_id == "cw1"))
-    })
-    .await
-    .unwrap();
+    wait_joined(&hub, "cw1").await;
     hub.delegate(&alice(), &QueueName::new("cq").unwrap(), None, &spec)
         .await
         .unwrap();
@@ -268,26 +277,9 @@ async fn a_finished_task_delivered_once_more_after_a_broker_crash_is_not_run_aga
     let router = scene.router(&url);
     support::wait_router_answers(&server.client().await.unwrap()).await;
     let spec = new_task("finished, then delivered once more", vec![]);
-    let fault = format!(
-        "sys1/worker-kw1.attempt.{}@result_confirmed=exit",
-        spec.task_id
-    );
-    let mut w1 = scene.worker_with(&url, "kw1", "kq", &[], &[("RUNTIME_FAULTS", &fault)]);
+    let mut w1 = dying_after_result(&scene, &url, "kw1", "kq", &spec);
     let hub = support::durable_system(url.clone()).await;
-    let joined = |id: &'static str| {
-        let client = hub.client().clone();
-        move || {
-            let client = client.clone();
-            async move {
-                runtime::request_worker_status(&client, Duration::from_millis(300))
-                    .await
-                    .is_ok_and(|w| w.iter().any(|s| s.worker_id == id))
-            }
-        }
-    };
-    harness::wait_until_async("kw1 joined", DEADLINE, joined("kw1"))
-        .await
-        .unwrap();
+    wait_joined(&hub, "kw1").await;
     // The queue consumer's state before the delivery.
     let queue = QueueName::new("kq").unwrap();
     let obs = consumer_dir(
@@ -308,9 +300,7 @@ async fn a_finished_task_delivered_once_more_after_a_broker_crash_is_not_run_aga
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&[("router", &router)])));
     // Another worker of the queue is connected before the broker crashes.
     let w2 = scene.worker(&url, "kw2", "kq");
-    harness::wait_until_async("kw2 joined", DEADLINE, joined("kw2"))
-        .await
-        .unwrap();
+    wait_joined(&hub, "kw2").await;
     hub.shutdown(Duration::from_secs(5)).await.unwrap();
     // The broker writes a consumer's state lazily, after the delivery: a kill -9 before that
     // write leaves the state as it was before the delivery (the chaos run saw delivery counts

@@ -404,26 +404,7 @@ mod tests {
         }
     }
 
-    /// A real user nkey seed (the async-nats test suite's `TestUser`), so the nkey and creds
-    /// methods get as far as the server.
-    const SEED: &str = "SUACH75SWCM5D2JMJM6EKLR2WDARVGZT4QC6LX3AGHSWOMVAKERABBBRWM";
-    const TOKEN: &str = "tok-5ec12e7-token";
-    const PASSWORD: &str = "pw-5ec12e7-password";
-    const JWT: &str = "eyJ5ec12e7.jwt-payload.sig";
-
-    /// The creds file of the creds method: a JWT and [`SEED`].
-    fn creds_file(dir: &std::path::Path) -> PathBuf {
-        let path = dir.join("user.creds");
-        std::fs::write(
-            &path,
-            format!(
-                "-----BEGIN NATS USER JWT-----\n{JWT}\n------END NATS USER JWT------\n\n\
-                 -----BEGIN USER NKEY SEED-----\n{SEED}\n------END USER NKEY SEED------\n"
-            ),
-        )
-        .unwrap();
-        path
-    }
+    use harness::secrets::{creds_file, JWT, PASSWORD, SEED, TOKEN};
 
     /// One settings per auth method for `url`, each with its secrets: `(method, settings,
     /// secrets)`.

@@ -11,12 +11,7 @@ use std::process::Output;
 
 use support::oneshot::{assert_exit, dead_url, one_stderr_line, run_cli_env, stderr, stdout};
 
-/// A real user nkey seed (the async-nats test suite's `TestUser`), so the nkey and creds
-/// methods get as far as the server.
-const SEED: &str = "SUACH75SWCM5D2JMJM6EKLR2WDARVGZT4QC6LX3AGHSWOMVAKERABBBRWM";
-const TOKEN: &str = "tok-5ec12e7-cli-token";
-const PASSWORD: &str = "pw-5ec12e7-cli-password";
-const JWT: &str = "eyJ5ec12e7.cli-jwt.sig";
+use harness::secrets::{JWT, PASSWORD, SEED, TOKEN};
 
 /// Asserts that neither stdout nor stderr shows any of `secrets`.
 fn assert_no_secret(out: &Output, secrets: &[&str], what: &str) {
@@ -26,18 +21,9 @@ fn assert_no_secret(out: &Output, secrets: &[&str], what: &str) {
     }
 }
 
-/// The creds file of the creds method: a JWT and [`SEED`].
+/// The creds file of the creds method, as a flag value.
 fn creds_file(dir: &Path) -> String {
-    let path = dir.join("user.creds");
-    std::fs::write(
-        &path,
-        format!(
-            "-----BEGIN NATS USER JWT-----\n{JWT}\n------END NATS USER JWT------\n\n\
-             -----BEGIN USER NKEY SEED-----\n{SEED}\n------END USER NKEY SEED------\n"
-        ),
-    )
-    .unwrap();
-    path.display().to_string()
+    harness::secrets::creds_file(dir).display().to_string()
 }
 
 /// An auth method: its name, how it is given (flags or environment) and its secrets.

@@ -34,6 +34,17 @@ fn alice() -> AgentId {
     support::agent("alice")
 }
 
+/// The final result `tracking` gets, or a panic with the logs of `processes`.
+async fn final_result(
+    tracking: runtime::system::tasks::Tracking,
+    processes: &[(&str, &RuntimeProcess)],
+) -> protocol::task::TaskResult {
+    tokio::time::timeout(DEADLINE, tracking.result)
+        .await
+        .unwrap_or_else(|_| panic!("no result\n{}", logs(processes)))
+        .unwrap()
+}
+
 async fn wait_exit(process: &mut RuntimeProcess, within: Duration) -> Option<i32> {
     process.wait_exit(within).await.expect("the process exits")
 }
@@ -95,15 +106,7 @@ async fn sigterm_mid_task_lets_a_short_task_complete_once_before_exit() {
     // Another worker joins; then the first is asked to stop mid-task.
     let w2 = scene.worker(&url, "sw2", "sq");
     w1.signal(15);
-    let result = tokio::time::timeout(DEADLINE, tracking.result)
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "no result\n{}",
-                logs(&[("router", &router), ("sw1", &w1), ("sw2", &w2)])
-            )
-        })
-        .unwrap();
+    let result = final_result(tracking, &[("router", &router), ("sw1", &w1), ("sw2", &w2)]).await;
     assert_eq!(result.state, TaskState::Completed, "{result:?}");
     assert_eq!(result.worker_id.as_str(), "sw1", "finished where it ran");
     assert_eq!(wait_exit(&mut w1, Duration::from_secs(15)).await, Some(0));
@@ -142,15 +145,7 @@ async fn sigterm_with_a_long_task_hands_it_to_another_worker_at_once() {
     wait_joined(&hub, "lw2").await;
     let stopped = Instant::now();
     w1.signal(15);
-    let result = tokio::time::timeout(DEADLINE, tracking.result)
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "no result\n{}",
-                logs(&[("router", &router), ("lw1", &w1), ("lw2", &w2)])
-            )
-        })
-        .unwrap();
+    let result = final_result(tracking, &[("router", &router), ("lw1", &w1), ("lw2", &w2)]).await;
     let moved_after = stopped.elapsed();
     assert_eq!(result.state, TaskState::Completed, "{result:?}");
     assert_eq!(result.worker_id.as_str(), "lw2");

@@ -18,6 +18,7 @@
 
 mod nats_server;
 mod runtime_process;
+pub mod secrets;
 mod wait;
 
 pub use nats_server::{

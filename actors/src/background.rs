@@ -42,21 +42,32 @@ impl Drop for Owned {
     }
 }
 
+/// Why a pump ended by itself ([`spawn_pump`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PumpFailure {
+    /// It returned an error.
+    #[error(transparent)]
+    Error(Box<dyn std::error::Error + Send + Sync>),
+    /// It panicked.
+    #[error("the pump panicked")]
+    Panicked,
+}
+
 /// Spawns `pump`, owned by the returned handle; when it ends with an error or panics, calls
-/// `on_fail` with the reason (typically casting a `PumpFailed` message to the owning actor).
-pub fn spawn_pump<F, E>(pump: F, on_fail: impl FnOnce(String) + Send + 'static) -> Owned
+/// `on_fail` with the failure (typically casting a `PumpFailed` message to the owning actor).
+pub fn spawn_pump<F, E>(pump: F, on_fail: impl FnOnce(PumpFailure) + Send + 'static) -> Owned
 where
     F: Future<Output = Result<(), E>> + Send + 'static,
-    E: std::fmt::Display,
+    E: std::error::Error + Send + Sync + 'static,
 {
     Owned::spawn(async move {
         let outcome = match std::panic::AssertUnwindSafe(pump).catch_unwind().await {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err("the pump panicked".to_string()),
+            Ok(result) => result.map_err(|e| PumpFailure::Error(Box::new(e))),
+            Err(_) => Err(PumpFailure::Panicked),
         };
-        if let Err(reason) = outcome {
-            tracing::error!(%reason, "pump failed");
-            on_fail(reason);
+        if let Err(failure) = outcome {
+            tracing::error!(error = %failure, "pump failed");
+            on_fail(failure);
         }
     })
 }
@@ -69,25 +80,28 @@ mod tests {
     async fn errors_and_panics_are_reported_and_success_is_not() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let report = |tx: tokio::sync::mpsc::UnboundedSender<String>| {
-            move |r| {
-                let _ = tx.send(r);
+            move |failure: PumpFailure| {
+                let _ = tx.send(failure.to_string());
             }
         };
         let wait = std::time::Duration::from_secs(5);
-        spawn_pump(async { Err::<(), _>("boom") }, report(tx.clone()))
-            .join_within(wait)
-            .await;
+        spawn_pump(
+            async { Err::<(), _>(std::io::Error::other("boom")) },
+            report(tx.clone()),
+        )
+        .join_within(wait)
+        .await;
         spawn_pump(
             async {
                 panic!("in the pump");
                 #[allow(unreachable_code)]
-                Ok::<(), String>(())
+                Ok::<(), std::io::Error>(())
             },
             report(tx.clone()),
         )
         .join_within(wait)
         .await;
-        spawn_pump(async { Ok::<(), String>(()) }, report(tx))
+        spawn_pump(async { Ok::<(), std::io::Error>(()) }, report(tx))
             .join_within(wait)
             .await;
         assert_eq!(rx.recv().await.as_deref(), Some("boom"));

@@ -218,7 +218,7 @@ pub enum TrackerMsg {
     /// The caller dropped its result receiver: stop (the task is not cancelled).
     CallerGone,
     /// A pump stopped with an error: fail so that the supervisor restarts the actor.
-    PumpFailed(String),
+    PumpFailed(crate::background::PumpFailure),
 }
 
 crate::counters! {
@@ -269,7 +269,7 @@ pub enum TrackerError {
     },
     /// A pump failed.
     #[error("tracker pump failed: {0}")]
-    Pump(String),
+    Pump(#[source] crate::background::PumpFailure),
 }
 
 #[ractor::async_trait]
@@ -435,12 +435,18 @@ struct TrackerPump {
     myself: ActorRef<TrackerMsg>,
 }
 
+/// The live subscription of the task channel ended (the connection closed): the tracker fails
+/// and is restarted.
+#[derive(Debug, thiserror::Error)]
+#[error("the live subscription of the task channel ended")]
+pub struct LiveEnded;
+
 impl TrackerPump {
     async fn live(
         self,
         mut sub: Subscriber,
         mut stop: watch::Receiver<bool>,
-    ) -> Result<(), String> {
+    ) -> Result<(), LiveEnded> {
         loop {
             let msg = tokio::select! {
                 biased;
@@ -450,7 +456,7 @@ impl TrackerPump {
                     }
                     continue;
                 }
-                next = sub.next() => next.ok_or("the live subscription of the task channel ended")?,
+                next = sub.next() => next.ok_or(LiveEnded)?,
             };
             let body =
                 crate::task_channel::decode(&self.task_id, msg.headers.as_ref(), &msg.payload);
@@ -460,7 +466,7 @@ impl TrackerPump {
         }
     }
 
-    async fn stored(self, mut stop: watch::Receiver<bool>) -> Result<(), String> {
+    async fn stored(self, mut stop: watch::Receiver<bool>) -> Result<(), std::convert::Infallible> {
         let js = jetstream::new(self.client.clone());
         let mut next_seq = 1;
         let mut tick = tokio::time::interval(self.reread_every);

@@ -73,7 +73,7 @@ pub enum InboxMsg {
     /// Snapshot for a local caller.
     Snapshot(RpcReplyPort<InboxSnapshot>),
     /// The pump stopped with an error: fail so that the supervisor restarts the actor.
-    PumpFailed(String),
+    PumpFailed(crate::background::PumpFailure),
 }
 
 /// How the inbox is bound.
@@ -124,7 +124,7 @@ pub enum InboxError {
     },
     /// The pump failed.
     #[error("inbox pump failed: {0}")]
-    Pump(String),
+    Pump(#[source] crate::background::PumpFailure),
 }
 
 /// Why no inbox could be bound ([`InboxError::Bind`]).

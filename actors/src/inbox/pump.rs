@@ -34,6 +34,46 @@ crate::counters! {
     }
 }
 
+/// Why an inbox pump stopped (its actor fails with it, and is restarted).
+#[derive(Debug, thiserror::Error)]
+pub enum PumpError {
+    /// The durable consumer could not be looked up or pulled from.
+    #[error("cannot pull from consumer {consumer} of {stream}: {source}")]
+    Pull {
+        /// The stream.
+        stream: String,
+        /// The consumer.
+        consumer: String,
+        /// Why.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// The consumer was deleted, or made a push consumer, under the pump.
+    #[error("consumer {consumer} is gone: {source}")]
+    ConsumerGone {
+        /// The consumer.
+        consumer: String,
+        /// What the pull stream said.
+        #[source]
+        source: async_nats::jetstream::consumer::pull::MessagesError,
+    },
+    /// The live subscription could not be made.
+    #[error("cannot subscribe to {subject}: {source}")]
+    Subscribe {
+        /// The inbox subject.
+        subject: String,
+        /// Why.
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+    /// The message stream or subscription ended (the connection closed).
+    #[error("the inbox message stream ended")]
+    Ended,
+    /// A fault armed for this inbox fired (tests).
+    #[error(transparent)]
+    Fault(#[from] fault::FaultError),
+}
+
 /// What the pump needs.
 pub(super) struct InboxPump {
     pub client: async_nats::Client,
@@ -52,7 +92,7 @@ enum Verdict {
 }
 
 impl InboxPump {
-    pub async fn run(self, binding: Binding, stop: watch::Receiver<bool>) -> Result<(), String> {
+    pub async fn run(self, binding: Binding, stop: watch::Receiver<bool>) -> Result<(), PumpError> {
         match binding {
             Binding::Durable { stream, consumer } => self.durable(stream, consumer, stop).await,
             Binding::Core => self.core(stop).await,
@@ -64,23 +104,28 @@ impl InboxPump {
         stream: String,
         consumer: String,
         mut stop: watch::Receiver<bool>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PumpError> {
         let js = jetstream::new(self.client.clone());
-        let consumer: jetstream::consumer::PullConsumer = js
+        let pull = |source: async_nats::Error| PumpError::Pull {
+            stream: stream.clone(),
+            consumer: consumer.clone(),
+            source,
+        };
+        let pull_consumer: jetstream::consumer::PullConsumer = js
             .get_stream(&stream)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| pull(e.into()))?
             .get_consumer(&consumer)
             .await
-            .map_err(|e| e.to_string())?;
-        let mut messages = consumer
+            .map_err(pull)?;
+        let mut messages = pull_consumer
             .stream()
             .max_messages_per_batch(self.batch.max(1))
             .heartbeat(PULL_HEARTBEAT)
             .expires(PULL_EXPIRES)
             .messages()
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| pull(e.into()))?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
         loop {
             let next = tokio::select! {
@@ -97,7 +142,10 @@ impl InboxPump {
                 Some(Ok(msg)) => msg,
                 Some(Err(e)) => match e.kind() {
                     MessagesErrorKind::ConsumerDeleted | MessagesErrorKind::PushBasedConsumer => {
-                        return Err(e.to_string())
+                        return Err(PumpError::ConsumerGone {
+                            consumer,
+                            source: e,
+                        })
                     }
                     _ => {
                         self.counters.repulls.bump();
@@ -105,7 +153,7 @@ impl InboxPump {
                         continue;
                     }
                 },
-                None => return Err("the inbox message stream ended".into()),
+                None => return Err(PumpError::Ended),
             };
             let (stream_seq, delivered) = msg
                 .info()
@@ -126,12 +174,13 @@ impl InboxPump {
         }
     }
 
-    async fn core(self, mut stop: watch::Receiver<bool>) -> Result<(), String> {
+    async fn core(self, mut stop: watch::Receiver<bool>) -> Result<(), PumpError> {
+        let subject = subjects::inbox(&self.id);
         let mut sub = self
             .client
-            .subscribe(subjects::inbox(&self.id))
+            .subscribe(subject.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|source| PumpError::Subscribe { subject, source })?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
         loop {
             let msg = tokio::select! {
@@ -142,7 +191,7 @@ impl InboxPump {
                     }
                     continue;
                 }
-                next = sub.next() => next.ok_or("the inbox subscription ended")?,
+                next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
             if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, &mut seen) {
                 self.deliver(delivery, msg.headers.as_ref()).await?;
@@ -177,10 +226,10 @@ impl InboxPump {
         &self,
         delivery: Delivery,
         headers: Option<&async_nats::HeaderMap>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PumpError> {
         // Crash tests: a fault armed for this inbox fires before the DM is handed over, so the
         // DM stays unacked and must come back.
-        fault::check(&self.fault_name, FaultPoint::Handle).map_err(|e| e.to_string())?;
+        fault::check(&self.fault_name, FaultPoint::Handle)?;
         let span = tracing::info_span!(
             "inbox.handle",
             inbox = %self.id,

@@ -57,8 +57,7 @@ impl CorePump {
                 }
                 next = sub.next() => match next {
                     Some(msg) => {
-                        crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)
-                            .map_err(|e| RouterError::Pump(e.to_string()))?;
+                        crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)?;
                         seq += 1;
                         self.route_one(msg, seq).await;
                     }

@@ -138,8 +138,7 @@ impl DurablePump {
                 }
                 next = messages.next(), if in_flight.len() < max_in_flight => match next {
                     Some(Ok(msg)) => {
-                        crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)
-                            .map_err(|e| RouterError::Pump(e.to_string()))?;
+                        crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)?;
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
                         self.counters.in_flight.bump();

@@ -58,7 +58,7 @@ pub enum RouterMsg {
     /// Return the snapshot to a local caller.
     Snapshot(RpcReplyPort<RouterSnapshot>),
     /// The pump stopped with an error: fail, so that the supervisor restarts the router.
-    PumpFailed(String),
+    PumpFailed(crate::background::PumpFailure),
 }
 
 /// Mutable state of one incarnation.
@@ -96,6 +96,9 @@ pub enum RouterError {
     /// Stream provisioning failed.
     #[error(transparent)]
     Streams(#[from] crate::streams::StreamError),
+    /// A fault armed for this router fired (tests).
+    #[error(transparent)]
+    Fault(#[from] crate::fault::FaultError),
     /// The router consumer could not be bound, or was deleted under the router.
     #[error("router consumer: {0}")]
     Consumer(#[source] async_nats::Error),
@@ -104,7 +107,7 @@ pub enum RouterError {
     PullEnded,
     /// The pump failed (reported through the actor).
     #[error("router pump failed: {0}")]
-    Pump(String),
+    Pump(#[source] crate::background::PumpFailure),
     /// The status subscription could not be made.
     #[error("cannot subscribe to {subject}: {source}")]
     Subscribe {

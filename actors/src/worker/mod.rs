@@ -220,7 +220,7 @@ pub enum WorkerMsg {
     /// The re-join bound these consumers.
     Rejoined(Box<Bound>),
     /// The fetch loop or a subscription failed: fail so that the supervisor restarts.
-    PumpFailed(String),
+    PumpFailed(crate::background::PumpFailure),
     /// A finding of the start-up sweep of the journal (see `sweep`).
     Swept(sweep::Found),
     /// The first step of a graceful stop: fetch no more input, hand back what was fetched
@@ -325,7 +325,7 @@ pub enum WorkerError {
     },
     /// The fetch loop failed.
     #[error("worker fetch loop failed: {0}")]
-    Pump(String),
+    Pump(#[source] crate::background::PumpFailure),
 }
 
 #[ractor::async_trait]

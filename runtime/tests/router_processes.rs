@@ -10,38 +10,16 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
-use harness::{NatsServer, RuntimeProcess, ServerOptions};
+use harness::{NatsServer, ServerOptions};
 use protocol::attach::DurableInboxMode;
 use protocol::subjects::Channel;
 use protocol::{AgentId, ChannelName, Envelope, MessageId, Meta};
 use runtime::{ActorSystem, NatsSettings};
+use support::processes::Scene;
 
 const DEADLINE: Duration = Duration::from_secs(90);
 
 type Counts = Arc<Mutex<HashMap<u64, u32>>>;
-
-fn config_file(dir: &tempfile::TempDir) -> String {
-    let path = dir.path().join("delivery.json");
-    std::fs::write(&path, r#"{"ack_wait_secs": 1}"#).unwrap();
-    path.display().to_string()
-}
-
-fn router(url: &str, config: &str) -> RuntimeProcess {
-    RuntimeProcess::spawn(
-        [
-            "start",
-            "--role",
-            "router",
-            "--durable",
-            "--nats-url",
-            url,
-            "--delivery-config",
-            config,
-        ],
-        &[("RUST_LOG", "warn")],
-    )
-    .unwrap()
-}
 
 async fn system(url: &str) -> ActorSystem {
     ActorSystem::builder()
@@ -110,10 +88,9 @@ async fn wait_all(counts: &Counts, n: u64) {
 async fn router_killed_with_sigkill_mid_flow_loses_nothing_and_duplicates_nothing() {
     const N: u64 = 10_000;
     let server = harness::run_server().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
+    let scene = Scene::new(0);
     let watcher = server.client().await.unwrap();
-    let mut first = router(&server.url(), &config);
+    let mut first = scene.router(&server.url());
     support::wait_router_answers(&watcher).await;
 
     let (alice, bob) = (AgentId::new("alice").unwrap(), AgentId::new("bob").unwrap());
@@ -147,7 +124,7 @@ async fn router_killed_with_sigkill_mid_flow_loses_nothing_and_duplicates_nothin
     let handled_at_kill = counts.lock().unwrap().len() as u64;
     assert!(handled_at_kill < N, "the kill must land mid-flow");
 
-    let _second = router(&server.url(), &config);
+    let _second = scene.router(&server.url());
     wait_all(&counts, N).await;
     drop(alice);
     system.shutdown(Duration::from_secs(10)).await.unwrap();
@@ -156,11 +133,10 @@ async fn router_killed_with_sigkill_mid_flow_loses_nothing_and_duplicates_nothin
 #[tokio::test]
 async fn two_routers_store_each_dm_once_and_publish_each_broadcast_once() {
     let server = harness::run_server().await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
+    let scene = Scene::new(0);
     let client = server.client().await.unwrap();
-    let _a = router(&server.url(), &config);
-    let _b = router(&server.url(), &config);
+    let _a = scene.router(&server.url());
+    let _b = scene.router(&server.url());
     support::wait_router_answers(&client).await;
     // Both bound the shared consumer: it has two pull requests waiting at some point.
     let js = jetstream::new(client.clone());
@@ -221,10 +197,9 @@ async fn nats_server_restart_mid_flow_loses_nothing_and_the_router_resumes_by_it
     })
     .await
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config_file(&dir);
+    let scene = Scene::new(0);
     let watcher = server.client().await.unwrap();
-    let mut router_process = router(&server.url(), &config);
+    let mut router_process = scene.router(&server.url());
     support::wait_router_answers(&watcher).await;
     let (alice, bob) = (AgentId::new("alice").unwrap(), AgentId::new("bob").unwrap());
     let system = system(&server.url()).await;

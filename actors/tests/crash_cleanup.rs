@@ -226,7 +226,12 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
     let first = restarted(name, None, InboxMsg::Snapshot).await;
     // A snapshot request fails the actor while its pump is healthy (the pump keeps pulling
     // unless the failure ends it too).
-    fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
+    fault::arm(
+        &actors::inbox::actor_fault_name(name),
+        FaultPoint::Handle,
+        Fault::Error,
+        1,
+    );
     let crash = ractor::call_t!(first, InboxMsg::Snapshot, 2000);
     assert!(crash.is_err(), "the fault fired: {crash:?}");
     let second = restarted(name, Some(first.get_id()), InboxMsg::Snapshot).await;

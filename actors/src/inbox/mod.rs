@@ -141,6 +141,12 @@ pub enum BindError {
     },
 }
 
+/// The name under which an inbox actor named `name` checks the fault point `Handle` for its
+/// own messages (snapshots, pump failures); `name` itself is its pump's, checked per DM.
+pub fn actor_fault_name(name: &str) -> String {
+    format!("{name}.actor")
+}
+
 #[ractor::async_trait]
 impl Actor for InboxConsumer {
     type Msg = InboxMsg;
@@ -195,9 +201,9 @@ impl Actor for InboxConsumer {
         msg: InboxMsg,
         state: &mut InboxState,
     ) -> Result<(), ActorProcessingErr> {
-        // The fault point `Handle` is checked here, for the actor's own messages, and by its
-        // pump, per DM (see `pump.rs`).
-        fault::check(&self.name, FaultPoint::Handle)?;
+        // The fault point `Handle` under the inbox's name is its pump's, per DM (see
+        // `pump.rs`); the actor's own messages check it under `actor_fault_name`.
+        fault::check(&actor_fault_name(&self.name), FaultPoint::Handle)?;
         match msg {
             InboxMsg::Snapshot(port) => {
                 let _ = port.send(InboxSnapshot {

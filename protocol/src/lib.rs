@@ -19,7 +19,9 @@
 //!   why its envelope was refused;
 //! - [`dedupe`]: the bounded [`SeenSet`] inboxes drop redeliveries with;
 //! - [`attach`]: attaching to a durable inbox and the client fallback rules
-//!   ([`DurableInboxMode`], [`attach_fallback`]).
+//!   ([`DurableInboxMode`], [`attach_fallback`]);
+//! - [`security`]: the identities file, each role's broker grants and the rendered
+//!   nats-server configuration.
 //!
 //! Fallible functions return typed errors ([`IdError`], [`SubjectError`],
 //! [`EnvelopeError`], [`ConfigError`], [`TraceError`], [`InvalidInboxMode`]).
@@ -51,6 +53,7 @@ pub mod headers;
 pub mod ids;
 pub mod rejection;
 pub mod routing;
+pub mod security;
 pub mod subjects;
 pub mod task;
 pub mod trace;

@@ -7,6 +7,8 @@ pub const USAGE: i32 = 64;
 pub const UNAVAILABLE: i32 = 69;
 /// An internal failure (`EX_SOFTWARE`).
 pub const SOFTWARE: i32 = 70;
+/// An output file cannot be written (`EX_CANTCREAT`): `runtime render-config`.
+pub const CANT_CREATE: i32 = 73;
 /// `runtime delegate --wait`/`--resume`: the task waits for an answer; its waiting result was
 /// printed, and the line on stderr says how to answer (`EX_TEMPFAIL`: the task is not
 /// finished; resume it after answering).

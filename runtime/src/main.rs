@@ -78,6 +78,7 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Inbox(args) => cli::messaging::inbox(args).await.map_err(Into::into),
         Command::Task(args) => task(args).await,
         Command::Answer(args) => answer(args).await,
+        Command::RenderConfig(args) => render_config(&args),
         Command::Delegate(args) => cli::tasks::delegate(args, |line| println!("{line}"))
             .await
             .map_err(|e| match e {
@@ -113,7 +114,17 @@ fn error_line(e: &anyhow::Error) -> String {
     line.replace('\n', " ")
 }
 
+fn render_config(args: &cli::RenderConfigArgs) -> anyhow::Result<()> {
+    for path in cli::render::render(args)? {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 fn exit_code(e: &anyhow::Error) -> i32 {
+    if let Some(e) = e.downcast_ref::<cli::render::RenderError>() {
+        return e.exit_code();
+    }
     if e.downcast_ref::<cli::tasks::TaskWaiting>().is_some() {
         return cli::EXIT_WAITING;
     }

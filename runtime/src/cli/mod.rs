@@ -6,6 +6,7 @@
 //! [`parse_args`].
 
 pub mod messaging;
+pub mod render;
 pub mod tasks;
 
 use std::path::PathBuf;
@@ -78,6 +79,71 @@ pub enum Command {
     Task(TaskArgs),
     /// Answer a task that is waiting for an answer.
     Answer(AnswerArgs),
+    /// Write a nats-server configuration that binds every connection to its identity, with
+    /// least-privilege grants per role, and each identity's credentials (docs/SECURITY.md).
+    RenderConfig(RenderConfigArgs),
+}
+
+/// `runtime render-config`.
+#[derive(Debug, Args)]
+pub struct RenderConfigArgs {
+    /// The identities file (JSON, strict): `agents`, `workers` (`{"id", "queues"}`), `routers`
+    /// (a count or names) and `admins`.
+    #[arg(long, value_name = "FILE", env = "RUNTIME_IDENTITIES")]
+    pub identities: PathBuf,
+
+    /// The directory to write `nats-server.conf`, `users/<identity>.env` and (with
+    /// `--durable`) the JetStream store `jetstream/` into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+
+    /// A durable hub: JetStream for the hub account, with `sync_interval: always`.
+    #[arg(long)]
+    pub durable: bool,
+
+    /// How each identity authenticates: an nkey (its seed in its `.env` file) or a generated
+    /// password (bcrypt-hashed in the config).
+    #[arg(long, value_enum, default_value_t = AuthMethod::Nkey)]
+    pub auth: AuthMethod,
+
+    /// Generate new secrets for every identity (otherwise a re-render keeps the ones its
+    /// `.env` files hold).
+    #[arg(long)]
+    pub rotate: bool,
+
+    /// The address the server listens on.
+    #[arg(long, value_name = "HOST:PORT", default_value = "0.0.0.0:4222")]
+    pub listen: String,
+
+    /// The URL written into every `.env` file (`NATS_URL`).
+    #[arg(long, value_name = "URL", default_value = "nats://127.0.0.1:4222")]
+    pub client_url: String,
+
+    /// The server's TLS certificate (PEM); needs `--tls-key`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The server's TLS private key (PEM); needs `--tls-cert`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// The CA that signed the server's certificate, written into every `.env` file
+    /// (`NATS_TLS_CA`) for the clients to verify the server with.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// The delivery config whose stream and consumer names the grants use.
+    #[arg(long, env = "NATS_HUB_DELIVERY_CONFIG", value_name = "FILE")]
+    pub delivery_config: Option<PathBuf>,
+}
+
+/// How a rendered identity authenticates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthMethod {
+    /// An nkey: the server holds the public key, the identity its seed.
+    Nkey,
+    /// A user name and a generated password.
+    Password,
 }
 
 /// `runtime task`.

@@ -3,6 +3,7 @@
 
 pub mod oneshot;
 pub mod processes;
+pub mod rendered;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -26,6 +26,12 @@ pub struct ServerOptions {
     pub extra_config: String,
     /// Require this token (`authorization { token }`); the harness's own clients use it.
     pub token: Option<String>,
+    /// A config written elsewhere (e.g. by `runtime render-config`), used instead of the
+    /// generated one (`sync_always`, `extra_config` and `token` are then ignored). The server
+    /// is given its loopback port and monitoring port on the command line, and is ready when
+    /// its monitoring endpoint reports it healthy: the harness's clients cannot log in there,
+    /// so [`NatsServer::client`] is for the test to configure itself.
+    pub config_file: Option<PathBuf>,
 }
 
 /// A running (or stopped) private nats-server. See the module docs.
@@ -100,24 +106,9 @@ impl NatsServer {
     /// [`HarnessError::Io`] when the endpoint cannot be reached, [`HarnessError::Monitor`]
     /// when its reply does not parse.
     pub async fn subscriptions_on(&self, subject: &str) -> Result<usize, HarnessError> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.monitor_port))
-            .await
-            .map_err(HarnessError::Io)?;
-        tcp.write_all(b"GET /connz?subs=1&limit=100000 HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .map_err(HarnessError::Io)?;
-        let mut reply = Vec::new();
-        tcp.read_to_end(&mut reply)
-            .await
-            .map_err(HarnessError::Io)?;
-        let reply = String::from_utf8_lossy(&reply);
-        let body = reply
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body)
-            .ok_or_else(|| HarnessError::Monitor("no http body".into()))?;
+        let body = self.monitor("/connz?subs=1&limit=100000").await?;
         let connz: serde_json::Value =
-            serde_json::from_str(body).map_err(|e| HarnessError::Monitor(e.to_string()))?;
+            serde_json::from_str(&body).map_err(|e| HarnessError::Monitor(e.to_string()))?;
         let count = connz["connections"]
             .as_array()
             .into_iter()
@@ -126,6 +117,26 @@ impl NatsServer {
             .filter(|s| s.as_str() == Some(subject))
             .count();
         Ok(count)
+    }
+
+    /// The body of the monitoring endpoint's reply to `GET path`.
+    async fn monitor(&self, path: &str) -> Result<String, HarnessError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", self.monitor_port))
+            .await
+            .map_err(HarnessError::Io)?;
+        tcp.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+            .await
+            .map_err(HarnessError::Io)?;
+        let mut reply = Vec::new();
+        tcp.read_to_end(&mut reply)
+            .await
+            .map_err(HarnessError::Io)?;
+        let reply = String::from_utf8_lossy(&reply);
+        reply
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .ok_or_else(|| HarnessError::Monitor("no http body".into()))
     }
 
     /// The JetStream store directory (kept across restarts, deleted on drop).
@@ -167,7 +178,10 @@ impl NatsServer {
         if self.child.is_some() {
             return Ok(());
         }
-        let config = self.write_config()?;
+        let config = match &self.options.config_file {
+            Some(path) => path.clone(),
+            None => self.write_config()?,
+        };
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -176,6 +190,8 @@ impl NatsServer {
         let child = Command::new(&self.bin)
             .arg("-c")
             .arg(&config)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-m", &self.monitor_port.to_string()])
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(HarnessError::Io)?)
             .stderr(log)
@@ -290,10 +306,17 @@ impl NatsServer {
             if Instant::now() > deadline {
                 return Err(not_ready(self));
             }
+            let ready = match self.options.config_file {
+                Some(_) => self
+                    .monitor("/healthz")
+                    .await
+                    .is_ok_and(|body| body.contains("\"ok\"")),
+                None => self.jetstream_answers().await,
+            };
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
                 .is_ok()
-                && self.jetstream_answers().await
+                && ready
             {
                 return Ok(());
             }

@@ -1,0 +1,283 @@
+//! What the broker lets each identity publish and subscribe to: least privilege, written out
+//! subject by subject (docs/SECURITY.md says why each grant is needed).
+//!
+//! The rules that shape them (from the durable-delivery design, "Permissions"):
+//! - only the router makes streams and consumers, always pull consumers with a fixed filter:
+//!   nats-server checks neither a push consumer's `deliver_subject` nor the reply subject of a
+//!   JetStream API request against the creator's permissions, so an agent that could make a
+//!   consumer could replay stored envelopes into anyone's subjects;
+//! - an identity publishes only under `hub.pub.<self>.>` (the router stamps the sender from
+//!   that subject), and receives replies only under its own prefix `_INBOX.<self>.>`;
+//! - a client binds, pulls and acks only its own consumers. Ack subjects are granted in both
+//!   forms: `$JS.ACK.<stream>.<consumer>.…` and nats-server's v2 form
+//!   `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.…`.
+
+use crate::config::DeliveryConfig;
+use crate::subjects;
+
+use super::identities::{Identity, Role};
+
+/// The permissions of one broker user.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Grants {
+    /// Subjects it may publish to.
+    pub publish: Vec<String>,
+    /// Subjects it may subscribe to.
+    pub subscribe: Vec<String>,
+    /// Whether it may publish to the reply subject of a request it received (nats-server
+    /// `allow_responses`: once, within a short time).
+    pub allow_responses: bool,
+}
+
+/// `$JS.API.<verb>`.
+fn api(verb: &str) -> String {
+    format!("$JS.API.{verb}")
+}
+
+/// Both forms of the ack subjects of `consumer` on `stream`.
+fn acks(stream: &str, consumer: &str) -> [String; 2] {
+    [
+        format!("$JS.ACK.{stream}.{consumer}.>"),
+        format!("$JS.ACK.*.*.{stream}.{consumer}.>"),
+    ]
+}
+
+/// What a client needs to bind (consumer info), pull and ack its own `consumer` on `stream`.
+fn own_consumer(stream: &str, consumer: &str) -> Vec<String> {
+    let mut out = vec![
+        api(&format!("CONSUMER.INFO.{stream}.{consumer}")),
+        api(&format!("CONSUMER.MSG.NEXT.{stream}.{consumer}")),
+    ];
+    out.extend(acks(stream, consumer));
+    out
+}
+
+/// The grants of `identity` on a hub with `delivery`'s stream names.
+pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
+    let me = identity.name.as_str();
+    let reply = format!("{}.{me}.>", subjects::DEFAULT_REPLY_PREFIX);
+    let own_ingress = format!("hub.pub.{me}.>");
+    match &identity.role {
+        Role::Agent => Grants {
+            publish: [
+                vec![own_ingress, subjects::attach_request(&identity.name)],
+                own_consumer(
+                    &delivery.inbox.name,
+                    &subjects::inbox_consumer(&identity.name),
+                ),
+            ]
+            .concat(),
+            subscribe: vec![reply],
+            allow_responses: false,
+        },
+        Role::Worker { queues } => {
+            let worker = identity
+                .worker_id()
+                .expect("a worker identity has a worker id");
+            let mut publish = vec![own_ingress];
+            for queue in queues {
+                publish.push(subjects::join_request(queue));
+                publish.extend(own_consumer(
+                    subjects::WORK_STREAM,
+                    &subjects::queue_consumer(queue),
+                ));
+            }
+            publish.extend(own_consumer(
+                subjects::WORK_STREAM,
+                &subjects::targeted_consumer(&worker),
+            ));
+            publish.extend(own_consumer(
+                subjects::ANSWERS_STREAM,
+                &subjects::answer_consumer(&worker),
+            ));
+            // The baseline (the work stream's last sequence) and the task channel reads before
+            // a task runs (its stored results; those still in the ingress).
+            publish.push(api(&format!("STREAM.INFO.{}", subjects::WORK_STREAM)));
+            publish.push(api(&format!("DIRECT.GET.{}", delivery.tasks.name)));
+            publish.push(api(&format!("DIRECT.GET.{}.>", delivery.tasks.name)));
+            publish.push(api(&format!("DIRECT.GET.{}", delivery.ingress.name)));
+            publish.push(api(&format!("DIRECT.GET.{}.>", delivery.ingress.name)));
+            Grants {
+                publish,
+                subscribe: vec![
+                    reply,
+                    format!("hub.ctl.{me}.>"),
+                    subjects::WORKER_STATUS_SUBJECT.to_owned(),
+                ],
+                allow_responses: true,
+            }
+        }
+        Role::Router => {
+            let mut publish = vec![
+                // Streams and buckets: made and updated at start-up.
+                api("INFO"),
+                api("STREAM.INFO.*"),
+                api("STREAM.CREATE.*"),
+                api("STREAM.UPDATE.*"),
+                // Every consumer (pull, fixed filter): the router's own, inboxes, queues.
+                api("CONSUMER.CREATE.>"),
+                api("CONSUMER.INFO.>"),
+                api(&format!(
+                    "CONSUMER.MSG.NEXT.{}.{}",
+                    delivery.ingress.name, delivery.router_consumer
+                )),
+                // The broker-incarnation bucket (reads and creates).
+                format!("$KV.{}.>", subjects::BROKERS_BUCKET),
+                api(&format!("DIRECT.GET.KV_{}.>", subjects::BROKERS_BUCKET)),
+                // What it routes: inboxes, task channels, broadcasts, work, answers.
+                "channel.>".to_owned(),
+                "work.>".to_owned(),
+                "answer.>".to_owned(),
+            ];
+            publish.extend(acks(&delivery.ingress.name, &delivery.router_consumer));
+            Grants {
+                publish,
+                subscribe: vec![
+                    reply,
+                    subjects::ATTACH_FILTER.to_owned(),
+                    subjects::JOIN_FILTER.to_owned(),
+                    subjects::STATUS_SUBJECT.to_owned(),
+                ],
+                allow_responses: true,
+            }
+        }
+        Role::Admin => Grants {
+            publish: vec![
+                own_ingress,
+                api(">"),
+                "hub.admin.>".to_owned(),
+                "hub.ctl.>".to_owned(),
+            ],
+            subscribe: vec![reply],
+            allow_responses: false,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::security::identities::IdentitiesFile;
+
+    fn identities() -> crate::security::Identities {
+        IdentitiesFile::parse(
+            r#"{"agents": ["alice"], "workers": [{"id": "w1", "queues": ["q"]}],
+                "routers": 1, "admins": ["ops"]}"#,
+        )
+        .unwrap()
+    }
+
+    fn of(name: &str) -> Grants {
+        grants(identities().get(name).unwrap(), &DeliveryConfig::default())
+    }
+
+    /// A NATS subject pattern match (`*` one token, `>` the rest).
+    fn matches(pattern: &str, subject: &str) -> bool {
+        let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+        loop {
+            match (p.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some("*"), Some(_)) => {}
+                (Some(a), Some(b)) if a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    fn may_publish(g: &Grants, subject: &str) -> bool {
+        g.publish.iter().any(|p| matches(p, subject))
+    }
+
+    fn may_subscribe(g: &Grants, subject: &str) -> bool {
+        g.subscribe.iter().any(|p| matches(p, subject))
+    }
+
+    #[test]
+    fn an_agent_publishes_only_as_itself_and_uses_only_its_own_consumer() {
+        let g = of("alice");
+        assert!(may_publish(&g, "hub.pub.alice.inbox"));
+        assert!(may_publish(&g, "hub.delivery.alice.inbox"));
+        assert!(may_publish(
+            &g,
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-alice"
+        ));
+        assert!(may_publish(&g, "$JS.ACK.HUB_INBOX.inbox-alice.1.2.3.4.5"));
+        assert!(may_publish(
+            &g,
+            "$JS.ACK.hub.ABCDEF.HUB_INBOX.inbox-alice.1.2.3.4.5.tok"
+        ));
+        assert!(may_subscribe(&g, "_INBOX.alice.x.y"));
+        for denied in [
+            "hub.pub.bob.inbox",
+            "channel.inbox.bob",
+            "channel.inbox.alice",
+            "hub.delivery.bob.inbox",
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
+            "$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-bob",
+            "$JS.API.CONSUMER.DELETE.HUB_INBOX.inbox-alice",
+            "$JS.API.CONSUMER.CREATE.HUB_INBOX.x",
+            "$JS.API.CONSUMER.DURABLE.CREATE.HUB_INBOX.x",
+            "$JS.API.STREAM.INFO.HUB_INGRESS",
+            "$JS.API.STREAM.MSG.GET.HUB_INBOX",
+            "$JS.API.DIRECT.GET.HUB_INBOX",
+            "$JS.API.STREAM.PURGE.HUB_INBOX",
+            "$JS.ACK.HUB_INBOX.inbox-bob.1.2.3.4.5",
+            "hub.ctl.w1.cancel",
+        ] {
+            assert!(!may_publish(&g, denied), "alice may publish {denied}");
+        }
+        for denied in [
+            "_INBOX.bob.x",
+            "_INBOX.x",
+            "channel.inbox.bob",
+            "hub.ctl.w1.cancel",
+        ] {
+            assert!(!may_subscribe(&g, denied), "alice may subscribe {denied}");
+        }
+    }
+
+    #[test]
+    fn a_worker_uses_only_its_own_consumers_and_makes_none() {
+        let g = of("w1");
+        assert!(may_publish(&g, "hub.pub.w1.task.abc"));
+        assert!(may_publish(&g, "hub.work.q.join"));
+        assert!(may_publish(
+            &g,
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.queue-q"
+        ));
+        assert!(may_publish(
+            &g,
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.worker-w1"
+        ));
+        assert!(may_publish(
+            &g,
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_ANSWERS.answers-w1"
+        ));
+        assert!(may_subscribe(&g, "hub.ctl.w1.cancel"));
+        assert!(g.allow_responses);
+        for denied in [
+            "hub.pub.alice.inbox",
+            "hub.work.other.join",
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.queue-other",
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.worker-w2",
+            "$JS.API.CONSUMER.CREATE.HUB_WORK.x",
+            "$JS.API.STREAM.DELETE.HUB_WORK",
+            "channel.task.abc",
+            "work.q",
+        ] {
+            assert!(!may_publish(&g, denied), "w1 may publish {denied}");
+        }
+        assert!(!may_subscribe(&g, "hub.ctl.w2.cancel"));
+    }
+
+    #[test]
+    fn no_grant_but_the_admins_is_a_bare_wildcard() {
+        for identity in identities().all() {
+            let g = grants(identity, &DeliveryConfig::default());
+            for subject in g.publish.iter().chain(&g.subscribe) {
+                assert_ne!(subject, ">", "{}", identity.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! `runtime render-config`: the files it writes, and a real nats-server on them — every identity
+//! connects with its own rendered credentials, and the broker holds each to its grants.
+//! (The attack suite of docs/SECURITY.md builds on this.)
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use harness::RuntimeProcess;
+use support::oneshot::{assert_exit, one_stderr_line, run_cli};
+use support::rendered::{read_env, render_into, Rendered};
+
+const IDENTITIES: &str = r#"{
+  "agents": ["alice", "bob"],
+  "workers": [{"id": "w1", "queues": ["q"]}],
+  "routers": 1,
+  "admins": ["ops"]
+}"#;
+
+const NAMES: [&str; 5] = ["alice", "bob", "w1", "router-1", "ops"];
+
+fn mode(path: &std::path::Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test]
+async fn an_unknown_key_in_the_identities_file_is_refused_and_named_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("identities.json");
+    std::fs::write(&file, r#"{"routers": 1, "agnets": ["alice"]}"#).unwrap();
+    let out = dir.path().join("out");
+    let output = run_cli(&[
+        "render-config",
+        "--identities",
+        &file.display().to_string(),
+        "--out",
+        &out.display().to_string(),
+    ])
+    .await;
+    assert_exit(&output, 64, "an unknown key");
+    let line = one_stderr_line(&output, "an unknown key");
+    assert!(line.contains("agnets"), "names the key: {line}");
+    assert!(!out.exists(), "nothing written");
+}
+
+#[tokio::test]
+async fn the_rendered_files_are_private_and_no_secret_is_printed() {
+    for auth in ["nkey", "password"] {
+        let dir = tempfile::tempdir().unwrap();
+        let output_dir = dir.path().join("out");
+        let (printed, out) =
+            render_into(dir.path(), IDENTITIES, &["--durable", "--auth", auth]).await;
+        assert_eq!(out, output_dir);
+        assert_eq!(mode(&out.join("nats-server.conf")), 0o600);
+        assert_eq!(mode(&out.join("users")), 0o700);
+        let conf = std::fs::read_to_string(out.join("nats-server.conf")).unwrap();
+        for name in NAMES {
+            let path = out.join(format!("users/{name}.env"));
+            assert_eq!(mode(&path), 0o600, "{name}.env");
+            assert!(printed.contains(&path.display().to_string()), "{printed}");
+            let env = read_env(&path);
+            let secret = match auth {
+                "nkey" => &env["NATS_NKEY_SEED"],
+                _ => &env["NATS_PASSWORD"],
+            };
+            assert!(secret.len() >= 32, "{name}: a real secret");
+            assert!(
+                !printed.contains(secret.as_str()),
+                "{name}'s secret printed"
+            );
+            assert!(
+                !conf.contains(secret.as_str()),
+                "{name}'s secret in the config"
+            );
+            assert_eq!(env["NATS_INBOX_PREFIX"], format!("_INBOX.{name}"));
+        }
+        assert_eq!(
+            read_env(&out.join("users/alice.env"))["RUNTIME_AGENT_ID"],
+            "alice"
+        );
+        assert_eq!(
+            read_env(&out.join("users/w1.env"))["RUNTIME_WORKER_ID"],
+            "w1"
+        );
+        assert!(conf.contains("sync_interval: always"), "{conf}");
+    }
+}
+
+#[tokio::test]
+async fn a_re_render_keeps_every_secret_and_rotate_replaces_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out) = render_into(dir.path(), IDENTITIES, &[]).await;
+    let seeds = || -> Vec<String> {
+        NAMES
+            .iter()
+            .map(|n| read_env(&out.join(format!("users/{n}.env")))["NATS_NKEY_SEED"].clone())
+            .collect()
+    };
+    let first = seeds();
+    render_into(dir.path(), IDENTITIES, &[]).await;
+    assert_eq!(seeds(), first, "a re-render keeps the keys");
+    render_into(dir.path(), IDENTITIES, &["--rotate"]).await;
+    let rotated = seeds();
+    for (a, b) in first.iter().zip(&rotated) {
+        assert_ne!(a, b, "--rotate makes new keys");
+    }
+}
+
+#[tokio::test]
+async fn every_identity_connects_with_its_rendered_credentials_and_a_wrong_one_is_refused() {
+    for auth in ["nkey", "password"] {
+        let hub = Rendered::start(IDENTITIES, &["--durable", "--auth", auth]).await;
+        for name in NAMES {
+            let connected = hub.connect(name).await;
+            connected.client.flush().await.unwrap();
+        }
+        // The same identity with another secret is refused.
+        let options = match auth {
+            "nkey" => {
+                async_nats::ConnectOptions::with_nkey(nkeys::KeyPair::new_user().seed().unwrap())
+            }
+            _ => async_nats::ConnectOptions::with_user_and_password("alice".into(), "nope".into()),
+        };
+        let refused = options
+            .connection_timeout(Duration::from_secs(2))
+            .connect(hub.server.url())
+            .await;
+        assert!(refused.is_err(), "{auth}: a wrong secret connected");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_itself() {
+    let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
+    let env = hub.process_env("router-1");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let router = RuntimeProcess::spawn(["start", "--role", "router", "--durable"], &env).unwrap();
+    let ops = hub.connect("ops").await;
+    let admin = jetstream::new(ops.client.clone());
+    // The router made the streams with its own grants.
+    harness::wait_until_async("the router's streams", support::DEADLINE, || async {
+        admin.get_stream("HUB_INBOX").await.is_ok()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nrouter:\n{}\nserver:\n{}",
+            router.log(),
+            hub.server.log()
+        )
+    });
+    let alice = hub.connect("alice").await;
+    let js = jetstream::new(alice.client.clone());
+    let dm = serde_json::json!({"meta": {"id": "m1", "to": "bob"}, "body": "hi"});
+    js.publish(
+        "hub.pub.alice.inbox",
+        serde_json::to_vec(&dm).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    harness::wait_until_async(
+        "alice's DM routed to bob's inbox",
+        support::DEADLINE,
+        || async { support::count_on(&admin, "HUB_INBOX", "channel.inbox.bob").await == 1 },
+    )
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nrouter:\n{}\nserver:\n{}",
+            router.log(),
+            hub.server.log()
+        )
+    });
+    // As anyone else: refused by the broker.
+    alice
+        .client
+        .publish("hub.pub.bob.inbox", serde_json::to_vec(&dm).unwrap().into())
+        .await
+        .unwrap();
+    alice.refused("hub.pub.bob.inbox").await;
+    let _sub = alice.client.subscribe("channel.inbox.bob").await.unwrap();
+    alice.refused("channel.inbox.bob").await;
+    let ingress = support::count_on(&admin, "HUB_INGRESS", "hub.pub.bob.inbox").await;
+    assert_eq!(ingress, 0, "nothing stored as bob");
+    assert_eq!(
+        support::count_on(&admin, "HUB_INBOX", "channel.inbox.bob").await,
+        1,
+        "bob's inbox holds alice's DM only"
+    );
+    // No grant of the router's is too tight: the only violations are alice's two.
+    let alice_key = nkeys::KeyPair::from_seed(&hub.env("alice")["NATS_NKEY_SEED"])
+        .unwrap()
+        .public_key();
+    let log = hub.server.log();
+    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert_eq!(violations.len(), 2, "{violations:#?}");
+    assert!(violations.iter().all(|l| l.contains(&alice_key)), "{violations:#?}");
+    drop(router);
+}

@@ -1,5 +1,6 @@
-//! Which reply subjects a service answers on: only those under its inbox prefix
-//! ([`subjects::is_reply_subject_under`]). A reply subject is chosen by the requester and is
+//! Which reply subjects a service answers on: only those under the root of its inbox prefix
+//! ([`subjects::reply_root`], [`subjects::is_reply_subject_under`]): `_INBOX.alice.…` for a
+//! service whose own prefix is `_INBOX.router-1`. A reply subject is chosen by the requester and is
 //! not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox` would be stored as
 //! `<other>`'s message.
 
@@ -16,7 +17,7 @@ pub(crate) fn answerable(
     refused: impl FnOnce(),
 ) -> Option<Subject> {
     let reply = reply?;
-    if subjects::is_reply_subject_under(reply.as_str(), prefix) {
+    if subjects::is_reply_subject_under(reply.as_str(), subjects::reply_root(prefix)) {
         return Some(reply.clone());
     }
     refused();

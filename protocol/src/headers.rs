@@ -34,6 +34,18 @@ pub const REPLAY_HEADERS: [&str; 5] = [
     NATS_LAST_SEQUENCE,
 ];
 
+/// Headers nats-server sets on the status messages that end a JetStream pull (`408 Request
+/// Timeout`, `409`): no client sends them, so an ingress message carrying one is a pull's
+/// status aimed at an ingress subject (its reply subject is not permission-checked).
+pub const PULL_STATUS_HEADERS: [&str; 2] = ["Nats-Pending-Messages", "Nats-Pending-Bytes"];
+
+/// Whether `name` is one of the [`PULL_STATUS_HEADERS`] (case-insensitive).
+pub fn is_pull_status_header(name: &str) -> bool {
+    PULL_STATUS_HEADERS
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(name))
+}
+
 /// On a task input: read the task channel before running it, it may have run before. Set by
 /// the router on the work stream copy (`protocol::task::router_flags`), and by a sender on a
 /// retry of a publish whose outcome it never learned (the router carries it over). Its value

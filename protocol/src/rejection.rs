@@ -180,6 +180,7 @@ mod tests {
             headers: &[],
             payload,
             ingress_seq: 1,
+            status: None,
         });
         let RouteDecision::Store { payload, .. } = decision else {
             panic!("{decision:?}")

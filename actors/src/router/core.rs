@@ -75,7 +75,13 @@ impl CorePump {
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         async {
             let pairs = header_pairs(msg.headers.as_ref());
-            let decision = route(&view(msg.subject.as_str(), &pairs, &msg.payload, seq));
+            let decision = route(&view(
+                msg.subject.as_str(),
+                &pairs,
+                &msg.payload,
+                seq,
+                msg.status,
+            ));
             let (subject, payload, codec) = match decision {
                 RouteDecision::StoreAll {
                     subject,

@@ -185,7 +185,13 @@ impl DurablePump {
         let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         let pairs = header_pairs(msg.headers.as_ref());
-        let decision = route(&view(msg.subject.as_str(), &pairs, &msg.payload, seq));
+        let decision = route(&view(
+            msg.subject.as_str(),
+            &pairs,
+            &msg.payload,
+            seq,
+            msg.status,
+        ));
         drop(pairs);
         async move {
             match decision {

@@ -26,12 +26,14 @@ pub fn view<'a>(
     pairs: &'a [(&'a str, &'a str)],
     payload: &'a [u8],
     ingress_seq: u64,
+    status: Option<async_nats::StatusCode>,
 ) -> IngressView<'a> {
     IngressView {
         subject,
         headers: pairs,
         payload,
         ingress_seq,
+        status: status.map(|s| s.as_u16()),
     }
 }
 

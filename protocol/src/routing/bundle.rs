@@ -88,6 +88,7 @@ mod tests {
             headers: &[],
             payload: &payload,
             ingress_seq: 3,
+            status: None,
         })
     }
 
@@ -184,6 +185,7 @@ mod tests {
             headers: &[],
             payload: &payload,
             ingress_seq: 1,
+            status: None,
         });
         assert!(
             matches!(decision, RouteDecision::Store { .. }),

@@ -7,7 +7,9 @@
 //!    ([`subjects::is_router_msg_id`]) gives [`RouteDecision::Drop`];
 //! 2. the sender identity and channel from the subject;
 //! 3. the codec from the `Content-Type` header (JSON when absent);
-//! 4. decoding (size limit first);
+//! 4. decoding (size limit first); what does not decode and is a JetStream API reply (JSON
+//!    with a `type` of `io.nats.jetstream.api.…`, aimed at an ingress subject through the
+//!    unchecked reply subject of an API request) gives [`RouteDecision::Drop`], no notice;
 //! 5. `meta.from` := the identity in the subject (it is authoritative);
 //! 6. the destination: `meta.to`'s inbox, the task channel (a [bundle](bundle_items) there
 //!    is stored as its items, [`RouteDecision::StoreAll`]), or a broadcast;
@@ -25,6 +27,7 @@
 //!     headers: &[],
 //!     payload: br#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#,
 //!     ingress_seq: 1,
+//!     status: None,
 //! };
 //! let RouteDecision::Store { subject, msg_id, .. } = route(&view) else { panic!() };
 //! assert_eq!(subject, "channel.inbox.bob");
@@ -63,6 +66,9 @@ pub struct IngressView<'a> {
     /// used by [`route`]; the caller passes it to
     /// [`rejection`](crate::rejection::rejection).
     pub ingress_seq: u64,
+    /// The NATS status of a status message (a JetStream pull's `404 No Messages`, `408`,
+    /// `409`): no client publishes one, so one in the ingress is an API reply aimed there.
+    pub status: Option<u16>,
 }
 
 /// What the router does with one ingress message.
@@ -162,14 +168,21 @@ pub enum DropReason {
     ReplayHeader,
     /// The `Nats-Msg-Id` is one the router stored (`hub-router:`).
     RouterMessageId,
+    /// A JetStream API reply: a pull's status (a status code; or, stored, an empty message or
+    /// one with [`headers::PULL_STATUS_HEADERS`] — no envelope is empty), or a JSON object
+    /// whose `type` is `io.nats.jetstream.api.…` (checked only for what does not decode as an
+    /// envelope). The reply subject of an API request is not permission-checked, so an
+    /// identity can aim one at another's ingress subject.
+    ApiReply,
 }
 
 impl DropReason {
     /// Every reason, in declaration order.
-    pub const ALL: [DropReason; 3] = [
+    pub const ALL: [DropReason; 4] = [
         DropReason::NotIngressSubject,
         DropReason::ReplayHeader,
         DropReason::RouterMessageId,
+        DropReason::ApiReply,
     ];
 
     /// The snake_case name, as serialized (usable as a metric label).
@@ -178,6 +191,7 @@ impl DropReason {
             DropReason::NotIngressSubject => "not_ingress_subject",
             DropReason::ReplayHeader => "replay_header",
             DropReason::RouterMessageId => "router_message_id",
+            DropReason::ApiReply => "api_reply",
         }
     }
 }
@@ -201,6 +215,17 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
     if let Some(reason) = header_guard(view.headers) {
         return dropped(reason);
     }
+    // A pull's status aimed at an ingress subject: live (core mode) it has a status; stored,
+    // it has lost its status line and is empty, or carries the server's pending counts.
+    if view.status.is_some()
+        || view.payload.is_empty()
+        || view
+            .headers
+            .iter()
+            .any(|(n, _)| headers::is_pull_status_header(n))
+    {
+        return dropped(DropReason::ApiReply);
+    }
     let codec = match Codec::from_content_type(header(view.headers, CONTENT_TYPE)) {
         Ok(codec) => codec,
         // The payload may still be JSON; worth a try for the id.
@@ -208,6 +233,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
     };
     let mut env = match decode(view.payload, codec) {
         Ok(env) => env,
+        Err(_) if is_api_reply(view.payload) => return dropped(DropReason::ApiReply),
         Err(err) => return reject(from, salvage_id(view.payload, codec), &err),
     };
     env.meta.from = Some(from.clone());
@@ -355,6 +381,20 @@ fn reject(sender: AgentId, rejected_id: Option<MessageId>, err: &EnvelopeError) 
         rejected_id,
         error: WireError::from(err),
     }
+}
+
+/// Whether `payload` is a JetStream API reply: a JSON object whose `type` starts with
+/// `io.nats.jetstream.api.`.
+fn is_api_reply(payload: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Typed<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Option<&'a str>,
+    }
+    serde_json::from_slice::<Typed<'_>>(payload)
+        .ok()
+        .and_then(|t| t.kind)
+        .is_some_and(|kind| kind.starts_with("io.nats.jetstream.api."))
 }
 
 /// The replay guard's header rules.

@@ -22,6 +22,7 @@ pub(super) fn run(subject: &str, headers: &[(&str, &str)], payload: &[u8]) -> Ro
         headers,
         payload,
         ingress_seq: 7,
+        status: None,
     })
 }
 
@@ -351,6 +352,7 @@ fn a_valid_task_is_stored_in_the_work_stream_under_its_task_id() {
             headers: &[],
             payload: body.as_bytes(),
             ingress_seq: 1,
+            status: None,
         });
         match decision {
             RouteDecision::Store {
@@ -376,6 +378,7 @@ fn an_invalid_task_is_rejected_to_its_sender() {
         headers: &[],
         payload: body.as_bytes(),
         ingress_seq: 1,
+        status: None,
     });
     assert!(
         matches!(decision, RouteDecision::Reject { ref sender, .. } if sender.as_str() == "alice"),
@@ -396,6 +399,7 @@ fn an_answer_is_stored_for_its_worker_only() {
         headers: &[],
         payload: ok.as_bytes(),
         ingress_seq: 1,
+        status: None,
     });
     assert_eq!(decision.subject(), Some("answer.w1"));
     let wrong = answer("w2");
@@ -404,9 +408,78 @@ fn an_answer_is_stored_for_its_worker_only() {
         headers: &[],
         payload: wrong.as_bytes(),
         ingress_seq: 1,
+        status: None,
     });
     assert!(
         matches!(decision, RouteDecision::Reject { .. }),
         "{decision:?}"
+    );
+}
+
+#[test]
+fn a_jetstream_api_reply_aimed_at_an_ingress_subject_is_dropped_not_rejected() {
+    // What `$JS.API.CONSUMER.INFO` and `$JS.API.STREAM.MSG.GET` answer, published by the
+    // server on the (unchecked) reply subject `hub.pub.alice.inbox`.
+    for reply in [
+        r#"{"type":"io.nats.jetstream.api.v1.consumer_info_response","stream_name":"HUB_INBOX","name":"inbox-bob"}"#,
+        r#"{"type":"io.nats.jetstream.api.v1.stream_msg_get_response","message":{"subject":"channel.inbox.bob","seq":1,"data":"e30="}}"#,
+        r#"{"type":"io.nats.jetstream.api.v1.consumer_info_response","error":{"code":404,"description":"consumer not found"}}"#,
+    ] {
+        assert_eq!(
+            run("hub.pub.alice.inbox", &[], reply.as_bytes()),
+            RouteDecision::Drop {
+                reason: DropReason::ApiReply
+            },
+            "{reply}"
+        );
+    }
+    // Anything else that does not decode is still the sender's fault, and told so.
+    for bad in [
+        r#"{"type":"note","x":1}"#,
+        r#"{"type":7}"#,
+        "[1]",
+        "not json",
+    ] {
+        let (sender, _, _) = rejected(run("hub.pub.alice.inbox", &[], bad.as_bytes()));
+        assert_eq!(sender.as_str(), "alice", "{bad}");
+    }
+    // An envelope is routed whatever else it carries.
+    let env = r#"{"type":"io.nats.jetstream.api.v1.x","meta":{"id":"m1","to":"bob"},"body":1}"#;
+    assert!(matches!(
+        run("hub.pub.alice.inbox", &[], env.as_bytes()),
+        RouteDecision::Store { .. }
+    ));
+}
+
+#[test]
+fn a_status_message_in_the_ingress_is_an_api_reply_and_dropped() {
+    let view = IngressView {
+        subject: "hub.pub.alice.inbox",
+        headers: &[],
+        payload: b"",
+        ingress_seq: 1,
+        status: Some(404),
+    };
+    assert_eq!(
+        route(&view),
+        RouteDecision::Drop {
+            reason: DropReason::ApiReply
+        }
+    );
+}
+
+#[test]
+fn a_stored_pull_status_is_an_api_reply_and_dropped() {
+    let drop = RouteDecision::Drop {
+        reason: DropReason::ApiReply,
+    };
+    // `404 No Messages`, stored: nothing left of it.
+    assert_eq!(run("hub.pub.alice.inbox", &[], b""), drop);
+    // `408 Request Timeout`, stored: the pending counts.
+    let pending = [("Nats-Pending-Messages", "1"), ("Nats-Pending-Bytes", "0")];
+    assert_eq!(run("hub.pub.alice.inbox", &pending, b""), drop);
+    assert_eq!(
+        run("hub.pub.alice.inbox", &pending[..1], PLAIN_DM.as_bytes()),
+        drop
     );
 }

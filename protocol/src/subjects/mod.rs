@@ -154,6 +154,13 @@ fn is_literal_subject(subject: &str) -> bool {
             .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
 }
 
+/// The root of an inbox prefix, its first token: `_INBOX` for `_INBOX` and for a per-identity
+/// `_INBOX.alice`. A service answers requests whose reply is under the root of its own prefix,
+/// since every identity of a deployment has a prefix `<root>.<identity>` (`render-config`).
+pub fn reply_root(prefix: &str) -> &str {
+    prefix.split('.').next().unwrap_or(prefix)
+}
+
 /// Whether `reply` is a reply subject under the root `prefix` (e.g. `_INBOX`): `<prefix>.`
 /// followed by at least one token, and a literal subject (no wildcard, whitespace or empty
 /// token).

@@ -273,6 +273,14 @@ fn only_literal_inbox_replies_are_reply_subjects() {
     for good in ["_INBOX", "_INBOX.alice", "_HUB"] {
         assert!(crate::subjects::is_valid_reply_prefix(good), "{good}");
     }
+    // Per-identity prefixes share their root.
+    for (prefix, root) in [
+        ("_INBOX", "_INBOX"),
+        ("_INBOX.router-1", "_INBOX"),
+        ("_HUB", "_HUB"),
+    ] {
+        assert_eq!(crate::subjects::reply_root(prefix), root);
+    }
     for bad in ["", "_INBOX.", ".x", "_INBOX.*", "a.>", "a b"] {
         assert!(!crate::subjects::is_valid_reply_prefix(bad), "{bad}");
     }

@@ -1,0 +1,465 @@
+//! The attack suite (issue 9, docs/SECURITY.md): a real nats-server on the config
+//! `runtime render-config` writes, a real router process on its own rendered credentials, and
+//! agents alice and bob. Connected as bob, each attack is refused by the broker (a permissions
+//! violation) or by the router, and nothing of alice's is read, changed or lost. The controls
+//! show the rightful identity may do the same.
+
+mod support;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use futures::StreamExt;
+use harness::RuntimeProcess;
+use support::rendered::{Connected, Rendered};
+
+const IDENTITIES: &str = r#"{
+  "agents": ["alice", "bob"],
+  "workers": [{"id": "w1", "queues": ["q"]}],
+  "routers": 1,
+  "admins": ["ops"]
+}"#;
+
+/// `who`'s attach request, answered (retried while the router's attach service starts).
+async fn attach(who: &Connected, id: &str) -> String {
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        match who
+            .client
+            .request(format!("hub.delivery.{id}.inbox"), "{}".into())
+            .await
+        {
+            Ok(reply) => return String::from_utf8_lossy(&reply.payload).into_owned(),
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "{id}'s attach: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The hub under attack: the rendered server, its router, an admin's view, and alice with one
+/// DM from bob waiting in her inbox (consumer `inbox-alice`, made by her attach).
+struct Hub {
+    rendered: Rendered,
+    _router: RuntimeProcess,
+    admin: jetstream::Context,
+    alice: Connected,
+    bob: Connected,
+}
+
+impl Hub {
+    async fn start() -> Hub {
+        let rendered = Rendered::start(IDENTITIES, &["--durable"]).await;
+        let env = rendered.process_env("router-1");
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let router =
+            RuntimeProcess::spawn(["start", "--role", "router", "--durable"], &env).unwrap();
+        let admin = jetstream::new(rendered.connect("ops").await.client);
+        harness::wait_until_async("the router's streams", support::DEADLINE, || async {
+            admin.get_stream("HUB_INBOX").await.is_ok()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", router.log()));
+        let alice = rendered.connect("alice").await;
+        let bob = rendered.connect("bob").await;
+        let hub = Hub {
+            rendered,
+            _router: router,
+            admin,
+            alice,
+            bob,
+        };
+        // Alice attaches (the router makes inbox-alice) and bob sends her a DM.
+        let reply = attach(&hub.alice, "alice").await;
+        assert!(reply.contains("inbox-alice"), "{reply}");
+        hub.send(&hub.bob, "bob", "alice", "m-for-alice").await;
+        hub.wait_inbox("alice", 1).await;
+        hub
+    }
+
+    /// `from` sends a DM to `to` through its ingress, awaiting the stream ack.
+    async fn send(&self, from: &Connected, as_id: &str, to: &str, id: &str) {
+        let dm = serde_json::json!({"meta": {"id": id, "to": to}, "body": "hi"});
+        jetstream::new(from.client.clone())
+            .publish(
+                format!("hub.pub.{as_id}.inbox"),
+                serde_json::to_vec(&dm).unwrap().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    async fn inbox_count(&self, id: &str) -> usize {
+        support::count_on(&self.admin, "HUB_INBOX", &format!("channel.inbox.{id}")).await
+    }
+
+    async fn wait_inbox(&self, id: &str, n: usize) {
+        harness::wait_until_async("the inbox count", support::DEADLINE, || async {
+            self.inbox_count(id).await == n
+        })
+        .await
+        .unwrap();
+    }
+
+    /// Alice's inbox consumer, as the admin sees it.
+    async fn alice_consumer(&self) -> async_nats::jetstream::consumer::Info {
+        let stream = self.admin.get_stream("HUB_INBOX").await.unwrap();
+        let mut consumer: PullConsumer = stream.get_consumer("inbox-alice").await.unwrap();
+        consumer.info().await.unwrap().clone()
+    }
+
+    /// Alice's data is as it was: one DM in her inbox, not delivered to anyone.
+    async fn alice_intact(&self) {
+        assert_eq!(self.inbox_count("alice").await, 1, "alice's inbox");
+        let info = self.alice_consumer().await;
+        assert_eq!(info.num_pending, 1, "{info:?}");
+        assert_eq!(
+            info.delivered.stream_sequence, 0,
+            "nothing delivered: {info:?}"
+        );
+    }
+
+    /// Bob publishes `payload` to `subject` (with `reply`): the broker refuses it.
+    async fn bob_refused(&self, subject: &str, reply: Option<&str>, payload: &str) {
+        let client = &self.bob.client;
+        match reply {
+            Some(reply) => client
+                .publish_with_reply(
+                    subject.to_owned(),
+                    reply.to_owned(),
+                    payload.to_owned().into(),
+                )
+                .await
+                .unwrap(),
+            None => client
+                .publish(subject.to_owned(), payload.to_owned().into())
+                .await
+                .unwrap(),
+        }
+        self.bob.refused(subject).await;
+    }
+
+    /// Bob subscribes to `subject`: the broker refuses it.
+    async fn bob_refused_subscription(&self, subject: &str) {
+        let _sub = self.bob.client.subscribe(subject.to_owned()).await.unwrap();
+        self.bob.refused(subject).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_01_bob_cannot_publish_as_alice() {
+    let hub = Hub::start().await;
+    hub.bob_refused(
+        "hub.pub.alice.inbox",
+        None,
+        r#"{"meta":{"id":"x","to":"bob"},"body":1}"#,
+    )
+    .await;
+    assert_eq!(
+        hub.inbox_count("bob").await,
+        0,
+        "nothing reached bob as alice"
+    );
+    hub.alice_intact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_02_bob_cannot_write_into_alices_inbox() {
+    let hub = Hub::start().await;
+    let forged = r#"{"meta":{"id":"f","from":"carol","to":"alice"},"body":"forged"}"#;
+    hub.bob_refused("channel.inbox.alice", None, forged).await;
+    hub.alice_intact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_03_bob_cannot_make_alices_attach_request() {
+    let hub = Hub::start().await;
+    hub.bob_refused("hub.delivery.alice.inbox", Some("_INBOX.bob.x"), "{}")
+        .await;
+    hub.alice_intact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_04_bob_cannot_subscribe_to_alices_inbox() {
+    let hub = Hub::start().await;
+    hub.bob_refused_subscription("channel.inbox.alice").await;
+    hub.send(&hub.bob, "bob", "alice", "m-second").await;
+    hub.wait_inbox("alice", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_05_bob_cannot_pull_from_alices_consumer() {
+    let hub = Hub::start().await;
+    hub.bob_refused(
+        "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-alice",
+        Some("_INBOX.bob.pull"),
+        r#"{"batch":1,"expires":1000000000}"#,
+    )
+    .await;
+    hub.alice_intact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_06_bob_cannot_ack_nak_or_term_alices_messages() {
+    let hub = Hub::start().await;
+    // Alice pulls her DM and holds it unacked: its ack subject is what bob would need.
+    let js = jetstream::new(hub.alice.client.clone());
+    let consumer: PullConsumer = js
+        .get_consumer_from_stream("inbox-alice", "HUB_INBOX")
+        .await
+        .unwrap();
+    let mut batch = consumer.fetch().max_messages(1).messages().await.unwrap();
+    let msg = batch.next().await.unwrap().unwrap();
+    let ack_subject = msg.reply.clone().unwrap().to_string();
+    for verb in ["+ACK", "-NAK", "+TERM"] {
+        hub.bob_refused(&ack_subject, None, verb).await;
+    }
+    let info = hub.alice_consumer().await;
+    assert_eq!(info.num_ack_pending, 1, "still alice's to ack: {info:?}");
+    msg.ack().await.unwrap();
+    harness::wait_until_async("alice's own ack", support::DEADLINE, || async {
+        hub.alice_consumer().await.num_ack_pending == 0
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_07_bob_cannot_read_alices_consumer_info() {
+    let hub = Hub::start().await;
+    hub.bob_refused(
+        "$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-alice",
+        Some("_INBOX.bob.info"),
+        "",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_08_bob_cannot_delete_alices_consumer() {
+    let hub = Hub::start().await;
+    hub.bob_refused(
+        "$JS.API.CONSUMER.DELETE.HUB_INBOX.inbox-alice",
+        Some("_INBOX.bob.del"),
+        "",
+    )
+    .await;
+    hub.alice_intact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_09_bob_cannot_create_any_consumer() {
+    let hub = Hub::start().await;
+    let before = consumer_names(&hub).await;
+    let pull = r#"{"stream_name":"HUB_INBOX","config":{"durable_name":"evil","ack_policy":"explicit","filter_subject":"channel.inbox.alice"}}"#;
+    hub.bob_refused(
+        "$JS.API.CONSUMER.CREATE.HUB_INBOX.evil.channel.inbox.alice",
+        Some("_INBOX.bob.c1"),
+        pull,
+    )
+    .await;
+    let push = r#"{"stream_name":"HUB_INBOX","config":{"name":"evilpush","deliver_subject":"hub.pub.alice.inbox","ack_policy":"none"}}"#;
+    hub.bob_refused(
+        "$JS.API.CONSUMER.CREATE.HUB_INBOX.evilpush",
+        Some("_INBOX.bob.c2"),
+        push,
+    )
+    .await;
+    hub.bob_refused(
+        "$JS.API.CONSUMER.DURABLE.CREATE.HUB_INBOX.evil",
+        Some("_INBOX.bob.c3"),
+        pull,
+    )
+    .await;
+    assert_eq!(consumer_names(&hub).await, before, "no consumer made");
+    hub.alice_intact().await;
+}
+
+async fn consumer_names(hub: &Hub) -> Vec<String> {
+    let stream = hub.admin.get_stream("HUB_INBOX").await.unwrap();
+    let mut names: Vec<String> = stream.consumer_names().map(|n| n.unwrap()).collect().await;
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_10_bob_cannot_read_an_inbox_by_sequence() {
+    let hub = Hub::start().await;
+    hub.bob_refused(
+        "$JS.API.STREAM.MSG.GET.HUB_INBOX",
+        Some("_INBOX.bob.g1"),
+        r#"{"seq":1}"#,
+    )
+    .await;
+    hub.bob_refused(
+        "$JS.API.DIRECT.GET.HUB_INBOX",
+        Some("_INBOX.bob.g2"),
+        r#"{"seq":1}"#,
+    )
+    .await;
+    hub.bob_refused(
+        "$JS.API.DIRECT.GET.HUB_INBOX.channel.inbox.alice",
+        Some("_INBOX.bob.g3"),
+        "",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_11_bob_cannot_read_stream_info_or_purge_a_stream() {
+    let hub = Hub::start().await;
+    for stream in ["HUB_INBOX", "HUB_INGRESS", "HUB_TASKS", "HUB_WORK"] {
+        hub.bob_refused(
+            &format!("$JS.API.STREAM.INFO.{stream}"),
+            Some("_INBOX.bob.i"),
+            "",
+        )
+        .await;
+    }
+    hub.bob_refused("$JS.API.STREAM.PURGE.HUB_INBOX", Some("_INBOX.bob.p"), "")
+        .await;
+    hub.bob_refused("$JS.API.STREAM.DELETE.HUB_INBOX", Some("_INBOX.bob.d"), "")
+        .await;
+    hub.alice_intact().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_12_a_jetstream_api_reply_aimed_at_alices_ingress_is_dropped_without_a_notice() {
+    let hub = Hub::start().await;
+    // Bob attaches, so he may read his own consumer's info; then he aims the JSON reply of
+    // that request at alice's ingress subject, which the broker does not check.
+    attach(&hub.bob, "bob").await;
+    hub.bob
+        .client
+        .publish_with_reply(
+            "$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-bob",
+            "hub.pub.alice.inbox",
+            "".into(),
+        )
+        .await
+        .unwrap();
+    // And a pull of his own (empty) inbox, whose "no messages" status goes there too.
+    hub.bob
+        .client
+        .publish_with_reply(
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
+            "hub.pub.alice.inbox",
+            r#"{"batch":1,"no_wait":true}"#.into(),
+        )
+        .await
+        .unwrap();
+    hub.bob
+        .client
+        .publish_with_reply(
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
+            "hub.pub.alice.inbox",
+            r#"{"batch":1,"expires":100000000}"#.into(),
+        )
+        .await
+        .unwrap();
+    hub.bob.client.flush().await.unwrap();
+    // The router sees it (it is in the ingress, as alice's) and drops it: nothing reaches
+    // anyone's inbox, no rejection notice is written into alice's.
+    let ops = hub.rendered.connect("ops").await;
+    let taken = || async {
+        let c = router_counters(&ops).await;
+        c["dropped_by_guard"].as_u64().unwrap_or(0) + c["malformed"].as_u64().unwrap_or(0) >= 3
+    };
+    harness::wait_until_async(
+        "the router took the replayed reply",
+        support::DEADLINE,
+        taken,
+    )
+    .await
+    .unwrap();
+    let counters = router_counters(&ops).await;
+    assert_eq!(counters["dropped_by_guard"], 3, "{counters}");
+    assert_eq!(counters["malformed"], 0, "{counters}");
+    assert_eq!(
+        hub.inbox_count("alice").await,
+        1,
+        "no notice in alice's inbox"
+    );
+    assert_eq!(hub.inbox_count("bob").await, 0, "nothing in bob's inbox");
+}
+
+/// The router's counters, from its status reply.
+async fn router_counters(ops: &Connected) -> serde_json::Value {
+    let Ok(reply) = ops.client.request("hub.admin.status", "".into()).await else {
+        return serde_json::Value::Null;
+    };
+    let status: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
+    status["counters"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_16_bob_cannot_join_the_queue_as_a_worker() {
+    let hub = Hub::start().await;
+    hub.bob_refused(
+        "hub.work.q.join",
+        Some("_INBOX.bob.j"),
+        r#"{"worker_id":"w1","concurrency":1}"#,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_17_bob_cannot_pull_a_workers_consumers() {
+    let hub = Hub::start().await;
+    for (stream, consumer) in [
+        ("HUB_WORK", "queue-q"),
+        ("HUB_WORK", "worker-w1"),
+        ("HUB_ANSWERS", "answers-w1"),
+    ] {
+        hub.bob_refused(
+            &format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"),
+            Some("_INBOX.bob.n"),
+            r#"{"batch":1}"#,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_18_bob_cannot_subscribe_outside_his_reply_prefix_or_to_control() {
+    let hub = Hub::start().await;
+    for subject in [
+        "_INBOX.>",
+        "_INBOX.alice.>",
+        "hub.ctl.>",
+        "hub.ctl.w1.cancel",
+    ] {
+        hub.bob_refused_subscription(subject).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_alice_sends_attaches_reads_and_acks_her_own_inbox() {
+    let hub = Hub::start().await;
+    // Her DM to bob is routed.
+    hub.send(&hub.alice, "alice", "bob", "m-to-bob").await;
+    hub.wait_inbox("bob", 1).await;
+    // She reads and acks her own DM.
+    let js = jetstream::new(hub.alice.client.clone());
+    let consumer: PullConsumer = js
+        .get_consumer_from_stream("inbox-alice", "HUB_INBOX")
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(5))
+        .messages()
+        .await
+        .unwrap();
+    let msg = batch.next().await.unwrap().unwrap();
+    let env: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(env["meta"]["from"], "bob");
+    msg.double_ack().await.unwrap();
+    let info = hub.alice_consumer().await;
+    assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");
+    assert!(hub.alice.errors().is_empty(), "{:?}", hub.alice.errors());
+}

@@ -198,6 +198,9 @@ async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_i
     let log = hub.server.log();
     let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
     assert_eq!(violations.len(), 2, "{violations:#?}");
-    assert!(violations.iter().all(|l| l.contains(&alice_key)), "{violations:#?}");
+    assert!(
+        violations.iter().all(|l| l.contains(&alice_key)),
+        "{violations:#?}"
+    );
     drop(router);
 }

@@ -42,6 +42,8 @@ pub enum AttachMsg {
     Request(async_nats::Message),
     /// A worker join request arrived.
     Join(async_nats::Message),
+    /// A hub info request arrived.
+    Info(async_nats::Message),
     /// Snapshot for a local caller.
     Snapshot(RpcReplyPort<AttachSnapshot>),
 }
@@ -63,6 +65,8 @@ crate::counters! {
         refused,
         /// Worker joins answered.
         joined,
+        /// Hub info requests answered.
+        infos,
         /// Requests ignored because their reply subject is not under the inbox prefix.
         replies_refused,
     }
@@ -80,37 +84,27 @@ impl Actor for Attach {
         _: (),
     ) -> Result<AttachState, ActorProcessingErr> {
         fault::check(&self.name, FaultPoint::PreStart)?;
-        let mut sub = self
-            .client
-            .queue_subscribe(
-                subjects::ATTACH_FILTER,
-                subjects::ATTACH_QUEUE_GROUP.to_string(),
-            )
-            .await?;
-        let mut joins = self
-            .client
-            .queue_subscribe(
-                subjects::JOIN_FILTER,
-                subjects::ATTACH_QUEUE_GROUP.to_string(),
-            )
-            .await?;
-        let me = myself.clone();
-        let listener = Owned::spawn(async move {
-            while let Some(msg) = sub.next().await {
-                if me.cast(AttachMsg::Request(msg)).is_err() {
-                    break;
+        let mut listeners = Vec::new();
+        for (filter, wrap) in [
+            (subjects::ATTACH_FILTER, AttachMsg::Request as fn(_) -> _),
+            (subjects::JOIN_FILTER, AttachMsg::Join),
+            (subjects::HUB_INFO_FILTER, AttachMsg::Info),
+        ] {
+            let mut sub = self
+                .client
+                .queue_subscribe(filter, subjects::ATTACH_QUEUE_GROUP.to_string())
+                .await?;
+            let me = myself.clone();
+            listeners.push(Owned::spawn(async move {
+                while let Some(msg) = sub.next().await {
+                    if me.cast(wrap(msg)).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
-        let join_listener = Owned::spawn(async move {
-            while let Some(msg) = joins.next().await {
-                if myself.cast(AttachMsg::Join(msg)).is_err() {
-                    break;
-                }
-            }
-        });
+            }));
+        }
         Ok(AttachState {
-            listeners: vec![listener, join_listener],
+            listeners,
             counters: AttachCounters::default(),
         })
     }
@@ -165,6 +159,21 @@ impl Actor for Attach {
                 let body = serde_json::to_vec(&response)?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {
                     tracing::warn!(error = %e, "cannot answer a join request");
+                }
+            }
+            AttachMsg::Info(msg) => {
+                let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
+                    return Ok(());
+                };
+                let info = protocol::attach::HubInfo {
+                    ingress_stream: self.delivery.ingress.name.clone(),
+                    inbox_stream: self.delivery.inbox.name.clone(),
+                    tasks_stream: self.delivery.tasks.name.clone(),
+                };
+                state.counters.infos.bump();
+                let body = serde_json::to_vec(&info)?;
+                if let Err(e) = self.client.publish(reply, body.into()).await {
+                    tracing::warn!(error = %e, "cannot answer a hub info request");
                 }
             }
             AttachMsg::Snapshot(port) => {

@@ -204,3 +204,43 @@ async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_i
     );
     drop(router);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_and_inbox_work_from_the_rendered_env_files_alone() {
+    let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
+    let env = hub.process_env("router-1");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let router = RuntimeProcess::spawn(["start", "--role", "router", "--durable"], &env).unwrap();
+    support::wait_router_answers(&hub.connect("ops").await.client).await;
+    let as_env = |name: &str| hub.process_env(name);
+    let pairs = |env: &[(String, String)]| -> Vec<(String, String)> { env.to_vec() };
+    let alice = pairs(&as_env("alice"));
+    let alice: Vec<(&str, &str)> = alice
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    // `env $(cat alice.env) runtime send --to bob hello`: no --as, no URL, no secret flags.
+    let sent = support::oneshot::run_cli_env(&["send", "--to", "bob", "hello"], &alice).await;
+    assert_exit(&sent, 0, "send as alice");
+    let receipt: serde_json::Value =
+        serde_json::from_str(support::oneshot::stdout(&sent).trim()).unwrap();
+    assert!(
+        receipt["ingress_seq"].as_u64().is_some(),
+        "a durable receipt, not a silent plain publish: {receipt}\n{}",
+        hub.server.log()
+    );
+    let bob = pairs(&as_env("bob"));
+    let bob: Vec<(&str, &str)> = bob.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let read = support::oneshot::run_cli_env(&["inbox", "--idle-secs", "2"], &bob).await;
+    assert_exit(&read, 0, "inbox as bob");
+    assert_eq!(
+        support::oneshot::stdout(&read).trim(),
+        "alice: hello",
+        "{}",
+        support::oneshot::stderr(&read)
+    );
+    let log = hub.server.log();
+    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
+    drop(router);
+}

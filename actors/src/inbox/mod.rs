@@ -280,12 +280,14 @@ impl InboxConsumer {
 
     async fn consumer_exists(&self, consumer: &str) -> bool {
         let js = async_nats::jetstream::new(self.client.clone());
+        // Consumer info only: an agent may not read the stream's info.
         let lookup = async {
-            let stream = js.get_stream(&self.inbox_stream).await.ok()?;
-            stream
-                .get_consumer::<async_nats::jetstream::consumer::pull::Config>(consumer)
-                .await
-                .ok()
+            js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                consumer,
+                &self.inbox_stream,
+            )
+            .await
+            .ok()
         };
         matches!(
             tokio::time::timeout(self.attach_timeout, lookup).await,

@@ -111,13 +111,11 @@ impl InboxPump {
             consumer: consumer.clone(),
             source,
         };
+        // Consumer info only: an agent may not read the stream's info.
         let pull_consumer: jetstream::consumer::PullConsumer = js
-            .get_stream(&stream)
+            .get_consumer_from_stream(&consumer, &stream)
             .await
-            .map_err(|e| pull(e.into()))?
-            .get_consumer(&consumer)
-            .await
-            .map_err(pull)?;
+            .map_err(|e| pull(e.into()))?;
         let mut messages = pull_consumer
             .stream()
             .max_messages_per_batch(self.batch.max(1))

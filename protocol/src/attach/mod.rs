@@ -61,6 +61,18 @@ pub struct AttachReply {
     pub consumer: String,
 }
 
+/// A durable hub's reply to a hub info request ([`subjects::hub_info_request`]): the names of
+/// its streams.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HubInfo {
+    /// The ingress stream, e.g. `HUB_INGRESS`.
+    pub ingress_stream: String,
+    /// The inbox stream, e.g. `HUB_INBOX`.
+    pub inbox_stream: String,
+    /// The task channel stream, e.g. `HUB_TASKS`.
+    pub tasks_stream: String,
+}
+
 /// hub-server's reply to an attach request, in JSON:
 /// `{"stream":..,"consumer":..}` or `{"error":{"kind":..,"detail":..}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -60,7 +60,11 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
     match &identity.role {
         Role::Agent => Grants {
             publish: [
-                vec![own_ingress, subjects::attach_request(&identity.name)],
+                vec![
+                    own_ingress,
+                    subjects::attach_request(&identity.name),
+                    subjects::hub_info_request(&identity.name),
+                ],
                 own_consumer(
                     &delivery.inbox.name,
                     &subjects::inbox_consumer(&identity.name),
@@ -135,6 +139,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 subscribe: vec![
                     reply,
                     subjects::ATTACH_FILTER.to_owned(),
+                    subjects::HUB_INFO_FILTER.to_owned(),
                     subjects::JOIN_FILTER.to_owned(),
                     subjects::STATUS_SUBJECT.to_owned(),
                 ],
@@ -198,6 +203,7 @@ mod tests {
         let g = of("alice");
         assert!(may_publish(&g, "hub.pub.alice.inbox"));
         assert!(may_publish(&g, "hub.delivery.alice.inbox"));
+        assert!(may_publish(&g, "hub.delivery.alice.hub"));
         assert!(may_publish(
             &g,
             "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-alice"
@@ -213,6 +219,7 @@ mod tests {
             "channel.inbox.bob",
             "channel.inbox.alice",
             "hub.delivery.bob.inbox",
+            "hub.delivery.bob.hub",
             "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
             "$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-bob",
             "$JS.API.CONSUMER.DELETE.HUB_INBOX.inbox-alice",

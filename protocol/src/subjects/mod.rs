@@ -63,6 +63,8 @@ pub const ROUTER_CONSUMER: &str = "router";
 pub const ATTACH_QUEUE_GROUP: &str = "hub-delivery";
 /// The subject filter hub-servers subscribe to for attach requests.
 pub const ATTACH_FILTER: &str = "hub.delivery.*.inbox";
+/// The subject filter of hub info requests ([`hub_info_request`]).
+pub const HUB_INFO_FILTER: &str = "hub.delivery.*.hub";
 /// Core request/reply subject; a router answers with a JSON status snapshot.
 pub const STATUS_SUBJECT: &str = "hub.admin.status";
 /// Core scatter-gather subject: every worker answers a request with its JSON snapshot (no
@@ -127,6 +129,13 @@ pub fn broadcast(name: &ChannelName) -> String {
 /// `hub.delivery.<id>.inbox`.
 pub fn attach_request(id: &AgentId) -> String {
     format!("{ATTACH_PREFIX}{id}.{INBOX_TOKEN}")
+}
+
+/// The subject an identity requests to learn whether the hub is durable, and its stream
+/// names: `hub.delivery.<id>.hub` (answered by a durable hub's routers; nobody answers on a
+/// core hub). Clients need no stream info for it.
+pub fn hub_info_request(id: &AgentId) -> String {
+    format!("{ATTACH_PREFIX}{id}.hub")
 }
 
 /// The durable name of the inbox consumer of `id`: `inbox-<id>`.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::attach::DurableInboxMode;
-use protocol::config::DeliveryConfig;
 use protocol::{AgentId, Envelope, MessageId, Meta};
 use runtime::system::messaging::Receipt;
 use runtime::SystemError;
@@ -16,17 +15,31 @@ pub(super) fn agent(flag: &str, value: &str) -> Result<AgentId, SystemError> {
     AgentId::new(value).map_err(|e| super::invalid(flag, &e))
 }
 
-/// Whether the hub is durable: its ingress stream exists.
-async fn hub_is_durable(client: &async_nats::Client, delivery: &DeliveryConfig) -> bool {
-    let js = async_nats::jetstream::new(client.clone());
-    matches!(
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            js.get_stream(&delivery.ingress.name)
-        )
-        .await,
-        Ok(Ok(_))
-    )
+/// How long a client waits for the hub to say what it is.
+const HUB_INFO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the hub is durable, as its routers say (`hub.delivery.<id>.hub`; no stream info is
+/// needed, which a least-privilege agent may not read): answered on a durable hub, nobody
+/// answers on a core hub. With no router running, a durable hub looks like a core one: the
+/// ingress stream still stores a plain publish, but no receipt proves it.
+///
+/// # Errors
+/// [`SystemError::Timeout`] when a router took the request and did not answer.
+async fn hub_is_durable(client: &async_nats::Client, id: &AgentId) -> Result<bool, SystemError> {
+    let subject = protocol::subjects::hub_info_request(id);
+    match tokio::time::timeout(HUB_INFO_TIMEOUT, client.request(subject.clone(), "".into())).await {
+        Ok(Ok(reply)) => {
+            Ok(serde_json::from_slice::<protocol::attach::HubInfo>(&reply.payload).is_ok())
+        }
+        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => Ok(false),
+        Ok(Err(e)) => Err(SystemError::Request {
+            subject,
+            source: Box::new(e),
+        }),
+        Err(_) => Err(SystemError::Timeout {
+            what: format!("the hub's answer on {subject}"),
+        }),
+    }
 }
 
 /// `runtime send --as alice --to bob TEXT`: a JetStream publish to the ingress when the hub is
@@ -45,7 +58,7 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
     let delivery = args.hub.delivery()?;
     let nats = args.nats.settings();
     let client = nats.connect("runtime-send").await?;
-    let durable = hub_is_durable(&client, &delivery).await;
+    let durable = hub_is_durable(&client, &from).await?;
     let system = super::client_builder(client, &nats, delivery, durable)
         .build()
         .await?;
@@ -85,7 +98,7 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
     let delivery = args.hub.delivery()?;
     let nats = args.nats.settings();
     let client = nats.connect("runtime-inbox").await?;
-    let durable = mode != DurableInboxMode::Off && hub_is_durable(&client, &delivery).await;
+    let durable = mode != DurableInboxMode::Off && hub_is_durable(&client, &id).await?;
     let system = super::client_builder(client, &nats, delivery, durable)
         .inbox_mode(mode)
         .build()

@@ -244,3 +244,70 @@ async fn send_and_inbox_work_from_the_rendered_env_files_alone() {
     assert!(violations.is_empty(), "{violations:#?}");
     drop(router);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
+    let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
+    let spawn = |name: &str, args: &[&str]| {
+        let env = hub.process_env(name);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        RuntimeProcess::spawn(args.iter().copied(), &env).unwrap()
+    };
+    let router = spawn("router-1", &["start", "--role", "router", "--durable"]);
+    let ops = hub.connect("ops").await;
+    support::wait_router_answers(&ops.client).await;
+    let script = hub.dir.path().join("task.sh");
+    std::fs::write(
+        &script,
+        "cat > /dev/null\nprintf '{\"response\": \"done\"}\\n'\n",
+    )
+    .unwrap();
+    let exec = format!("sh {}", script.display());
+    let journal = hub.dir.path().join("journal").display().to_string();
+    let worker = spawn(
+        "w1",
+        &[
+            "start",
+            "--role",
+            "worker",
+            "--durable",
+            "--queue",
+            "q",
+            "--exec",
+            &exec,
+            "--journal-dir",
+            &journal,
+        ],
+    );
+    // `env $(cat alice.env) runtime delegate --queue q …`
+    let alice = hub.process_env("alice");
+    let alice: Vec<(&str, &str)> = alice
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let out = support::oneshot::run_cli_env(&["delegate", "--queue", "q", "do it"], &alice).await;
+    assert_exit(&out, 0, "delegate as alice");
+    let receipt: serde_json::Value =
+        serde_json::from_str(support::oneshot::stdout(&out).trim()).unwrap();
+    let task_id = protocol::TaskId::new(receipt["task_id"].as_str().unwrap()).unwrap();
+    let admin = jetstream::new(ops.client.clone());
+    harness::wait_until_async("the task's result", support::DEADLINE, || async {
+        !support::results_on(&admin, &task_id).await.is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nworker:\n{}\nrouter:\n{}\nserver:\n{}",
+            worker.log(),
+            router.log(),
+            hub.server.log()
+        )
+    });
+    let results = support::results_on(&admin, &task_id).await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0].state, protocol::task::TaskState::Completed);
+    assert_eq!(results[0].worker_id.as_str(), "w1");
+    let log = hub.server.log();
+    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
+}

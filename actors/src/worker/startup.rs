@@ -154,14 +154,16 @@ async fn bind(
         consumer: name.to_owned(),
         source,
     };
-    let stream = js.get_stream(stream).await.map_err(|e| fail(e.into()))?;
-    let info = stream
-        .consumer_info(name)
+    // One consumer info request: a worker may not read the stream's info.
+    let consumer: PullConsumer = js
+        .get_consumer_from_stream(name, stream)
         .await
         .map_err(|e| fail(e.into()))?;
-    compat::check_consumer(&info.config, filter).map_err(|source| WorkerError::Incompatible {
-        consumer: name.to_owned(),
-        source,
+    compat::check_consumer(&consumer.cached_info().config, filter).map_err(|source| {
+        WorkerError::Incompatible {
+            consumer: name.to_owned(),
+            source,
+        }
     })?;
-    stream.get_consumer(name).await.map_err(fail)
+    Ok(consumer)
 }

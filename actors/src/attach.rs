@@ -202,15 +202,25 @@ impl Attach {
         let refuse = |kind, detail: String| JoinResponse::Refused {
             error: WireError::new(kind, detail),
         };
-        let queue = match subjects::parse_join_request(subject) {
-            Ok(queue) => queue,
+        let (queue, worker) = match subjects::parse_join_request(subject) {
+            Ok(parts) => parts,
             Err(e) => return refuse(WireErrorKind::Malformed, e.to_string()),
         };
         let request: JoinRequest = match serde_json::from_slice(body) {
             Ok(request) => request,
             Err(e) => return refuse(WireErrorKind::Malformed, format!("join request: {e}")),
         };
-        let worker = request.worker_id;
+        // The subject names the worker (the broker lets only that worker publish it): a body
+        // naming another is someone joining as that worker.
+        if request.worker_id != worker {
+            return refuse(
+                WireErrorKind::Unauthorized,
+                format!(
+                    "join on {subject} names worker {}, not {worker}",
+                    request.worker_id
+                ),
+            );
+        }
         let js = jetstream::new(self.client.clone());
         let work = [
             crate::consumers::queue_consumer(&self.delivery, &queue),
@@ -281,5 +291,76 @@ impl Attach {
                 error: WireError::new(WireErrorKind::Internal, "jetstream did not answer in time"),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use protocol::{AgentId, QueueName, WorkerId};
+
+    async fn started(name: &str) -> (harness::NatsServer, Client, ActorRef<AttachMsg>) {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let delivery = Arc::new(DeliveryConfig::default());
+        crate::streams::ensure_streams(&jetstream::new(client.clone()), &delivery)
+            .await
+            .unwrap();
+        let attach = Attach {
+            name: name.into(),
+            client: client.clone(),
+            delivery,
+            reply_prefix: subjects::DEFAULT_REPLY_PREFIX.into(),
+        };
+        let (actor, _) = Actor::spawn(None, attach, ()).await.unwrap();
+        (server, client, actor)
+    }
+
+    async fn join(client: &Client, subject: String, worker: &str) -> JoinResponse {
+        let body = serde_json::to_vec(&JoinRequest {
+            worker_id: WorkerId::new(worker).unwrap(),
+        })
+        .unwrap();
+        let reply = client.request(subject, body.into()).await.unwrap();
+        serde_json::from_slice(&reply.payload).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_join_whose_body_names_another_worker_than_its_subject_is_refused() {
+        let (_server, client, actor) = started("attach-join-test").await;
+        let q = QueueName::new("q").unwrap();
+        let w2 = WorkerId::new("w2").unwrap();
+        // w2's subject (its grant), w1 in the body: someone joining as w1.
+        let refused = join(&client, subjects::join_request(&q, &w2), "w1").await;
+        assert!(
+            matches!(&refused, JoinResponse::Refused { error } if error.kind == WireErrorKind::Unauthorized),
+            "{refused:?}"
+        );
+        let js = jetstream::new(client.clone());
+        let answers = js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
+        assert!(
+            answers.consumer_info("answers-w1").await.is_err(),
+            "no consumer made for w1"
+        );
+        let joined = join(&client, subjects::join_request(&q, &w2), "w2").await;
+        assert!(matches!(joined, JoinResponse::Joined(_)), "{joined:?}");
+        let snap = ractor::call_t!(actor, AttachMsg::Snapshot, 2000).unwrap();
+        assert_eq!((snap.joined, snap.refused), (1, 1), "{snap:?}");
+        actor.stop(None);
+    }
+
+    #[tokio::test]
+    async fn a_hub_info_request_is_answered_with_the_stream_names() {
+        let (_server, client, actor) = started("attach-info-test").await;
+        let alice = AgentId::new("alice").unwrap();
+        let reply = client
+            .request(subjects::hub_info_request(&alice), "".into())
+            .await
+            .unwrap();
+        let info: protocol::attach::HubInfo = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(info.ingress_stream, "HUB_INGRESS");
+        assert_eq!(info.inbox_stream, "HUB_INBOX");
+        assert_eq!(info.tasks_stream, "HUB_TASKS");
+        actor.stop(None);
     }
 }

@@ -399,7 +399,7 @@ async fn router_counters(ops: &Connected) -> serde_json::Value {
 async fn attack_16_bob_cannot_join_the_queue_as_a_worker() {
     let hub = Hub::start().await;
     hub.bob_refused(
-        "hub.work.q.join",
+        "hub.work.q.join.w1",
         Some("_INBOX.bob.j"),
         r#"{"worker_id":"w1","concurrency":1}"#,
     )

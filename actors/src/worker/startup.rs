@@ -62,9 +62,10 @@ impl Worker {
             worker_id: self.worker_id.clone(),
         })
         .expect("a join request serializes");
-        let request = self
-            .client
-            .request(subjects::join_request(&self.queue), body.into());
+        let request = self.client.request(
+            subjects::join_request(&self.queue, &self.worker_id),
+            body.into(),
+        );
         let reply = match tokio::time::timeout(self.join_timeout, request).await {
             Err(_) => return Err(fail(JoinError::Timeout(self.join_timeout))),
             Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {

@@ -41,6 +41,7 @@ fn any_subject() -> impl Strategy<Value = String> {
 fn any_headers() -> impl Strategy<Value = Vec<(String, String)>> {
     let name = prop_oneof![
         proptest::sample::select(&REPLAY_HEADERS[..]).prop_map(str::to_owned),
+        proptest::sample::select(&headers::PULL_STATUS_HEADERS[..]).prop_map(str::to_owned),
         Just("Nats-Msg-Id".to_owned()),
         Just("content-type".to_owned()),
         "[A-Za-z-]{1,12}",
@@ -120,7 +121,10 @@ proptest! {
             || pairs.iter().any(|(n, _)| headers::is_replay_header(n))
             || pairs.iter().any(|(n, v)| {
                 n.eq_ignore_ascii_case(NATS_MSG_ID) && subjects::is_router_msg_id(v.trim())
-            });
+            })
+            // A JetStream API reply (no generated payload carries a JSON `type`).
+            || payload.is_empty()
+            || pairs.iter().any(|(n, _)| headers::is_pull_status_header(n));
         prop_assert_eq!(guarded, matches!(decision, RouteDecision::Drop { .. }));
         match &decision {
             RouteDecision::Drop { .. } | RouteDecision::Reject { .. } => {

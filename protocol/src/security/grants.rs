@@ -80,7 +80,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 .expect("a worker identity has a worker id");
             let mut publish = vec![own_ingress];
             for queue in queues {
-                publish.push(subjects::join_request(queue));
+                publish.push(subjects::join_request(queue, &worker));
                 publish.extend(own_consumer(
                     subjects::WORK_STREAM,
                     &subjects::queue_consumer(queue),
@@ -248,7 +248,7 @@ mod tests {
     fn a_worker_uses_only_its_own_consumers_and_makes_none() {
         let g = of("w1");
         assert!(may_publish(&g, "hub.pub.w1.task.abc"));
-        assert!(may_publish(&g, "hub.work.q.join"));
+        assert!(may_publish(&g, "hub.work.q.join.w1"));
         assert!(may_publish(
             &g,
             "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.queue-q"
@@ -265,7 +265,9 @@ mod tests {
         assert!(g.allow_responses);
         for denied in [
             "hub.pub.alice.inbox",
-            "hub.work.other.join",
+            "hub.work.other.join.w1",
+            "hub.work.q.join.w2",
+            "hub.work.q.join",
             "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.queue-other",
             "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.worker-w2",
             "$JS.API.CONSUMER.CREATE.HUB_WORK.x",

@@ -43,7 +43,7 @@ pub const ANSWERS_STREAM: &str = "HUB_ANSWERS";
 /// The subjects captured by [`ANSWERS_STREAM`].
 pub const ANSWERS_FILTER: &str = "answer.>";
 /// The subject filter routers subscribe to for worker join requests.
-pub const JOIN_FILTER: &str = "hub.work.*.join";
+pub const JOIN_FILTER: &str = "hub.work.*.join.*";
 
 const WORK_TOKEN: &str = "work";
 const ANSWER_TOKEN: &str = "answer";
@@ -168,10 +168,12 @@ pub fn control(worker: &WorkerId, kind: ControlKind) -> String {
     format!("{CONTROL_PREFIX}{worker}.{kind}")
 }
 
-/// The subject a worker asks the router to create its consumers on:
-/// `hub.work.<queue>.join`.
-pub fn join_request(queue: &QueueName) -> String {
-    format!("{JOIN_PREFIX}{queue}.{JOIN_TOKEN}")
+/// The subject `worker` asks the router to create its consumers on:
+/// `hub.work.<queue>.join.<worker>`. The worker's identity is in the subject, which the broker
+/// grants to that worker alone (docs/SECURITY.md); the router refuses a join whose body names
+/// another worker.
+pub fn join_request(queue: &QueueName, worker: &WorkerId) -> String {
+    format!("{JOIN_PREFIX}{queue}.{JOIN_TOKEN}.{worker}")
 }
 
 /// The ingress work subject, if `subject` is one.
@@ -288,18 +290,21 @@ pub fn parse_control(subject: &str) -> Result<(WorkerId, ControlKind), SubjectEr
     }
 }
 
-/// Parses `hub.work.<queue>.join`.
+/// Parses `hub.work.<queue>.join.<worker>`.
 ///
 /// # Errors
 ///
 /// Returns a [`SubjectError`] if `subject` is not a join request subject.
-pub fn parse_join_request(subject: &str) -> Result<QueueName, SubjectError> {
+pub fn parse_join_request(subject: &str) -> Result<(QueueName, WorkerId), SubjectError> {
     let rest = strip(subject, JOIN_PREFIX)?;
     let tokens: Vec<&str> = rest.split('.').collect();
     match tokens.as_slice() {
-        [queue, JOIN_TOKEN] => token(subject, QueueName::new(*queue)),
-        [_, found] => Err(unexpected(subject, JOIN_TOKEN, found)),
-        _ => Err(token_count(subject, "2", tokens.len())),
+        [queue, JOIN_TOKEN, worker] => Ok((
+            token(subject, QueueName::new(*queue))?,
+            token(subject, WorkerId::new(*worker))?,
+        )),
+        [_, found, _] => Err(unexpected(subject, JOIN_TOKEN, found)),
+        _ => Err(token_count(subject, "3", tokens.len())),
     }
 }
 

@@ -32,8 +32,14 @@ fn builders_produce_the_documented_subjects() {
     assert_eq!(answer_consumer(&w), "answers-w-1");
     assert_eq!(control(&w, ControlKind::Query), "hub.ctl.w-1.query");
     assert_eq!(control(&w, ControlKind::Cancel), "hub.ctl.w-1.cancel");
-    assert_eq!(join_request(&q), "hub.work.review.join");
-    assert_eq!(JOIN_FILTER.replace('*', "review"), join_request(&q));
+    let w1 = WorkerId::new("w1").unwrap();
+    assert_eq!(join_request(&q, &w1), "hub.work.review.join.w1");
+    assert_eq!(
+        JOIN_FILTER
+            .replacen('*', "review", 1)
+            .replacen('*', "w1", 1),
+        join_request(&q, &w1)
+    );
 }
 
 #[test]
@@ -122,7 +128,11 @@ fn parse_stored_names_and_control() {
         parse_control("hub.ctl.w.cancel").unwrap(),
         (worker("w"), ControlKind::Cancel)
     );
-    assert_eq!(parse_join_request("hub.work.q.join").unwrap(), queue("q"));
+    assert_eq!(
+        parse_join_request("hub.work.q.join.w1").unwrap(),
+        (queue("q"), WorkerId::new("w1").unwrap())
+    );
+    assert!(parse_join_request("hub.work.q.join").is_err());
     for bad in ["work.", "work.q.w.x", "work", "answer.w.x", "work.*"] {
         assert!(
             parse_work(bad).is_err() && parse_answer(bad).is_err(),
@@ -134,7 +144,7 @@ fn parse_stored_names_and_control() {
         Err(SubjectError::UnexpectedToken { .. })
     ));
     assert!(parse_control("hub.ctl.w").is_err());
-    assert!(parse_join_request("hub.work.q.leave").is_err());
+    assert!(parse_join_request("hub.work.q.leave.w1").is_err());
     assert!(parse_join_request("hub.work.q").is_err());
     assert!(parse_queue_consumer("worker-w").is_err());
     assert!(parse_answer_consumer("answers-").is_err());
@@ -158,7 +168,7 @@ proptest! {
         let ingress = work_ingress(&me, &q, target);
         let stored = work(&q, target);
         let answer_route = answer_ingress(&me, &w);
-        for subject in [&ingress, &stored, &answer_route, &answer(&w), &join_request(&q)] {
+        for subject in [&ingress, &stored, &answer_route, &answer(&w), &join_request(&q, &w)] {
             prop_assert!(is_well_formed(subject), "{}", subject);
         }
         for kind in ControlKind::ALL {
@@ -173,7 +183,7 @@ proptest! {
         prop_assert_eq!(parse_answer_ingress(&ingress).unwrap(), None);
         prop_assert_eq!(parse_work_ingress(&answer_route).unwrap(), None);
         prop_assert_eq!(parse_answer(&answer(&w)).unwrap(), w.clone());
-        prop_assert_eq!(parse_join_request(&join_request(&q)).unwrap(), q.clone());
+        prop_assert_eq!(parse_join_request(&join_request(&q, &w)).unwrap(), (q.clone(), w.clone()));
         prop_assert!(parse_answer(&stored).is_err());
     }
 
@@ -210,8 +220,8 @@ proptest! {
         if let Ok((w, kind)) = parse_control(&subject) {
             prop_assert_eq!(control(&w, kind), subject.clone());
         }
-        if let Ok(q) = parse_join_request(&subject) {
-            prop_assert_eq!(join_request(&q), subject.clone());
+        if let Ok((q, w)) = parse_join_request(&subject) {
+            prop_assert_eq!(join_request(&q, &w), subject.clone());
         }
     }
 }

@@ -356,7 +356,7 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     // A router that created the consumers earlier with other settings, and now only replies.
     let mut sub = env
         .client
-        .subscribe(subjects::join_request(&env.queue))
+        .subscribe(subjects::join_request(&env.queue, &env.worker_id))
         .await
         .unwrap();
     let (client, queue, worker_id) = (env.client.clone(), env.queue.clone(), env.worker_id.clone());

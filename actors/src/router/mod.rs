@@ -65,7 +65,7 @@ pub enum RouterMsg {
 pub struct RouterState {
     streams: Vec<StreamReport>,
     /// The status listener, owned so that it ends with this incarnation.
-    _status_task: Owned,
+    status_task: Option<Owned>,
     pump: Option<Owned>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<RouterCounters>,
@@ -183,7 +183,7 @@ impl Actor for Router {
         tracing::info!(name = %self.name, durable = self.durable, "router started");
         Ok(RouterState {
             streams,
-            _status_task: status_task,
+            status_task: Some(status_task),
             pump: Some(pump),
             stop,
             counters,
@@ -203,6 +203,12 @@ impl Actor for Router {
             let grace = durable::DRAIN_TIMEOUT + std::time::Duration::from_secs(1);
             pump.join_within(grace).await;
         }
+        // The status subscription is gone (and the server told) before the actor is: a status
+        // request after a shutdown finds no responders instead of a dead subscriber.
+        if let Some(task) = state.status_task.take() {
+            task.abort().await;
+        }
+        let _ = self.client.flush().await;
         Ok(())
     }
 

@@ -22,8 +22,22 @@ pub struct Stored {
     pub seq: u64,
     /// Its headers (the trace context among them).
     pub headers: HeaderMap,
-    /// The body, when it is a task channel body of the channel's task.
+    /// The body, when it is a task channel body of the channel's task published by the worker
+    /// it names.
     pub body: Option<TaskChannelBody>,
+    /// It was such a body, but not published by the worker it names (a forgery): ignored.
+    pub unstamped: bool,
+}
+
+/// What one message of a task channel is to its readers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// A body of the task, published by the worker it names.
+    Body(Box<TaskChannelBody>),
+    /// A body of the task whose `meta.from` is not the worker it names: ignored.
+    Unstamped,
+    /// Anything else (another task's, not a task channel envelope).
+    Other,
 }
 
 /// A read that failed.
@@ -57,18 +71,38 @@ pub enum ReadError {
     },
 }
 
-/// Decodes one stored message of `task_id`'s channel: an envelope (its codec from the
-/// `Content-Type` header, one rule for every reader) whose body is a task channel body of
-/// that task. `None` for anything else.
+/// Decodes one message of `task_id`'s channel: an envelope (its codec from the `Content-Type`
+/// header, one rule for every reader) whose body is a task channel body of that task, and
+/// whose `meta.from` (the router's stamp) is the worker the body names.
+pub fn decode_checked(
+    task_id: &TaskId,
+    msg_headers: Option<&HeaderMap>,
+    payload: &[u8],
+) -> Decoded {
+    let Ok(env) = crate::decode::envelope(msg_headers, payload) else {
+        return Decoded::Other;
+    };
+    let from = env.meta.from.clone();
+    match serde_json::from_value::<TaskChannelBody>(env.body) {
+        Ok(body) if body.task_id() != task_id => Decoded::Other,
+        Ok(body) if body.is_from(from.as_ref().map(|f| f.as_str())) => {
+            Decoded::Body(Box::new(body))
+        }
+        Ok(_) => Decoded::Unstamped,
+        Err(_) => Decoded::Other,
+    }
+}
+
+/// [`decode_checked`]'s body, if it is one to trust.
 pub fn decode(
     task_id: &TaskId,
     msg_headers: Option<&HeaderMap>,
     payload: &[u8],
 ) -> Option<TaskChannelBody> {
-    crate::decode::envelope(msg_headers, payload)
-        .ok()
-        .and_then(|env| serde_json::from_value::<TaskChannelBody>(env.body).ok())
-        .filter(|body| body.task_id() == task_id)
+    match decode_checked(task_id, msg_headers, payload) {
+        Decoded::Body(body) => Some(*body),
+        Decoded::Unstamped | Decoded::Other => None,
+    }
 }
 
 /// Reads `task_id`'s channel in `stream` from sequence `from` (1: the start) to its end, at
@@ -89,10 +123,17 @@ pub async fn read(
     let stored = read_subject(js, stream, &subject, from).await?;
     Ok(stored
         .into_iter()
-        .map(|msg| Stored {
-            seq: msg.sequence,
-            body: decode(task_id, Some(&msg.headers), &msg.payload),
-            headers: msg.headers,
+        .map(|msg| {
+            let decoded = decode_checked(task_id, Some(&msg.headers), &msg.payload);
+            Stored {
+                seq: msg.sequence,
+                unstamped: decoded == Decoded::Unstamped,
+                body: match decoded {
+                    Decoded::Body(body) => Some(*body),
+                    Decoded::Unstamped | Decoded::Other => None,
+                },
+                headers: msg.headers,
+            }
         })
         .collect())
 }
@@ -114,6 +155,10 @@ pub async fn unrouted(
         let Ok(env) = crate::decode::envelope(Some(&msg.headers), &msg.payload) else {
             continue;
         };
+        // Not routed yet, so not stamped: the sender is the identity in the ingress subject.
+        let sender = subjects::parse_ingress(&msg.subject)
+            .ok()
+            .map(|(from, _)| from);
         let bodies = match protocol::routing::bundle_items(&env.body) {
             Some(Ok(items)) => items.into_iter().map(|item| item.body).collect(),
             Some(Err(_)) => Vec::new(),
@@ -123,7 +168,8 @@ pub async fn unrouted(
             bodies
                 .into_iter()
                 .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
-                .filter(|b| b.task_id() == task_id),
+                .filter(|b| b.task_id() == task_id)
+                .filter(|b| b.is_from(sender.as_ref().map(|s| s.as_str()))),
         );
     }
     Ok(out)

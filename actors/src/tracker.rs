@@ -232,6 +232,9 @@ crate::counters! {
         rereads,
         /// Messages on the channel that are not task channel envelopes of this task.
         malformed,
+        /// Task channel bodies of this task not published by the worker they name (`meta.from`
+        /// is not their `worker_id`: a forgery): ignored.
+        unstamped,
         /// Stored reads that failed.
         read_errors,
     }
@@ -458,8 +461,18 @@ impl TrackerPump {
                 }
                 next = sub.next() => next.ok_or(LiveEnded)?,
             };
-            let body =
-                crate::task_channel::decode(&self.task_id, msg.headers.as_ref(), &msg.payload);
+            let body = match crate::task_channel::decode_checked(
+                &self.task_id,
+                msg.headers.as_ref(),
+                &msg.payload,
+            ) {
+                crate::task_channel::Decoded::Body(body) => Some(*body),
+                crate::task_channel::Decoded::Unstamped => {
+                    self.unstamped();
+                    continue;
+                }
+                crate::task_channel::Decoded::Other => None,
+            };
             if !self.forward(msg.headers.as_ref(), body, Source::Live) {
                 return Ok(());
             }
@@ -502,6 +515,10 @@ impl TrackerPump {
                     failing = false;
                     for msg in stored {
                         next_seq = next_seq.max(msg.seq + 1);
+                        if msg.unstamped {
+                            self.unstamped();
+                            continue;
+                        }
                         if !self.forward(Some(&msg.headers), msg.body, Source::Stored) {
                             return Ok(());
                         }
@@ -519,6 +536,12 @@ impl TrackerPump {
                 }
             }
         }
+    }
+
+    /// Counts and logs a body that its named worker did not publish.
+    fn unstamped(&self) {
+        self.counters.unstamped.bump();
+        tracing::warn!(task_id = %self.task_id, "ignored a task channel body not published by the worker it names");
     }
 
     /// Hands one decoded message to the actor (`None`: not a task channel body of this task);

@@ -395,6 +395,80 @@ async fn router_counters(ops: &Connected) -> serde_json::Value {
     status["counters"].clone()
 }
 
+/// Alice delegates a task to queue `q` (stored in the work stream; no worker runs it here) and
+/// returns its task channel subject.
+async fn alice_delegates(hub: &Hub) -> (protocol::TaskId, String) {
+    let spec = runtime::system::tasks::new_task("alice's task", vec![]);
+    let env = serde_json::json!({"meta": {"id": "m-task"}, "body": spec});
+    jetstream::new(hub.alice.client.clone())
+        .publish(
+            "hub.pub.alice.work.q",
+            serde_json::to_vec(&env).unwrap().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let channel = protocol::subjects::task(&protocol::TaskKey::from_task_id(&spec.task_id));
+    (spec.task_id, channel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_13_bob_cannot_read_the_result_of_alices_task() {
+    let hub = Hub::start().await;
+    let (_, channel) = alice_delegates(&hub).await;
+    hub.bob_refused_subscription(&channel).await;
+    hub.bob_refused_subscription("channel.task.>").await;
+    hub.bob_refused(
+        "$JS.API.DIRECT.GET.HUB_TASKS",
+        Some("_INBOX.bob.t1"),
+        r#"{"last_by_subj":"channel.task.x"}"#,
+    )
+    .await;
+    hub.bob_refused(
+        &format!("$JS.API.DIRECT.GET.HUB_TASKS.{channel}"),
+        Some("_INBOX.bob.t2"),
+        "",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_14_bob_cannot_forge_a_result_on_alices_task_channel() {
+    let hub = Hub::start().await;
+    let (task_id, channel) = alice_delegates(&hub).await;
+    let key = channel.trim_start_matches("channel.task.").to_owned();
+    let forged = serde_json::json!({"meta": {"id": "forged"}, "body": {"result": {
+        "task_id": task_id, "attempt_id": "a1", "worker_id": "w1", "state": "completed",
+        "response": "forged"}}});
+    let forged = forged.to_string();
+    // Through his ingress (agents do not publish on task channels), and straight at the channel.
+    hub.bob_refused(&format!("hub.pub.bob.task.{key}"), None, &forged)
+        .await;
+    hub.bob_refused(&channel, None, &forged).await;
+    assert_eq!(
+        support::count_on(&hub.admin, "HUB_TASKS", &channel).await,
+        0,
+        "nothing on alice's task channel"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_15_bob_cannot_query_or_cancel_a_workers_tasks() {
+    let hub = Hub::start().await;
+    let (task_id, _) = alice_delegates(&hub).await;
+    let request =
+        serde_json::json!({"task_id": task_id, "attempt_id": "a1", "worker_id": "w1"}).to_string();
+    for kind in ["query", "cancel"] {
+        hub.bob_refused(
+            &format!("hub.ctl.w1.{kind}"),
+            Some("_INBOX.bob.c"),
+            &request,
+        )
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_16_bob_cannot_join_the_queue_as_a_worker() {
     let hub = Hub::start().await;

@@ -388,3 +388,39 @@ async fn a_tracker_whose_stored_read_fails_says_so_and_still_delivers_live() {
     publish_stored(&js, "t-wrong", "r1", TaskChannelBody::Result(done.clone())).await;
     assert_eq!(final_result(rx).await, done);
 }
+
+#[tokio::test]
+async fn a_result_not_published_by_the_worker_it_names_is_ignored_and_counted() {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let js = tasks_stream(&client).await;
+    // Forged: w1's "completed" result, but stamped as mallory's (as the router stamps the
+    // sender of whatever reaches it), and one not stamped at all.
+    let forged = result("t-forged", "a1", TaskState::Completed);
+    for (id, from) in [("f1", Some("mallory")), ("f2", None)] {
+        let mut meta = Meta::new(MessageId::new(id).unwrap());
+        meta.from = from.map(|f| f.parse().unwrap());
+        let env = Envelope {
+            meta,
+            body: serde_json::to_value(TaskChannelBody::Result(forged.clone())).unwrap(),
+            extra: Default::default(),
+        };
+        let payload: bytes::Bytes = protocol::encode(&env, Codec::Json).unwrap().into();
+        js.publish(channel("t-forged"), payload)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let (t, rx, _events) = tracker("tracker-forged", client, "t-forged");
+    let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while snapshot(&actor).await.counters.unstamped < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "forgeries not seen");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The real one (stamped w1, as in `envelope`) is what the tracker delivers.
+    let real = result("t-forged", "a1", TaskState::Failed);
+    publish_stored(&js, "t-forged", "r1", TaskChannelBody::Result(real.clone())).await;
+    assert_eq!(final_result(rx).await, real);
+}

@@ -96,6 +96,11 @@ mod tests {
         json!({ "meta": { "id": id, "from": "mallory" }, "body": body })
     }
 
+    /// A body of worker `w1` (the bundles' sender): `{kind: {"worker_id": "w1", "n": n}}`.
+    fn of_w1(kind: &str, n: Value) -> Value {
+        json!({ kind: { "worker_id": "w1", "n": n } })
+    }
+
     fn bundle(items: Vec<Value>) -> Value {
         json!({ "meta": { "id": "b1" }, "body": { "bundle": items } })
     }
@@ -103,8 +108,8 @@ mod tests {
     #[test]
     fn a_bundle_on_a_task_channel_is_stored_as_its_items_in_order_stamped_with_the_sender() {
         let decision = run(&bundle(vec![
-            item("s1", json!({ "status": 1 })),
-            item("r1", json!({ "result": 2 })),
+            item("s1", of_w1("status", json!(1))),
+            item("r1", of_w1("result", json!(2))),
         ]));
         let RouteDecision::StoreAll {
             subject,
@@ -125,7 +130,7 @@ mod tests {
         assert_eq!(ids, ["hub-router:w1:s1", "hub-router:w1:r1"]);
         for (stored, body) in items
             .iter()
-            .zip([json!({ "status": 1 }), json!({ "result": 2 })])
+            .zip([of_w1("status", json!(1)), of_w1("result", json!(2))])
         {
             let env = decode(&stored.payload, Codec::Json).unwrap();
             assert_eq!(
@@ -170,8 +175,12 @@ mod tests {
 
     #[test]
     fn a_body_with_other_keys_beside_bundle_is_a_plain_message() {
+        // Not a bundle: a plain message, which a task channel takes only as a worker's body.
         let plain = json!({ "meta": { "id": "p1" }, "body": { "bundle": [], "x": 1 } });
-        assert!(matches!(run(&plain), RouteDecision::Store { .. }));
+        assert!(matches!(
+            run(&plain),
+            RouteDecision::Reject { error, .. } if error.kind == WireErrorKind::Unauthorized
+        ));
     }
 
     #[test]
@@ -196,7 +205,8 @@ mod tests {
     proptest! {
         #[test]
         fn every_item_of_a_valid_bundle_is_stored_once_in_order(n in 1..=MAX_BUNDLE_ITEMS) {
-            let items: Vec<Value> = (0..n).map(|i| item(&format!("m{i}"), json!(i))).collect();
+            let items: Vec<Value> =
+                (0..n).map(|i| item(&format!("m{i}"), of_w1("status", json!(i)))).collect();
             let RouteDecision::StoreAll { items: stored, .. } = run(&bundle(items)) else {
                 panic!("not stored");
             };
@@ -204,7 +214,7 @@ mod tests {
             for (i, s) in stored.iter().enumerate() {
                 let expected = format!("m{i}");
                 prop_assert_eq!(s.id.as_str(), expected.as_str());
-                prop_assert_eq!(decode(&s.payload, Codec::Json).unwrap().body, json!(i));
+                prop_assert_eq!(decode(&s.payload, Codec::Json).unwrap().body, of_w1("status", json!(i)));
             }
         }
     }

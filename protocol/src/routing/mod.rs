@@ -266,6 +266,9 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
                 };
                 let mut stored = Vec::with_capacity(items.len());
                 for mut item in items {
+                    if let Err(error) = from_its_worker(&item.body, &from) {
+                        return refuse(error);
+                    }
                     item.meta.from = Some(from.clone());
                     let payload = match encode(&item, codec) {
                         Ok(payload) => payload,
@@ -284,6 +287,9 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
                     from,
                     id,
                 };
+            }
+            if let Err(error) = from_its_worker(&env.body, &from) {
+                return refuse(error);
             }
             (
                 subjects::task(key),
@@ -380,6 +386,32 @@ fn reject(sender: AgentId, rejected_id: Option<MessageId>, err: &EnvelopeError) 
         sender,
         rejected_id,
         error: WireError::from(err),
+    }
+}
+
+/// A task channel message is a worker's: a result, a status or an answer refusal
+/// (`{"result"|"status"|"answer_refused": {..}}`) whose `worker_id` is its sender, the identity
+/// in the ingress subject. Anything else there (an agent's, or a worker's naming another
+/// worker) is refused, kind `unauthorized`: the task channel is the record every attempt and
+/// tracker trusts (docs/SECURITY.md).
+fn from_its_worker(body: &serde_json::Value, from: &AgentId) -> Result<(), WireError> {
+    let unauthorized = |detail: String| Err(WireError::new(WireErrorKind::Unauthorized, detail));
+    let Some((kind, inner)) = body
+        .as_object()
+        .filter(|o| o.len() == 1)
+        .and_then(|o| o.iter().next())
+        .filter(|(k, _)| matches!(k.as_str(), "result" | "status" | "answer_refused"))
+    else {
+        return unauthorized(
+            "a task channel takes a worker's results, statuses and answer refusals only".into(),
+        );
+    };
+    match inner.get("worker_id").and_then(|w| w.as_str()) {
+        Some(worker) if worker == from.as_str() => Ok(()),
+        Some(worker) => unauthorized(format!(
+            "a {kind} of worker {worker} published by {from}: only the worker that holds the attempt publishes on its task channel"
+        )),
+        None => unauthorized(format!("a {kind} without a worker_id")),
     }
 }
 

@@ -87,7 +87,7 @@ fn unknown_fields_survive_routing() {
 
 #[test]
 fn task_channel_is_stored_under_its_key() {
-    let payload = br#"{"meta":{"id":"r1"},"body":{"status":"done"}}"#;
+    let payload = br#"{"meta":{"id":"r1"},"body":{"status":{"worker_id":"worker-1"}}}"#;
     let decision = run("hub.pub.worker-1.task.01JABC", &[], payload);
     assert_eq!(decision.subject(), Some("channel.task.01JABC"));
     assert_eq!(decision.msg_id(), Some("hub-router:worker-1:r1"));
@@ -482,4 +482,56 @@ fn a_stored_pull_status_is_an_api_reply_and_dropped() {
         run("hub.pub.alice.inbox", &pending[..1], PLAIN_DM.as_bytes()),
         drop
     );
+}
+
+#[test]
+fn only_the_worker_named_in_a_task_channel_message_may_publish_it() {
+    let forged = [
+        // An agent forging w1's result.
+        (
+            "alice",
+            r#"{"result":{"worker_id":"w1","state":"completed"}}"#,
+        ),
+        // A worker forging another's status.
+        ("w2", r#"{"status":{"worker_id":"w1"}}"#),
+        // Not a task channel body at all.
+        ("alice", r#""chatter""#),
+        ("w1", r#"{"result":{"state":"completed"}}"#),
+        (
+            "w1",
+            r#"{"result":{"worker_id":"w1"},"status":{"worker_id":"w1"}}"#,
+        ),
+    ];
+    for (from, body) in forged {
+        let payload = format!(r#"{{"meta":{{"id":"x1"}},"body":{body}}}"#);
+        let (sender, id, kind) = rejected(run(
+            &format!("hub.pub.{from}.task.t1"),
+            &[],
+            payload.as_bytes(),
+        ));
+        assert_eq!(
+            (sender.as_str(), kind),
+            (from, WireErrorKind::Unauthorized),
+            "{body}"
+        );
+        assert_eq!(id, Some(mid("x1")));
+    }
+    // In a bundle, every item must be the sender's.
+    let bundle = r#"{"meta":{"id":"b1"},"body":{"bundle":[
+        {"meta":{"id":"i1"},"body":{"status":{"worker_id":"w1"}}},
+        {"meta":{"id":"i2"},"body":{"result":{"worker_id":"w2"}}}]}}"#;
+    let (_, _, kind) = rejected(run("hub.pub.w1.task.t1", &[], bundle.as_bytes()));
+    assert_eq!(kind, WireErrorKind::Unauthorized);
+    for body in [
+        r#"{"result":{"worker_id":"w1"}}"#,
+        r#"{"status":{"worker_id":"w1"}}"#,
+        r#"{"answer_refused":{"worker_id":"w1"}}"#,
+    ] {
+        let payload = format!(r#"{{"meta":{{"id":"x1"}},"body":{body}}}"#);
+        assert_eq!(
+            run("hub.pub.w1.task.t1", &[], payload.as_bytes()).subject(),
+            Some("channel.task.t1"),
+            "{body}"
+        );
+    }
 }

@@ -58,10 +58,13 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
     let reply = format!("{}.{me}.>", subjects::DEFAULT_REPLY_PREFIX);
     let own_ingress = format!("hub.pub.{me}.>");
     match &identity.role {
+        // Not `hub.pub.<a>.task.>`: only workers publish on task channels.
         Role::Agent => Grants {
             publish: [
                 vec![
-                    own_ingress,
+                    format!("hub.pub.{me}.*"),
+                    format!("hub.pub.{me}.work.>"),
+                    format!("hub.pub.{me}.answer.>"),
                     subjects::attach_request(&identity.name),
                     subjects::hub_info_request(&identity.name),
                 ],
@@ -202,6 +205,10 @@ mod tests {
     fn an_agent_publishes_only_as_itself_and_uses_only_its_own_consumer() {
         let g = of("alice");
         assert!(may_publish(&g, "hub.pub.alice.inbox"));
+        assert!(may_publish(&g, "hub.pub.alice.news"));
+        assert!(may_publish(&g, "hub.pub.alice.work.q"));
+        assert!(may_publish(&g, "hub.pub.alice.work.q.w1"));
+        assert!(may_publish(&g, "hub.pub.alice.answer.w1"));
         assert!(may_publish(&g, "hub.delivery.alice.inbox"));
         assert!(may_publish(&g, "hub.delivery.alice.hub"));
         assert!(may_publish(
@@ -216,6 +223,7 @@ mod tests {
         assert!(may_subscribe(&g, "_INBOX.alice.x.y"));
         for denied in [
             "hub.pub.bob.inbox",
+            "hub.pub.alice.task.k1",
             "channel.inbox.bob",
             "channel.inbox.alice",
             "hub.delivery.bob.inbox",

@@ -33,6 +33,22 @@ impl TaskChannelBody {
             TaskChannelBody::AnswerRefused(a) => &a.task_id,
         }
     }
+
+    /// The worker that published it (its attempt's).
+    pub fn worker_id(&self) -> &WorkerId {
+        match self {
+            TaskChannelBody::Result(r) => &r.worker_id,
+            TaskChannelBody::Status(s) => &s.worker_id,
+            TaskChannelBody::AnswerRefused(a) => &a.worker_id,
+        }
+    }
+
+    /// Whether `sender` (the identity the router stamped into `meta.from`, or the one in the
+    /// ingress subject) is the worker the body names: nothing else on a task channel is
+    /// trusted (docs/SECURITY.md).
+    pub fn is_from(&self, sender: Option<&str>) -> bool {
+        sender == Some(self.worker_id().as_str())
+    }
 }
 
 /// An answer the worker refused, published on the task channel so that the answerer (and any

@@ -423,3 +423,26 @@ async fn a_system_stops_its_workers_together_and_every_long_task_is_handed_back_
     assert_eq!(quick.total(), 3);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_id_another_agent_used_first_does_not_swallow_the_task() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let queue = QueueName::new("squat").unwrap();
+    let spec = new_task("alice's real task", vec![]);
+    // Bob learned the id and delegated a task under it first, within the duplicate window.
+    let mut squat = spec.clone();
+    squat.text = "bob's".into();
+    hub.delegate(&support::agent("bob"), &queue, None, &squat)
+        .await
+        .unwrap();
+    hub.delegate(&alice(), &queue, None, &spec).await.unwrap();
+    let js = support::js(&server).await;
+    let work = subjects::work(&queue, None);
+    harness::wait_until_async("both tasks in the work stream", DEADLINE, || async {
+        support::count_on(&js, subjects::WORK_STREAM, &work).await == 2
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: alice's task was taken for a repeat of bob's"));
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

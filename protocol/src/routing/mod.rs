@@ -306,7 +306,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             Ok(spec) => (
                 subjects::work(queue, worker.as_ref()),
                 true,
-                task::task_msg_id(&spec.task_id),
+                task::task_msg_id(&from, &spec.task_id),
             ),
             Err(err) => return refuse(err.to_wire()),
         },

@@ -362,7 +362,7 @@ fn a_valid_task_is_stored_in_the_work_stream_under_its_task_id() {
                 ..
             } => {
                 assert_eq!(subject, stored);
-                assert_eq!(msg_id, "hub-task:t-1");
+                assert_eq!(msg_id, "hub-task:alice:t-1");
                 assert_eq!(from.as_str(), "alice");
             }
             other => panic!("expected Store, got {other:?}"),
@@ -534,4 +534,24 @@ fn only_the_worker_named_in_a_task_channel_message_may_publish_it() {
             "{body}"
         );
     }
+}
+
+#[test]
+fn a_task_id_reused_by_another_sender_is_not_a_repeat_of_the_first() {
+    let body = r#"{"meta":{"id":"m-task"},"body":{"version":1,"task_id":"t-1","text":"do it"}}"#;
+    let msg_id = |from: &str| {
+        run(&format!("hub.pub.{from}.work.q"), &[], body.as_bytes())
+            .msg_id()
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        msg_id("alice"),
+        msg_id("alice"),
+        "the same sender's repeat dedupes"
+    );
+    assert_ne!(
+        msg_id("alice"),
+        msg_id("bob"),
+        "another sender's is its own task"
+    );
 }

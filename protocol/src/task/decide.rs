@@ -6,7 +6,7 @@ use super::{
     Answer, AttemptId, CancelStatus, Outcome, Suspend, TaskChannelBody, TaskResult, TaskSpec,
     TaskState,
 };
-use crate::ids::{MessageId, TaskId, WorkerId};
+use crate::ids::{AgentId, MessageId, TaskId, WorkerId};
 use crate::wire_error::{WireError, WireErrorKind};
 
 /// Room left under [`MAX_ENVELOPE_BYTES`](crate::MAX_ENVELOPE_BYTES) for the envelope meta
@@ -342,9 +342,11 @@ pub fn status_event_id(
     format!("{task_id}:{attempt_id}:{seq}:{what}")
 }
 
-/// The `Nats-Msg-Id` a task is stored under: `hub-task:<task_id>`.
-pub fn task_msg_id(task_id: &TaskId) -> String {
-    format!("{TASK_MSG_ID_PREFIX}{task_id}")
+/// The `Nats-Msg-Id` a task of `from` is stored under: `hub-task:<from>:<task_id>`. The
+/// sender is part of it, so another sender reusing the id within the duplicate window is not
+/// taken for a repeat and cannot swallow the task.
+pub fn task_msg_id(from: &AgentId, task_id: &TaskId) -> String {
+    format!("{TASK_MSG_ID_PREFIX}{from}:{task_id}")
 }
 
 /// The `Nats-Msg-Id` of the result of state change `seq` of an attempt:

@@ -154,7 +154,8 @@ proptest! {
         );
         prop_assert!(status_event_id(&t, &a, 0, st).ends_with(":0:accepted"));
         prop_assert!(MessageId::new(status_msg_id(&status_event_id(&t, &a, s1, st))).is_ok());
-        prop_assert!(MessageId::new(task_msg_id(&t)).is_ok());
+        let from = crate::AgentId::new(a.as_str()).unwrap();
+        prop_assert!(MessageId::new(task_msg_id(&from, &t)).is_ok());
     }
 
     #[test]

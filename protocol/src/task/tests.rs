@@ -425,7 +425,8 @@ fn stable_ids() {
         status_event_id(&tid("t"), &aid("a"), 2, TaskState::Waiting),
         "t:a:2:waiting"
     );
-    assert_eq!(task_msg_id(&tid("t")), "hub-task:t");
+    let alice = crate::AgentId::new("alice").unwrap();
+    assert_eq!(task_msg_id(&alice, &tid("t")), "hub-task:alice:t");
     assert_eq!(result_msg_id(&tid("t"), &aid("a"), 3), "hub-result:t:a:3");
     assert_eq!(status_msg_id("t:a:0:accepted"), "hub-status:t:a:0:accepted");
     let event = StatusEvent::new(tid("t"), aid("a"), wid("w"), 1, TaskState::Running, 9);

@@ -22,12 +22,23 @@ pub struct TaskReceipt {
     pub existing: bool,
 }
 
-/// A task spec with a fresh task id.
+/// A fresh task id: 128 random bits, as 32 lowercase hex digits. Unguessable, so nobody can
+/// squat on a task's id (or its task channel) before its delegator uses it.
+///
+/// # Panics
+/// When the operating system has no randomness to give.
+pub fn new_task_id() -> TaskId {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes).expect("the operating system gives random bytes");
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    TaskId::new(hex).expect("32 hex digits are a valid task id")
+}
+
+/// A task spec with a fresh task id ([`new_task_id`]).
 pub fn new_task(text: impl Into<String>, context: Vec<String>) -> TaskSpec {
     TaskSpec {
         version: TASK_VERSION,
-        task_id: TaskId::new(new_message_id().as_str().replace(['-'], "_"))
-            .expect("generated ids are valid task ids"),
+        task_id: new_task_id(),
         text: text.into(),
         context,
         idempotency_key: None,
@@ -289,5 +300,28 @@ impl ActorSystem {
             .map_err(|e| SystemError::spawn(&name, e))?;
         *slot = Some((sup.clone(), join));
         Ok(sup)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_are_128_random_bits() {
+        let ids: std::collections::BTreeSet<String> =
+            (0..1000).map(|_| new_task_id().to_string()).collect();
+        assert_eq!(ids.len(), 1000, "no repeats");
+        for id in &ids {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+                "{id}"
+            );
+        }
+        // Not a clock and a counter: ids made one after the other share no long prefix.
+        let (a, b) = (new_task_id().to_string(), new_task_id().to_string());
+        assert!(a[..8] != b[..8], "{a} {b}");
     }
 }

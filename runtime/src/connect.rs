@@ -17,6 +17,9 @@ pub enum ConnectError {
     /// A password without a username.
     #[error("a nats password needs a username (NATS_USERNAME / --nats-username)")]
     PasswordWithoutUsername,
+    /// A client certificate without its key, or a key without its certificate.
+    #[error("a tls client certificate and its key go together (--tls-cert and --tls-key)")]
+    TlsCertWithoutKey,
     /// The URL is not a usable NATS server address.
     #[error("invalid nats url {url:?}: {reason}")]
     InvalidUrl {
@@ -96,6 +99,13 @@ pub struct NatsSettings {
     /// for `_INBOX`. The services of a system on this connection answer requests only on
     /// replies under it.
     pub inbox_prefix: Option<String>,
+    /// A CA (PEM) to verify the server's certificate with, beside the system's roots. Any TLS
+    /// setting, like a `tls://` URL, requires TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for servers that verify clients; with [`tls_key`](Self::tls_key).
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for NatsSettings {
@@ -110,6 +120,9 @@ impl std::fmt::Debug for NatsSettings {
             .field("creds_file", &self.creds_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("inbox_prefix", &self.inbox_prefix)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }
@@ -177,6 +190,9 @@ impl NatsSettings {
         if self.password.is_some() && self.username.is_none() {
             return Err(ConnectError::PasswordWithoutUsername);
         }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err(ConnectError::TlsCertWithoutKey);
+        }
         Ok(match set.first().copied() {
             None => AuthMethod::None,
             Some("token") => AuthMethod::Token,
@@ -228,6 +244,15 @@ impl NatsSettings {
                     .map_err(|source| ConnectError::Creds { path, source })?
             }
         };
+        if let Some(ca) = &self.tls_ca {
+            options = options.add_root_certificates(ca.clone());
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            options = options.add_client_certificate(cert.clone(), key.clone());
+        }
+        if self.tls_ca.is_some() || self.tls_cert.is_some() || self.url.starts_with("tls://") {
+            options = options.require_tls(true);
+        }
         // Retry refused connections until the timeout: a router started just before its
         // server (a supervisor starting both) waits instead of failing at once.
         let deadline = tokio::time::Instant::now() + self.connect_timeout;

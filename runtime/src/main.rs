@@ -62,10 +62,11 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
             return (cli::EXIT_USAGE, Some(e.to_string()));
         }
     }
-    // Servers log their lifecycle; one-shot client commands stay quiet unless asked.
+    // Servers log their lifecycle; one-shot client commands stay quiet unless asked, and leave
+    // a connection failure to their one error line (async-nats would log it first).
     let level = match cli.command {
         Command::Start(_) => "info",
-        _ => "warn",
+        _ => "warn,async_nats=off",
     };
     let telemetry = match runtime::telemetry::init(cli.log_format == cli::LogFormat::Json, level) {
         Ok(t) => t,

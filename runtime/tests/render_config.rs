@@ -311,3 +311,77 @@ async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
     let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
     assert!(violations.is_empty(), "{violations:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_connects_with_each_auth_method_and_a_bad_credential_exits_69() {
+    // Token: a server that requires one.
+    let token_server = harness::NatsServer::run(harness::ServerOptions {
+        token: Some("s3cret-token-5ec12e7".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let url = token_server.url();
+    let send = |extra: Vec<(String, String)>| async move {
+        let env: Vec<(&str, &str)> = extra
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        support::oneshot::run_cli_env(
+            &[
+                "send",
+                "--as",
+                "alice",
+                "--to",
+                "bob",
+                "hi",
+                "--connect-timeout-secs",
+                "2",
+            ],
+            &env,
+        )
+        .await
+    };
+    let with = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let ok = send(with(&[
+        ("NATS_URL", &url),
+        ("NATS_TOKEN", "s3cret-token-5ec12e7"),
+    ]))
+    .await;
+    assert_exit(&ok, 0, "token");
+    let bad = send(with(&[
+        ("NATS_URL", &url),
+        ("NATS_TOKEN", "wrong-token-5ec12e7"),
+    ]))
+    .await;
+    assert_exit(&bad, 69, "a wrong token");
+    let line = one_stderr_line(&bad, "a wrong token");
+    assert!(!line.contains("wrong-token-5ec12e7"), "{line}");
+    // User and password, and nkey: rendered configs, the CLI on the .env file alone.
+    for auth in ["password", "nkey"] {
+        let hub = Rendered::start(IDENTITIES, &["--auth", auth]).await;
+        let ok = send(hub.process_env("alice")).await;
+        assert_exit(&ok, 0, auth);
+        let mut wrong = hub.process_env("alice");
+        for (k, v) in wrong.iter_mut() {
+            if k == "NATS_PASSWORD" {
+                *v = "not-the-password".into();
+            }
+            if k == "NATS_NKEY_SEED" {
+                *v = nkeys::KeyPair::new_user().seed().unwrap();
+            }
+        }
+        let bad = send(wrong).await;
+        assert_exit(&bad, 69, &format!("a wrong {auth}"));
+        let line = one_stderr_line(&bad, auth);
+        assert!(
+            !line.contains("not-the-password") && !line.contains("SU"),
+            "{line}"
+        );
+    }
+}

@@ -481,6 +481,18 @@ pub struct NatsArgs {
     /// clients and services must agree on it.
     #[arg(long, env = "NATS_INBOX_PREFIX", value_name = "PREFIX")]
     pub inbox_prefix: Option<String>,
+
+    /// A CA certificate (PEM) to verify the server with; requires TLS.
+    #[arg(long, env = "NATS_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// A client certificate (PEM), for servers that verify clients; needs `--tls-key`.
+    #[arg(long, env = "NATS_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM); needs `--tls-cert`.
+    #[arg(long, env = "NATS_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl NatsArgs {
@@ -496,6 +508,9 @@ impl NatsArgs {
             creds_file: self.nats_creds.clone(),
             connect_timeout: std::time::Duration::from_secs(self.connect_timeout_secs),
             inbox_prefix: self.inbox_prefix.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
         }
     }
 }

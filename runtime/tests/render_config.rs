@@ -385,3 +385,13 @@ async fn the_cli_connects_with_each_auth_method_and_a_bad_credential_exits_69() 
         );
     }
 }
+
+#[tokio::test]
+async fn the_deploy_identities_file_renders_a_config_nats_server_runs() {
+    let file = harness::workspace_root().join("deploy/identities.json");
+    let identities = std::fs::read_to_string(file).unwrap();
+    let hub = Rendered::start(&identities, &["--durable"]).await;
+    for name in ["alice", "w2", "router-2", "ops"] {
+        hub.connect(name).await.client.flush().await.unwrap();
+    }
+}

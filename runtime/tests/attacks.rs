@@ -51,10 +51,7 @@ struct Hub {
 impl Hub {
     async fn start() -> Hub {
         let rendered = Rendered::start(IDENTITIES, &["--durable"]).await;
-        let env = rendered.process_env("router-1");
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let router =
-            RuntimeProcess::spawn(["start", "--role", "router", "--durable"], &env).unwrap();
+        let router = rendered.router();
         let admin = jetstream::new(rendered.connect("ops").await.client);
         harness::wait_until_async("the router's streams", support::DEADLINE, || async {
             admin.get_stream("HUB_INBOX").await.is_ok()
@@ -332,34 +329,25 @@ async fn attack_12_a_jetstream_api_reply_aimed_at_alices_ingress_is_dropped_with
     // Bob attaches, so he may read his own consumer's info; then he aims the JSON reply of
     // that request at alice's ingress subject, which the broker does not check.
     attach(&hub.bob, "bob").await;
-    hub.bob
-        .client
-        .publish_with_reply(
-            "$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-bob",
-            "hub.pub.alice.inbox",
-            "".into(),
-        )
-        .await
-        .unwrap();
-    // And a pull of his own (empty) inbox, whose "no messages" status goes there too.
-    hub.bob
-        .client
-        .publish_with_reply(
+    // And pulls of his own (empty) inbox, whose statuses ("no messages", "request timeout")
+    // go there too.
+    for (subject, body) in [
+        ("$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-bob", ""),
+        (
             "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
-            "hub.pub.alice.inbox",
-            r#"{"batch":1,"no_wait":true}"#.into(),
-        )
-        .await
-        .unwrap();
-    hub.bob
-        .client
-        .publish_with_reply(
+            r#"{"batch":1,"no_wait":true}"#,
+        ),
+        (
             "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
-            "hub.pub.alice.inbox",
-            r#"{"batch":1,"expires":100000000}"#.into(),
-        )
-        .await
-        .unwrap();
+            r#"{"batch":1,"expires":100000000}"#,
+        ),
+    ] {
+        hub.bob
+            .client
+            .publish_with_reply(subject, "hub.pub.alice.inbox", body.into())
+            .await
+            .unwrap();
+    }
     hub.bob.client.flush().await.unwrap();
     // The router sees it (it is in the ingress, as alice's) and drops it: nothing reaches
     // anyone's inbox, no rejection notice is written into alice's.

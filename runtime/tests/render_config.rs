@@ -8,7 +8,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use harness::RuntimeProcess;
 use support::oneshot::{assert_exit, one_stderr_line, run_cli};
 use support::rendered::{read_env, render_into, Rendered};
 
@@ -134,9 +133,7 @@ async fn every_identity_connects_with_its_rendered_credentials_and_a_wrong_one_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_itself() {
     let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
-    let env = hub.process_env("router-1");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let router = RuntimeProcess::spawn(["start", "--role", "router", "--durable"], &env).unwrap();
+    let router = hub.router();
     let ops = hub.connect("ops").await;
     let admin = jetstream::new(ops.client.clone());
     // The router made the streams with its own grants.
@@ -195,8 +192,7 @@ async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_i
     let alice_key = nkeys::KeyPair::from_seed(&hub.env("alice")["NATS_NKEY_SEED"])
         .unwrap()
         .public_key();
-    let log = hub.server.log();
-    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    let violations = hub.violations();
     assert_eq!(violations.len(), 2, "{violations:#?}");
     assert!(
         violations.iter().all(|l| l.contains(&alice_key)),
@@ -208,19 +204,10 @@ async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_and_inbox_work_from_the_rendered_env_files_alone() {
     let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
-    let env = hub.process_env("router-1");
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let router = RuntimeProcess::spawn(["start", "--role", "router", "--durable"], &env).unwrap();
+    let router = hub.router();
     support::wait_router_answers(&hub.connect("ops").await.client).await;
-    let as_env = |name: &str| hub.process_env(name);
-    let pairs = |env: &[(String, String)]| -> Vec<(String, String)> { env.to_vec() };
-    let alice = pairs(&as_env("alice"));
-    let alice: Vec<(&str, &str)> = alice
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
     // `env $(cat alice.env) runtime send --to bob hello`: no --as, no URL, no secret flags.
-    let sent = support::oneshot::run_cli_env(&["send", "--to", "bob", "hello"], &alice).await;
+    let sent = hub.run_as("alice", &["send", "--to", "bob", "hello"]).await;
     assert_exit(&sent, 0, "send as alice");
     let receipt: serde_json::Value =
         serde_json::from_str(support::oneshot::stdout(&sent).trim()).unwrap();
@@ -229,9 +216,7 @@ async fn send_and_inbox_work_from_the_rendered_env_files_alone() {
         "a durable receipt, not a silent plain publish: {receipt}\n{}",
         hub.server.log()
     );
-    let bob = pairs(&as_env("bob"));
-    let bob: Vec<(&str, &str)> = bob.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let read = support::oneshot::run_cli_env(&["inbox", "--idle-secs", "2"], &bob).await;
+    let read = hub.run_as("bob", &["inbox", "--idle-secs", "2"]).await;
     assert_exit(&read, 0, "inbox as bob");
     assert_eq!(
         support::oneshot::stdout(&read).trim(),
@@ -239,21 +224,14 @@ async fn send_and_inbox_work_from_the_rendered_env_files_alone() {
         "{}",
         support::oneshot::stderr(&read)
     );
-    let log = hub.server.log();
-    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
-    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(hub.violations().is_empty(), "{:#?}", hub.violations());
     drop(router);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
     let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
-    let spawn = |name: &str, args: &[&str]| {
-        let env = hub.process_env(name);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        RuntimeProcess::spawn(args.iter().copied(), &env).unwrap()
-    };
-    let router = spawn("router-1", &["start", "--role", "router", "--durable"]);
+    let router = hub.router();
     let ops = hub.connect("ops").await;
     support::wait_router_answers(&ops.client).await;
     let script = hub.dir.path().join("task.sh");
@@ -264,7 +242,7 @@ async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
     .unwrap();
     let exec = format!("sh {}", script.display());
     let journal = hub.dir.path().join("journal").display().to_string();
-    let worker = spawn(
+    let worker = hub.spawn_as(
         "w1",
         &[
             "start",
@@ -280,12 +258,9 @@ async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
         ],
     );
     // `env $(cat alice.env) runtime delegate --queue q …`
-    let alice = hub.process_env("alice");
-    let alice: Vec<(&str, &str)> = alice
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let out = support::oneshot::run_cli_env(&["delegate", "--queue", "q", "do it"], &alice).await;
+    let out = hub
+        .run_as("alice", &["delegate", "--queue", "q", "do it"])
+        .await;
     assert_exit(&out, 0, "delegate as alice");
     let receipt: serde_json::Value =
         serde_json::from_str(support::oneshot::stdout(&out).trim()).unwrap();
@@ -307,9 +282,7 @@ async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0].state, protocol::task::TaskState::Completed);
     assert_eq!(results[0].worker_id.as_str(), "w1");
-    let log = hub.server.log();
-    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
-    assert!(violations.is_empty(), "{violations:#?}");
+    assert!(hub.violations().is_empty(), "{:#?}", hub.violations());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,6 +55,35 @@ impl Rendered {
         env.into_iter().collect()
     }
 
+    /// A `runtime` process (`args`) running as `identity`, on its `.env` file alone.
+    pub fn spawn_as(&self, identity: &str, args: &[&str]) -> harness::RuntimeProcess {
+        let env = self.process_env(identity);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        harness::RuntimeProcess::spawn(args.iter().copied(), &env).unwrap()
+    }
+
+    /// The rendered router `router-1`, running.
+    pub fn router(&self) -> harness::RuntimeProcess {
+        self.spawn_as("router-1", &["start", "--role", "router", "--durable"])
+    }
+
+    /// Runs the one-shot command `args` as `identity`, on its `.env` file alone.
+    pub async fn run_as(&self, identity: &str, args: &[&str]) -> std::process::Output {
+        let env = self.process_env(identity);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        super::oneshot::run_cli_env(args, &env).await
+    }
+
+    /// The server log's permission violations.
+    pub fn violations(&self) -> Vec<String> {
+        self.server
+            .log()
+            .lines()
+            .filter(|l| l.contains("Violation"))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// A client connected as `identity` with its rendered credentials and inbox prefix.
     ///
     /// # Panics

@@ -300,20 +300,7 @@ async fn the_cli_connects_with_each_auth_method_and_a_bad_credential_exits_69() 
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        support::oneshot::run_cli_env(
-            &[
-                "send",
-                "--as",
-                "alice",
-                "--to",
-                "bob",
-                "hi",
-                "--connect-timeout-secs",
-                "2",
-            ],
-            &env,
-        )
-        .await
+        support::oneshot::send_hi(&[], &env).await
     };
     let with = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
         pairs

@@ -79,21 +79,10 @@ fn each_auth_env(dir: &Path) -> Vec<Method<(&'static str, String)>> {
 
 /// `runtime send --as alice --to bob hi --nats-url URL` with `auth` flags and `envs`.
 async fn send(url: &str, auth: &[String], envs: &[(&str, String)]) -> Output {
-    let mut args = vec![
-        "send",
-        "--as",
-        "alice",
-        "--to",
-        "bob",
-        "hi",
-        "--nats-url",
-        url,
-        "--connect-timeout-secs",
-        "1",
-    ];
-    args.extend(auth.iter().map(String::as_str));
+    let mut extra = vec!["--nats-url", url];
+    extra.extend(auth.iter().map(String::as_str));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    run_cli_env(&args, &envs).await
+    support::oneshot::send_hi(&extra, &envs).await
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-use support::oneshot::{assert_exit, one_stderr_line, run_cli};
+use support::oneshot::{assert_exit, one_stderr_line};
 
 /// A CA, a server certificate for 127.0.0.1 signed by it, and a client certificate.
 struct Pki {
@@ -73,22 +73,11 @@ fn tls_url(server: &harness::NatsServer) -> String {
     format!("tls://127.0.0.1:{}", server.port())
 }
 
-/// `runtime send` on a core hub (nobody routes: a plain publish), which connects and exits 0.
+/// `runtime send` to `url` with the `tls` flags ([`support::oneshot::send_hi`]).
 async fn send(url: &str, tls: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "send",
-        "--as",
-        "alice",
-        "--to",
-        "bob",
-        "hi",
-        "--nats-url",
-        url,
-        "--connect-timeout-secs",
-        "2",
-    ];
-    args.extend_from_slice(tls);
-    run_cli(&args).await
+    let mut extra = vec!["--nats-url", url];
+    extra.extend_from_slice(tls);
+    support::oneshot::send_hi(&extra, &[]).await
 }
 
 fn exists(path: &str) -> bool {

@@ -67,6 +67,24 @@ pub async fn run_cli(args: &[&str]) -> Output {
     run_cli_env(args, &[]).await
 }
 
+/// `runtime send --as alice --to bob hi --connect-timeout-secs 1` with `extra` flags and
+/// `envs` (the URL in one of them): on a hub no router serves, a plain publish, so it exits 0
+/// once it connected.
+pub async fn send_hi(extra: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut args = vec![
+        "send",
+        "--as",
+        "alice",
+        "--to",
+        "bob",
+        "hi",
+        "--connect-timeout-secs",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    run_cli_env(&args, envs).await
+}
+
 /// `nats://127.0.0.1:<port>` on a free loopback port where nothing listens.
 pub fn dead_url() -> String {
     format!("nats://127.0.0.1:{}", harness::free_port().unwrap())

@@ -50,7 +50,12 @@ struct Hub {
 
 impl Hub {
     async fn start() -> Hub {
-        let rendered = Rendered::start(IDENTITIES, &["--durable"]).await;
+        Self::start_with("").await
+    }
+
+    /// [`start`](Self::start) on a config with `extra` appended.
+    async fn start_with(extra: &str) -> Hub {
+        let rendered = Rendered::start_with(IDENTITIES, &["--durable"], extra).await;
         let router = rendered.router();
         let admin = jetstream::new(rendered.connect("ops").await.client);
         harness::wait_until_async("the router's streams", support::DEADLINE, || async {
@@ -500,7 +505,21 @@ async fn attack_18_bob_cannot_subscribe_outside_his_reply_prefix_or_to_control()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_alice_sends_attaches_reads_and_acks_her_own_inbox() {
-    let hub = Hub::start().await;
+    alice_reads_and_acks(Hub::start().await, 9).await;
+}
+
+/// nats-server 2.14+ can send ack subjects in a v2 form, `$JS.ACK.<domain>.<account hash>.
+/// <stream>.<consumer>.…` (feature flag `js_ack_fc_v2`, the default from 2.16): both forms are
+/// granted, so acks work either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_alice_acks_her_inbox_with_the_v2_ack_subjects_on() {
+    let hub = Hub::start_with("feature_flags {\n  js_ack_fc_v2: true\n}").await;
+    alice_reads_and_acks(hub, 11).await;
+}
+
+/// Alice's DM to bob is routed; she reads her own DM from bob (its ack subject has
+/// `ack_tokens` tokens: 9 in the v1 form, 11 in v2) and acks it.
+async fn alice_reads_and_acks(hub: Hub, ack_tokens: usize) {
     // Her DM to bob is routed.
     hub.send(&hub.alice, "alice", "bob", "m-to-bob").await;
     hub.wait_inbox("bob", 1).await;
@@ -520,6 +539,8 @@ async fn control_alice_sends_attaches_reads_and_acks_her_own_inbox() {
     let msg = batch.next().await.unwrap().unwrap();
     let env: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
     assert_eq!(env["meta"]["from"], "bob");
+    let ack_subject = msg.reply.clone().unwrap().to_string();
+    assert_eq!(ack_subject.split('.').count(), ack_tokens, "{ack_subject}");
     msg.double_ack().await.unwrap();
     let info = hub.alice_consumer().await;
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");

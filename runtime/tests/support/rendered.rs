@@ -22,8 +22,19 @@ impl Rendered {
     /// Renders `identities` (JSON) with `args` after `--identities F --out D`, and starts a
     /// nats-server on the result.
     pub async fn start(identities: &str, args: &[&str]) -> Rendered {
+        Self::start_with(identities, args, "").await
+    }
+
+    /// [`start`](Self::start), with `extra` appended to the rendered config first (e.g. a
+    /// server feature flag).
+    pub async fn start_with(identities: &str, args: &[&str], extra: &str) -> Rendered {
         let dir = tempfile::tempdir().unwrap();
-        let (printed, _) = render_into(dir.path(), identities, args).await;
+        let (printed, out) = render_into(dir.path(), identities, args).await;
+        if !extra.is_empty() {
+            let conf = out.join("nats-server.conf");
+            let text = std::fs::read_to_string(&conf).unwrap();
+            std::fs::write(&conf, format!("{text}\n{extra}\n")).unwrap();
+        }
         let server = harness::NatsServer::run(harness::ServerOptions {
             config_file: Some(dir.path().join("out/nats-server.conf")),
             ..Default::default()

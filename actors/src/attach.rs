@@ -1,6 +1,6 @@
 //! The attach actor: answers `hub.delivery.<id>.inbox` (queue group `hub-delivery`) by creating
 //! or updating the pull consumer `inbox-<id>` and replying with the stream and consumer names,
-//! and worker joins on `hub.work.<queue>.join` by creating the queue's shared consumer and the
+//! and worker joins on `hub.work.<queue>.join.<worker>` by creating the queue's shared consumer and the
 //! worker's targeted-task and answer consumers.
 //!
 //! Only the router side ever creates consumers; agents and workers never do. Runs in durable

@@ -504,6 +504,41 @@ async fn attack_18_bob_cannot_subscribe_outside_his_reply_prefix_or_to_control()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_19_a_worker_cannot_replay_a_stored_task_as_an_agents() {
+    let hub = Hub::start().await;
+    let (_, _) = alice_delegates(&hub).await;
+    let work = "work.q";
+    harness::wait_until_async("alice's task stored", support::DEADLINE, || async {
+        support::count_on(&hub.admin, "HUB_WORK", work).await == 1
+    })
+    .await
+    .unwrap();
+    // w1 may pull its queue; it aims the delivery at bob's ingress (a pull's reply subject is
+    // not checked), hoping the router stores the task again as bob's.
+    let w1 = hub.rendered.connect("w1").await;
+    w1.client
+        .publish_with_reply(
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.queue-q",
+            "hub.pub.bob.work.q",
+            r#"{"batch":1}"#.into(),
+        )
+        .await
+        .unwrap();
+    w1.client.flush().await.unwrap();
+    // The router takes the ingress in order: once a DM sent after the attempt is routed, the
+    // replay (if the ingress captured it) was seen too.
+    hub.send(&hub.alice, "alice", "bob", "m-after").await;
+    hub.wait_inbox("bob", 1).await;
+    let ops = hub.rendered.connect("ops").await;
+    assert_eq!(
+        support::count_on(&hub.admin, "HUB_WORK", work).await,
+        1,
+        "no second copy of the task"
+    );
+    assert_eq!(router_counters(&ops).await["malformed"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_alice_sends_attaches_reads_and_acks_her_own_inbox() {
     alice_reads_and_acks(Hub::start().await, 9).await;
 }

@@ -355,3 +355,64 @@ async fn the_deploy_identities_file_renders_a_config_nats_server_runs() {
         hub.connect(name).await.client.flush().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_env_cat_command_runs_as_the_identity() {
+    let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
+    let _router = hub.router();
+    support::wait_router_answers(&hub.connect("ops").await.client).await;
+    // Render again with the server's URL in the files (the keys are kept).
+    let url = hub.server.url();
+    render_into(
+        hub.dir.path(),
+        IDENTITIES,
+        &["--durable", "--client-url", &url],
+    )
+    .await;
+    // Exactly what docs/SECURITY.md and deploy/README.md say, through a shell.
+    let script = format!(
+        "env $(cat {}) {} send --to bob hello",
+        hub.env_file("alice").display(),
+        support::oneshot::RUNTIME
+    );
+    let out = support::oneshot::run_program("sh", &["-c", &script], &[]).await;
+    assert_exit(&out, 0, "env $(cat alice.env) runtime send");
+    let receipt: serde_json::Value =
+        serde_json::from_str(support::oneshot::stdout(&out).trim()).unwrap();
+    assert!(receipt["ingress_seq"].as_u64().is_some(), "{receipt}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_router_running_inbox_and_send_still_know_the_hub_is_durable() {
+    let hub = Rendered::start(IDENTITIES, &["--durable"]).await;
+    let mut router = hub.router();
+    support::wait_router_answers(&hub.connect("ops").await.client).await;
+    // Both have attached once (their inbox consumers exist).
+    for who in ["alice", "bob"] {
+        let read = hub.run_as(who, &["inbox", "--idle-secs", "1"]).await;
+        assert_exit(&read, 0, who);
+    }
+    router.kill9().await;
+    // No router answers now: a send still gets a durable receipt (the ingress stores it)...
+    let sent = hub
+        .run_as("bob", &["send", "--to", "alice", "while down"])
+        .await;
+    assert_exit(&sent, 0, "send with no router");
+    let receipt: serde_json::Value =
+        serde_json::from_str(support::oneshot::stdout(&sent).trim()).unwrap();
+    assert!(receipt["ingress_seq"].as_u64().is_some(), "{receipt}");
+    // ...and once a router routes it, alice's inbox reads it from her durable consumer even
+    // while that router is gone again.
+    let mut router = hub.router();
+    let admin = jetstream::new(hub.connect("ops").await.client);
+    harness::wait_until_async("the DM routed", support::DEADLINE, || async {
+        support::count_on(&admin, "HUB_INBOX", "channel.inbox.alice").await == 1
+    })
+    .await
+    .unwrap();
+    router.kill9().await;
+    let read = hub.run_as("alice", &["inbox", "--idle-secs", "2"]).await;
+    assert_exit(&read, 0, "inbox with no router");
+    assert_eq!(support::oneshot::stdout(&read).trim(), "bob: while down");
+    assert!(hub.violations().is_empty(), "{:#?}", hub.violations());
+}

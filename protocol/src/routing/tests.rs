@@ -180,8 +180,23 @@ fn router_message_id_is_dropped() {
         run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes()),
         drop
     );
-    // An agent's own msg id, or a system one, is not a router id.
-    for value in ["m1", "hub-system:reject:3", "x-hub-router:a:b"] {
+    // Every id the router stores under is: a stored task or notice pulled back at the ingress
+    // (a pull's reply subject is not checked) is a replay too.
+    for value in ["hub-task:bob:t1", "hub-system:reject:3"] {
+        let headers = [("Nats-Msg-Id", value)];
+        assert_eq!(
+            run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes()),
+            drop,
+            "{value}"
+        );
+    }
+    // An agent's own msg id, or a worker's, is not a router id.
+    for value in [
+        "m1",
+        "alice:task:t1",
+        "hub-result:t:a:1",
+        "x-hub-router:a:b",
+    ] {
         let headers = [("Nats-Msg-Id", value)];
         let decision = run("hub.pub.bob.inbox", &headers, PLAIN_DM.as_bytes());
         assert!(matches!(decision, RouteDecision::Store { .. }), "{value}");

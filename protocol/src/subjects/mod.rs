@@ -180,10 +180,18 @@ pub fn is_reply_subject_under(reply: &str, prefix: &str) -> bool {
         .is_some_and(|rest| is_literal_subject(prefix) && is_literal_subject(rest))
 }
 
-/// Whether a `Nats-Msg-Id` was set by the router (the replay guard drops
-/// such messages when they come back through ingress).
+/// Whether a `Nats-Msg-Id` was set by the router on what it stored (`hub-router:` on inbox
+/// and task channel messages, `hub-task:` on tasks, `hub-system:` on notices): the replay
+/// guard drops such messages when they come back through the ingress (a pull or get whose
+/// reply subject names an ingress subject).
 pub fn is_router_msg_id(msg_id: &str) -> bool {
-    msg_id.starts_with(ROUTER_MSG_ID_PREFIX)
+    [
+        ROUTER_MSG_ID_PREFIX,
+        crate::task::TASK_MSG_ID_PREFIX,
+        crate::rejection::SYSTEM_MSG_ID_PREFIX,
+    ]
+    .iter()
+    .any(|prefix| msg_id.starts_with(prefix))
 }
 
 #[cfg(test)]

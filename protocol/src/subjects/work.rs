@@ -12,7 +12,7 @@
 //! | targeted-task consumer       | `worker-<worker>` (filter `work.*.<worker>`) |
 //! | answer consumer              | `answers-<worker>`                      |
 //! | query / cancel (core req/rep)| `hub.ctl.<worker>.query`, `hub.ctl.<worker>.cancel` |
-//! | worker join request          | `hub.work.<queue>.join`                 |
+//! | worker join request          | `hub.work.<queue>.join.<worker>`        |
 //!
 //! Answers live in their own stream, [`ANSWERS_STREAM`] under `answer.>`,
 //! rather than under `work.answers.<worker>` in [`WORK_STREAM`]: that would

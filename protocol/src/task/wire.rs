@@ -71,7 +71,7 @@ pub struct AnswerRefusal {
     pub error: WireError,
 }
 
-/// The router's answer to a worker's join request (`hub.work.<queue>.join`): the consumers it
+/// The router's answer to a worker's join request (`hub.work.<queue>.join.<worker>`): the consumers it
 /// created or updated for that worker, which the worker then binds (workers never create
 /// consumers).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

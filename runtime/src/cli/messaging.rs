@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::attach::DurableInboxMode;
+use protocol::config::DeliveryConfig;
 use protocol::{AgentId, Envelope, MessageId, Meta};
 use runtime::system::messaging::Receipt;
 use runtime::SystemError;
@@ -20,18 +21,35 @@ const HUB_INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether the hub is durable, as its routers say (`hub.delivery.<id>.hub`; no stream info is
 /// needed, which a least-privilege agent may not read): answered on a durable hub, nobody
-/// answers on a core hub. With no router running, a durable hub looks like a core one: the
-/// ingress stream still stores a plain publish, but no receipt proves it.
+/// answers on a core hub. While no router runs, `id`'s own inbox consumer (one consumer info
+/// request, which `id` may make) tells a durable hub it attached to before; a durable hub
+/// `id` never attached to then looks like a core one: the ingress stream still stores a plain
+/// publish, but no receipt proves it.
 ///
 /// # Errors
 /// [`SystemError::Timeout`] when a router took the request and did not answer.
-async fn hub_is_durable(client: &async_nats::Client, id: &AgentId) -> Result<bool, SystemError> {
+async fn hub_is_durable(
+    client: &async_nats::Client,
+    id: &AgentId,
+    delivery: &DeliveryConfig,
+) -> Result<bool, SystemError> {
     let subject = protocol::subjects::hub_info_request(id);
     match tokio::time::timeout(HUB_INFO_TIMEOUT, client.request(subject.clone(), "".into())).await {
         Ok(Ok(reply)) => {
             Ok(serde_json::from_slice::<protocol::attach::HubInfo>(&reply.payload).is_ok())
         }
-        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => Ok(false),
+        Ok(Err(e)) if e.kind() == async_nats::client::RequestErrorKind::NoResponders => {
+            let js = async_nats::jetstream::new(client.clone());
+            let own = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    protocol::subjects::inbox_consumer(id),
+                    delivery.inbox.name.clone(),
+                );
+            Ok(matches!(
+                tokio::time::timeout(HUB_INFO_TIMEOUT, own).await,
+                Ok(Ok(_))
+            ))
+        }
         Ok(Err(e)) => Err(SystemError::Request {
             subject,
             source: Box::new(e),
@@ -58,7 +76,7 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
     let delivery = args.hub.delivery()?;
     let nats = args.nats.settings();
     let client = nats.connect("runtime-send").await?;
-    let durable = hub_is_durable(&client, &from).await?;
+    let durable = hub_is_durable(&client, &from, &delivery).await?;
     let system = super::client_builder(client, &nats, delivery, durable)
         .build()
         .await?;
@@ -98,7 +116,7 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
     let delivery = args.hub.delivery()?;
     let nats = args.nats.settings();
     let client = nats.connect("runtime-inbox").await?;
-    let durable = mode != DurableInboxMode::Off && hub_is_durable(&client, &id).await?;
+    let durable = mode != DurableInboxMode::Off && hub_is_durable(&client, &id, &delivery).await?;
     let system = super::client_builder(client, &nats, delivery, durable)
         .inbox_mode(mode)
         .build()

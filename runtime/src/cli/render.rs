@@ -124,7 +124,10 @@ pub fn render(args: &RenderConfigArgs) -> Result<Vec<PathBuf>, RenderError> {
     };
     let tls_ca = args.tls_ca.as_deref().map(absolute).transpose()?;
     let out = &args.out;
-    make_dir(out, 0o755)?;
+    // Only a directory made here gets a mode: an existing one (`/srv`, `/tmp`) keeps its own.
+    if !out.exists() {
+        make_dir(out, 0o755)?;
+    }
     let out = fs::canonicalize(out).map_err(|source| RenderError::Write {
         path: out.clone(),
         source,
@@ -281,13 +284,8 @@ fn env_file(
     args: &RenderConfigArgs,
     tls_ca: Option<&str>,
 ) -> String {
-    let mut out = format!(
-        "# {} ({}): `env $(cat {}.env) runtime …`. Secret: keep this file private.\n",
-        identity.name,
-        identity.role.as_str(),
-        identity.name
-    );
-    out.push_str(&format!("NATS_URL={}\n", args.client_url));
+    // No comment line: `env $(cat X.env) runtime …` takes every word as a variable.
+    let mut out = format!("NATS_URL={}\n", args.client_url);
     match secret {
         Secret::Seed(seed) => out.push_str(&format!("NATS_NKEY_SEED={seed}\n")),
         Secret::Password(password) => {

@@ -184,11 +184,13 @@ async fn a_duplicate_answer_gets_the_saved_result_again_and_resumes_nothing() {
         "{bodies:?}"
     );
     env.wait_empty(subjects::ANSWERS_STREAM).await;
+    // The ingress said so too: the same ids, within its duplicate window.
     let snap = wait_snapshot(&worker, "the duplicate answer handled", |s| {
-        s.counters.answers >= 2
+        s.counters.answers >= 2 && s.counters.publish_duplicates >= 1
     })
     .await;
     assert_eq!(snap.counters.answers, 2);
+    assert_eq!(snap.counters.publish_duplicates, 1, "{snap:?}");
     assert_eq!(handler.resumes(), 1, "a duplicate resumes nothing");
     assert_eq!(snap.counters.answers_refused, 0);
     // The saved (second waiting) result went out again, with the same ids: the task channel

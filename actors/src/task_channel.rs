@@ -29,11 +29,9 @@ pub struct Stored {
     pub unstamped: bool,
 }
 
-/// What one message of a task channel is to its readers.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decoded {
-    /// A body of the task, published by the worker it names.
-    Body(Box<TaskChannelBody>),
+/// Why a message of a task channel is not a body its readers trust ([`decode_checked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undecoded {
     /// A body of the task whose `meta.from` is not the worker it names: ignored.
     Unstamped,
     /// Anything else (another task's, not a task channel envelope).
@@ -74,22 +72,21 @@ pub enum ReadError {
 /// Decodes one message of `task_id`'s channel: an envelope (its codec from the `Content-Type`
 /// header, one rule for every reader) whose body is a task channel body of that task, and
 /// whose `meta.from` (the router's stamp) is the worker the body names.
+///
+/// # Errors
+/// [`Undecoded`]: why the message is not such a body.
 pub fn decode_checked(
     task_id: &TaskId,
     msg_headers: Option<&HeaderMap>,
     payload: &[u8],
-) -> Decoded {
-    let Ok(env) = crate::decode::envelope(msg_headers, payload) else {
-        return Decoded::Other;
-    };
-    let from = env.meta.from.clone();
-    match serde_json::from_value::<TaskChannelBody>(env.body) {
-        Ok(body) if body.task_id() != task_id => Decoded::Other,
-        Ok(body) if body.is_from(from.as_ref().map(|f| f.as_str())) => {
-            Decoded::Body(Box::new(body))
-        }
-        Ok(_) => Decoded::Unstamped,
-        Err(_) => Decoded::Other,
+) -> Result<TaskChannelBody, Undecoded> {
+    let env = crate::decode::envelope(msg_headers, payload).map_err(|_| Undecoded::Other)?;
+    let (from, body) = (env.meta.from, env.body);
+    match serde_json::from_value::<TaskChannelBody>(body) {
+        Ok(body) if body.task_id() != task_id => Err(Undecoded::Other),
+        Ok(body) if body.is_from(from.as_ref().map(|f| f.as_str())) => Ok(body),
+        Ok(_) => Err(Undecoded::Unstamped),
+        Err(_) => Err(Undecoded::Other),
     }
 }
 
@@ -99,10 +96,7 @@ pub fn decode(
     msg_headers: Option<&HeaderMap>,
     payload: &[u8],
 ) -> Option<TaskChannelBody> {
-    match decode_checked(task_id, msg_headers, payload) {
-        Decoded::Body(body) => Some(*body),
-        Decoded::Unstamped | Decoded::Other => None,
-    }
+    decode_checked(task_id, msg_headers, payload).ok()
 }
 
 /// Reads `task_id`'s channel in `stream` from sequence `from` (1: the start) to its end, at
@@ -127,11 +121,8 @@ pub async fn read(
             let decoded = decode_checked(task_id, Some(&msg.headers), &msg.payload);
             Stored {
                 seq: msg.sequence,
-                unstamped: decoded == Decoded::Unstamped,
-                body: match decoded {
-                    Decoded::Body(body) => Some(*body),
-                    Decoded::Unstamped | Decoded::Other => None,
-                },
+                unstamped: decoded.as_ref().err() == Some(&Undecoded::Unstamped),
+                body: decoded.ok(),
                 headers: msg.headers,
             }
         })

@@ -466,12 +466,12 @@ impl TrackerPump {
                 msg.headers.as_ref(),
                 &msg.payload,
             ) {
-                crate::task_channel::Decoded::Body(body) => Some(*body),
-                crate::task_channel::Decoded::Unstamped => {
+                Ok(body) => Some(body),
+                Err(crate::task_channel::Undecoded::Unstamped) => {
                     self.unstamped();
                     continue;
                 }
-                crate::task_channel::Decoded::Other => None,
+                Err(crate::task_channel::Undecoded::Other) => None,
             };
             if !self.forward(msg.headers.as_ref(), body, Source::Live) {
                 return Ok(());

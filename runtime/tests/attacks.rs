@@ -82,16 +82,7 @@ impl Hub {
 
     /// `from` sends a DM to `to` through its ingress, awaiting the stream ack.
     async fn send(&self, from: &Connected, as_id: &str, to: &str, id: &str) {
-        let dm = serde_json::json!({"meta": {"id": id, "to": to}, "body": "hi"});
-        jetstream::new(from.client.clone())
-            .publish(
-                format!("hub.pub.{as_id}.inbox"),
-                serde_json::to_vec(&dm).unwrap().into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        support::send_dm(&from.client, as_id, to, id).await;
     }
 
     async fn inbox_count(&self, id: &str) -> usize {

@@ -136,46 +136,29 @@ async fn on_the_rendered_config_the_router_runs_and_an_agent_publishes_only_as_i
     let router = hub.router();
     let ops = hub.connect("ops").await;
     let admin = jetstream::new(ops.client.clone());
+    let logs = || format!("router:\n{}\nserver:\n{}", router.log(), hub.server.log());
     // The router made the streams with its own grants.
     harness::wait_until_async("the router's streams", support::DEADLINE, || async {
         admin.get_stream("HUB_INBOX").await.is_ok()
     })
     .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nrouter:\n{}\nserver:\n{}",
-            router.log(),
-            hub.server.log()
-        )
-    });
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     let alice = hub.connect("alice").await;
-    let js = jetstream::new(alice.client.clone());
-    let dm = serde_json::json!({"meta": {"id": "m1", "to": "bob"}, "body": "hi"});
-    js.publish(
-        "hub.pub.alice.inbox",
-        serde_json::to_vec(&dm).unwrap().into(),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    support::send_dm(&alice.client, "alice", "bob", "m1").await;
     harness::wait_until_async(
         "alice's DM routed to bob's inbox",
         support::DEADLINE,
         || async { support::count_on(&admin, "HUB_INBOX", "channel.inbox.bob").await == 1 },
     )
     .await
-    .unwrap_or_else(|e| {
-        panic!(
-            "{e}\nrouter:\n{}\nserver:\n{}",
-            router.log(),
-            hub.server.log()
-        )
-    });
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     // As anyone else: refused by the broker.
     alice
         .client
-        .publish("hub.pub.bob.inbox", serde_json::to_vec(&dm).unwrap().into())
+        .publish(
+            "hub.pub.bob.inbox",
+            r#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#.into(),
+        )
         .await
         .unwrap();
     alice.refused("hub.pub.bob.inbox").await;

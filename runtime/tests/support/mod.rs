@@ -224,6 +224,21 @@ pub async fn js_publish(
     (ack.sequence, ack.duplicate)
 }
 
+/// `from` sends a DM `{"meta": {"id", "to"}, "body": "hi"}` to `to` through its ingress
+/// (`hub.pub.<from>.inbox`) on `client`, and waits for the stream ack.
+pub async fn send_dm(client: &async_nats::Client, from: &str, to: &str, id: &str) {
+    let dm = serde_json::json!({"meta": {"id": id, "to": to}, "body": "hi"});
+    jetstream::new(client.clone())
+        .publish(
+            format!("hub.pub.{from}.inbox"),
+            serde_json::to_vec(&dm).unwrap().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
 /// Pending and unacked counts of a consumer.
 pub async fn consumer_backlog(
     js: &jetstream::Context,

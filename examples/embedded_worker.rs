@@ -74,10 +74,9 @@ async fn main() -> anyhow::Result<()> {
 
     if std::env::var_os("EMBEDDED_WORKER_ONESHOT").is_some() {
         let spec = runtime::system::tasks::new_task("hello from an embedded worker", vec![]);
-        let tracking = system.track(&spec.task_id).await?;
-        system
-            .delegate(&AgentId::new("alice")?, &queue, None, &spec)
-            .await?;
+        let alice = AgentId::new("alice")?;
+        let tracking = system.track(&alice, &spec.task_id).await?;
+        system.delegate(&alice, &queue, None, &spec).await?;
         let result = tokio::time::timeout(Duration::from_secs(30), tracking.result).await??;
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -3,6 +3,12 @@
 //! and worker joins on `hub.work.<queue>.join.<worker>` by creating the queue's shared consumer and the
 //! worker's targeted-task and answer consumers.
 //!
+//! It also serves task channel reads (`hub.delivery.<id>.task`): a delegator's read of one of
+//! its own task channels is forwarded, with the requester's reply subject, to the tasks
+//! stream's direct-get API as a get of `channel.task.<id>.<key>`, so the broker answers the
+//! requester itself ([`protocol::attach::TaskRead`]). These are served by the listener, off the
+//! actor's mailbox (a consumer creation does not hold up a read).
+//!
 //! Only the router side ever creates consumers; agents and workers never do. Runs in durable
 //! mode only.
 
@@ -53,7 +59,7 @@ pub struct AttachState {
     /// The queue-group listeners (attach, join): owned, so that a failed incarnation's
     /// subscriptions end with it and take no request they would never answer.
     listeners: Vec<Owned>,
-    counters: AttachCounters,
+    counters: Arc<AttachCounters>,
 }
 
 crate::counters! {
@@ -67,6 +73,10 @@ crate::counters! {
         joined,
         /// Hub info requests answered.
         infos,
+        /// Task channel reads forwarded to the tasks stream.
+        task_reads,
+        /// Task channel reads refused (an invalid request).
+        task_reads_refused,
         /// Requests ignored because their reply subject is not under the inbox prefix.
         replies_refused,
     }
@@ -103,9 +113,28 @@ impl Actor for Attach {
                 }
             }));
         }
+        let counters = Arc::new(AttachCounters::default());
+        let mut reads = self
+            .client
+            .queue_subscribe(
+                subjects::TASK_READ_FILTER,
+                subjects::ATTACH_QUEUE_GROUP.to_string(),
+            )
+            .await?;
+        let server = TaskReads {
+            client: self.client.clone(),
+            api: format!("$JS.API.DIRECT.GET.{}", self.delivery.tasks.name),
+            reply_prefix: self.reply_prefix.clone(),
+            counters: counters.clone(),
+        };
+        listeners.push(Owned::spawn(async move {
+            while let Some(msg) = reads.next().await {
+                server.serve(msg).await;
+            }
+        }));
         Ok(AttachState {
             listeners,
-            counters: AttachCounters::default(),
+            counters,
         })
     }
 
@@ -181,6 +210,55 @@ impl Actor for Attach {
             }
         }
         Ok(())
+    }
+}
+
+/// Serves task channel reads ([`protocol::attach::TaskRead`]).
+struct TaskReads {
+    client: Client,
+    /// `$JS.API.DIRECT.GET.<tasks stream>`.
+    api: String,
+    reply_prefix: String,
+    counters: Arc<AttachCounters>,
+}
+
+impl TaskReads {
+    /// Forwards one read to the direct-get API with the requester's reply (the broker answers
+    /// it), or answers a request it cannot serve with an error.
+    async fn serve(&self, msg: async_nats::Message) {
+        let Some(reply) = crate::reply::answerable(
+            msg.reply.as_ref(),
+            &self.reply_prefix,
+            msg.subject.as_str(),
+            || self.counters.replies_refused.bump(),
+        ) else {
+            return;
+        };
+        let read = subjects::parse_task_read_request(msg.subject.as_str())
+            .map_err(|e| WireError::new(WireErrorKind::InvalidRecipient, e.to_string()))
+            .and_then(|requester| {
+                serde_json::from_slice::<protocol::attach::TaskRead>(&msg.payload)
+                    .map(|read| (requester, read))
+                    .map_err(|e| WireError::new(WireErrorKind::Malformed, e.to_string()))
+            });
+        let sent = match read {
+            Ok((requester, read)) => {
+                self.counters.task_reads.bump();
+                let body = protocol::attach::task_read_direct_get(&requester, &read);
+                self.client
+                    .publish_with_reply(self.api.clone(), reply, body.into())
+                    .await
+            }
+            Err(error) => {
+                self.counters.task_reads_refused.bump();
+                let body = serde_json::to_vec(&serde_json::json!({ "error": error }))
+                    .expect("an error serializes");
+                self.client.publish(reply, body.into()).await
+            }
+        };
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "cannot serve a task channel read");
+        }
     }
 }
 
@@ -361,6 +439,71 @@ mod tests {
         assert_eq!(info.ingress_stream, "HUB_INGRESS");
         assert_eq!(info.inbox_stream, "HUB_INBOX");
         assert_eq!(info.tasks_stream, "HUB_TASKS");
+        actor.stop(None);
+    }
+
+    /// Stores a task channel message of `task` under `delegator`, as the router would.
+    async fn stored(js: &jetstream::Context, delegator: &str, task: &str, id: &str) {
+        let env = serde_json::json!({
+            "meta": {"id": id, "from": "w1"},
+            "body": {"status": {"task_id": task, "attempt_id": "a1", "worker_id": "w1",
+                "event_id": id, "seq": 0, "state": "running", "at": 1}},
+        });
+        js.publish(
+            format!("channel.task.{delegator}.{task}"),
+            serde_json::to_vec(&env).unwrap().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_task_read_returns_the_requesters_own_channel_and_no_one_elses() {
+        let (_server, client, actor) = started("attach-read-test").await;
+        let js = jetstream::new(client.clone());
+        stored(&js, "alice", "t1", "s-alice-1").await;
+        stored(&js, "bob", "t1", "s-bob-1").await;
+        stored(&js, "alice", "t1", "s-alice-2").await;
+        let (alice, bob) = (AgentId::new("alice").unwrap(), AgentId::new("bob").unwrap());
+        let t1 = protocol::TaskId::new("t1").unwrap();
+        let read = |me: &AgentId, of: &AgentId| {
+            let reader = crate::task_channel::Reader::Routed(me.clone());
+            let (js, of) = (js.clone(), of.clone());
+            let t1 = t1.clone();
+            async move { crate::task_channel::read(&js, &reader, &of, &t1, 1).await }
+        };
+        let ids = |stored: Vec<crate::task_channel::Stored>| -> Vec<u64> {
+            stored.iter().map(|s| s.seq).collect()
+        };
+        assert_eq!(ids(read(&alice, &alice).await.unwrap()), vec![1, 3]);
+        assert_eq!(ids(read(&bob, &bob).await.unwrap()), vec![2]);
+        // Reading someone else's channel through the router is not even asked for.
+        assert!(matches!(
+            read(&bob, &alice).await,
+            Err(crate::task_channel::ReadError::Routed { .. })
+        ));
+        // A request the router cannot serve is answered with an error, and reads nothing.
+        for bad in [
+            r#"{"key": "*"}"#,
+            r#"{"key": "t1", "next_by_subj": "channel.task.alice.t1"}"#,
+            "not json",
+        ] {
+            let reply = client
+                .request(subjects::task_read_request(&bob), bad.into())
+                .await
+                .unwrap();
+            assert!(reply.headers.is_none(), "{bad}: a stored message came back");
+            let body: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+            assert!(body.get("error").is_some(), "{bad}: {body}");
+        }
+        let snap = ractor::call_t!(actor, AttachMsg::Snapshot, 2000).unwrap();
+        assert_eq!(
+            (snap.task_reads, snap.task_reads_refused),
+            (5, 3),
+            "{snap:?}"
+        );
         actor.stop(None);
     }
 }

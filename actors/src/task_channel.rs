@@ -1,14 +1,21 @@
-//! Reading a stored task channel (`channel.task.<key>` in the tasks stream) with direct gets:
-//! `next_by_subj` from a sequence, one request per stored message and one more to learn there
-//! is nothing further, and no consumer. The tracker, the worker's check before it runs a task,
-//! and the client commands all read a channel this way.
+//! Reading a stored task channel (`channel.task.<delegator>.<key>` in the tasks stream) with
+//! direct gets: `next_by_subj` from a sequence, one request per stored message and one more to
+//! learn there is nothing further, and no consumer. The tracker, the worker's check before it
+//! runs a task, and the client commands all read a channel this way.
+//!
+//! A [`Reader`] says how the direct gets are made: straight to the stream (a worker, which is
+//! granted direct gets on the tasks stream), or through a router as a delegator
+//! ([`Reader::Routed`], `hub.delivery.<me>.task`): a delegator reads its own task channels and
+//! no others, with no direct-get grant of its own.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use async_nats::jetstream::{self, message::StreamMessage, stream::DirectGetErrorKind};
 use async_nats::HeaderMap;
+use protocol::attach::TaskRead;
+use protocol::subjects::{self, TaskChannel};
 use protocol::task::{ChannelView, TaskChannelBody};
-use protocol::{subjects, TaskId, TaskKey};
+use protocol::{AgentId, TaskId, WireError};
 
 /// Upper bound of one whole read of a channel.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,6 +45,16 @@ pub enum Undecoded {
     Other,
 }
 
+/// How a task channel is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reader {
+    /// Direct gets on the tasks stream, named here (a worker; a router).
+    Direct(String),
+    /// Through a router, as this identity (`hub.delivery.<me>.task`): only the channels of the
+    /// tasks it delegated.
+    Routed(AgentId),
+}
+
 /// A read that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -60,6 +77,14 @@ pub enum ReadError {
         /// Why.
         #[source]
         source: async_nats::jetstream::stream::DirectGetError,
+    },
+    /// A read through a router failed: no router answered, or it refused the read.
+    #[error("reading {subject} through a router: {reason}")]
+    Routed {
+        /// The task channel.
+        subject: String,
+        /// Why.
+        reason: String,
     },
     /// The read took longer than [`READ_TIMEOUT`].
     #[error("reading {subject} took longer than {READ_TIMEOUT:?}")]
@@ -99,22 +124,27 @@ pub fn decode(
     decode_checked(task_id, msg_headers, payload).ok()
 }
 
-/// Reads `task_id`'s channel in `stream` from sequence `from` (1: the start) to its end, at
-/// most [`MAX_READ`] messages, within [`READ_TIMEOUT`].
+/// Reads the channel of `task_id` delegated by `delegator`, from sequence `from` (1: the start)
+/// to its end, at most [`MAX_READ`] messages, within [`READ_TIMEOUT`].
 ///
 /// # Errors
-/// [`ReadError`] when the stream is unknown, a get fails, or the read takes too long.
+/// [`ReadError`] when the stream is unknown, a get fails, no router serves a routed read, or
+/// the read takes too long.
 ///
 /// # Cancel safety
 /// Cancel safe: it only reads.
 pub async fn read(
     js: &jetstream::Context,
-    stream: &str,
+    reader: &Reader,
+    delegator: &AgentId,
     task_id: &TaskId,
     from: u64,
 ) -> Result<Vec<Stored>, ReadError> {
-    let subject = subjects::task(&TaskKey::from_task_id(task_id));
-    let stored = read_subject(js, stream, &subject, from).await?;
+    let channel = TaskChannel::of(delegator, task_id);
+    let stored = match reader {
+        Reader::Direct(stream) => read_subject(js, stream, &channel.subject(), from).await?,
+        Reader::Routed(me) => read_routed(&js.client(), me, &channel, from).await?,
+    };
     Ok(stored
         .into_iter()
         .map(|msg| {
@@ -129,18 +159,19 @@ pub async fn read(
         .collect())
 }
 
-/// The task channel bodies of `task_id` still in the `ingress` stream: published by some
-/// worker (a bundle's items expanded) and not routed yet (a router acks an ingress message
-/// once it stored it, and the ingress drops it then). Usually none.
+/// The task channel bodies of `task_id` (delegated by `delegator`) still in the `ingress`
+/// stream: published by some worker (a bundle's items expanded) and not routed yet (a router
+/// acks an ingress message once it stored it, and the ingress drops it then). Usually none.
 ///
 /// # Errors
 /// As [`read`]; the ingress must allow direct gets (the router provisions it so).
 pub async fn unrouted(
     js: &jetstream::Context,
     ingress: &str,
+    delegator: &AgentId,
     task_id: &TaskId,
 ) -> Result<Vec<TaskChannelBody>, ReadError> {
-    let subject = subjects::task_ingress_filter(&TaskKey::from_task_id(task_id));
+    let subject = subjects::task_ingress_filter(&TaskChannel::of(delegator, task_id));
     let mut out = Vec::new();
     for msg in read_subject(js, ingress, &subject, 1).await? {
         let Ok(env) = crate::decode::envelope(Some(&msg.headers), &msg.payload) else {
@@ -164,6 +195,85 @@ pub async fn unrouted(
         );
     }
     Ok(out)
+}
+
+/// Every message of `me`'s own task channel `channel` from sequence `from` on, read through a
+/// router (`hub.delivery.<me>.task`, one request per message and one more to learn there is
+/// nothing further), at most [`MAX_READ`], within [`READ_TIMEOUT`].
+async fn read_routed(
+    client: &async_nats::Client,
+    me: &AgentId,
+    channel: &TaskChannel,
+    from: u64,
+) -> Result<Vec<StreamMessage>, ReadError> {
+    let subject = channel.subject();
+    let failed = |reason: String| ReadError::Routed {
+        subject: subject.clone(),
+        reason,
+    };
+    if &channel.delegator != me {
+        return Err(failed(format!(
+            "{me} reads only the task channels of the tasks it delegated"
+        )));
+    }
+    let request = subjects::task_read_request(me);
+    let read = async {
+        let mut out = Vec::new();
+        let mut next = from.max(1);
+        while out.len() < MAX_READ {
+            let body = TaskRead {
+                key: channel.key.clone(),
+                from_seq: Some(next),
+            };
+            let body = serde_json::to_vec(&body).expect("a task read serializes");
+            let reply = client
+                .request(request.clone(), body.into())
+                .await
+                .map_err(|e| match e.kind() {
+                    async_nats::RequestErrorKind::NoResponders => {
+                        failed("no router answered".to_owned())
+                    }
+                    _ => failed(e.to_string()),
+                })?;
+            if reply.status == Some(async_nats::StatusCode::NOT_FOUND) {
+                break;
+            }
+            match StreamMessage::try_from(reply.clone()) {
+                Ok(msg) => {
+                    next = msg.sequence + 1;
+                    out.push(msg);
+                }
+                Err(_) => return Err(failed(refusal(&reply))),
+            }
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .map_err(|_| ReadError::Timeout {
+            subject: subject.clone(),
+        })?
+}
+
+/// Why a router's reply to a read is not a stored message: its error, or its status.
+fn refusal(reply: &async_nats::Message) -> String {
+    #[derive(serde::Deserialize)]
+    struct Refused {
+        error: WireError,
+    }
+    match serde_json::from_slice::<Refused>(&reply.payload) {
+        Ok(refused) => format!(
+            "refused ({}): {}",
+            refused.error.kind.as_str(),
+            refused.error.detail
+        ),
+        Err(_) => match (reply.status, reply.description.as_deref()) {
+            (Some(status), description) => {
+                format!("status {status} {}", description.unwrap_or_default())
+            }
+            (None, _) => "an unreadable reply".to_owned(),
+        },
+    }
 }
 
 /// A handle of `stream` for direct gets (no info request).
@@ -219,9 +329,10 @@ async fn read_subject(
         })?
 }
 
-/// Whether `task_id`'s channel in `stream` holds no message: one direct get of its last
-/// message, with the subject in the request subject and no body to decode on either side
-/// (cheaper for the broker than a `next_by_subj` read, which the worker pays once per task).
+/// Whether the channel of `task_id` delegated by `delegator`, in `stream`, holds no message: one
+/// direct get of its last message, with the subject in the request subject and no body to
+/// decode on either side (cheaper for the broker than a `next_by_subj` read, which the worker
+/// pays once per task).
 ///
 /// # Errors
 /// As [`read`].
@@ -231,9 +342,10 @@ async fn read_subject(
 pub async fn is_empty(
     js: &jetstream::Context,
     stream: &str,
+    delegator: &AgentId,
     task_id: &TaskId,
 ) -> Result<bool, ReadError> {
-    let subject = subjects::task(&TaskKey::from_task_id(task_id));
+    let subject = TaskChannel::of(delegator, task_id).subject();
     let probe = async {
         match handle(js, stream)
             .await?
@@ -256,16 +368,17 @@ pub async fn is_empty(
         })?
 }
 
-/// The [`ChannelView`] of `task_id`'s whole channel in `stream`.
+/// The [`ChannelView`] of the whole channel of `task_id` delegated by `delegator`.
 ///
 /// # Errors
 /// As [`read`].
 pub async fn view(
     js: &jetstream::Context,
-    stream: &str,
+    reader: &Reader,
+    delegator: &AgentId,
     task_id: &TaskId,
 ) -> Result<ChannelView, ReadError> {
-    let stored = read(js, stream, task_id, 1).await?;
+    let stored = read(js, reader, delegator, task_id, 1).await?;
     Ok(ChannelView::of(
         stored.iter().filter_map(|s| s.body.as_ref()),
     ))

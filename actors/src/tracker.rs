@@ -1,11 +1,13 @@
-//! The task tracker actor (delegator side): follows one task channel (`channel.task.<task_id>`)
+//! The task tracker actor (delegator side): follows one task channel
+//! (`channel.task.<delegator>.<task_id>`)
 //! until the task's final result arrives, and hands that result to the caller exactly once.
 //!
 //! Two pumps feed one handler (the actor's `handle`):
 //!
 //! - the **live** pump reads a core subscription of the task channel, made in `pre_start`
 //!   before anything is read from the store (so nothing falls between the two);
-//! - the **stored** pump reads the stored channel (`HUB_TASKS`) from the start at once, then
+//! - the **stored** pump reads the stored channel (`HUB_TASKS`, through a router by default:
+//!   [`Reader::Routed`]) from the start at once, then
 //!   again every `reread_every` (3 s by default) while no final result was delivered. A re-read
 //!   continues after the last stream sequence this incarnation saw (`ByStartSequence`), which
 //!   finds exactly what a re-read from the start would find that is new, for less. A read is
@@ -31,7 +33,7 @@
 //! restarted. Stopping never cancels the task.
 //!
 //! ```ignore
-//! let (tracker, result, mut progress) = TaskTracker::new("tracker-t1", client, task_id);
+//! let (tracker, result, mut progress) = TaskTracker::new("tracker-t1", client, alice, task_id);
 //! let (tracker_ref, _join) = ractor::Actor::spawn(Some(tracker.name.clone()), tracker, ()).await?;
 //! // or, supervised: ChildSpec::actor(name, tracker, || ()).with_restart(Restart::Transient)
 //! let outcome = tokio::time::timeout(limit, result).await; // Err: resume timeout, task goes on
@@ -45,14 +47,16 @@ use std::time::Duration;
 use async_nats::jetstream;
 use async_nats::{Client, HeaderMap, Subscriber};
 use futures::StreamExt;
+use protocol::subjects::TaskChannel;
 use protocol::task::{AnswerRefusal, StatusEvent, TaskChannelBody, TaskResult};
-use protocol::{subjects, TaskId, TaskKey};
+use protocol::{AgentId, TaskId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
+use crate::task_channel::Reader;
 
 /// Default interval between two reads of the stored channel.
 pub const DEFAULT_REREAD_EVERY: Duration = Duration::from_secs(3);
@@ -131,10 +135,12 @@ pub struct TaskTracker {
     pub name: String,
     /// The connection.
     pub client: Client,
+    /// Who delegated the task (its channel is under this identity).
+    pub delegator: AgentId,
     /// The task followed.
     pub task_id: TaskId,
-    /// The stream storing task channels (`HUB_TASKS`).
-    pub tasks_stream: String,
+    /// How the stored channel is read.
+    pub reader: Reader,
     /// Interval between reads of the stored channel while no final result arrived.
     pub reread_every: Duration,
     /// The task was not submitted before this tracker subscribed (see [`TaskTracker::fresh`]).
@@ -144,11 +150,13 @@ pub struct TaskTracker {
 }
 
 impl TaskTracker {
-    /// A tracker of `task_id` on `HUB_TASKS`, re-reading every 3 s, with the receivers of its
-    /// final result and of its progress events.
+    /// A tracker of `task_id`, delegated by `delegator`, that reads the stored channel through
+    /// a router as `delegator` and re-reads it every 3 s, with the receivers of its final result
+    /// and of its progress events.
     pub fn new(
         name: impl Into<String>,
         client: Client,
+        delegator: AgentId,
         task_id: TaskId,
     ) -> (
         TaskTracker,
@@ -160,8 +168,9 @@ impl TaskTracker {
         let tracker = TaskTracker {
             name: name.into(),
             client,
+            reader: Reader::Routed(delegator.clone()),
+            delegator,
             task_id,
-            tasks_stream: subjects::TASKS_STREAM.to_string(),
             reread_every: DEFAULT_REREAD_EVERY,
             fresh: false,
             sink: TrackerSink::new(result_tx, Some(events_tx)),
@@ -186,15 +195,15 @@ impl TaskTracker {
         self
     }
 
-    /// Sets the stream storing task channels.
+    /// Sets how the stored channel is read.
     #[must_use]
-    pub fn with_tasks_stream(mut self, stream: impl Into<String>) -> Self {
-        self.tasks_stream = stream.into();
+    pub fn with_reader(mut self, reader: Reader) -> Self {
+        self.reader = reader;
         self
     }
 
     fn subject(&self) -> String {
-        subjects::task(&TaskKey::from_task_id(&self.task_id))
+        TaskChannel::of(&self.delegator, &self.task_id).subject()
     }
 }
 
@@ -315,8 +324,9 @@ impl Actor for TaskTracker {
         let pump = TrackerPump {
             skip_first_read: self.fresh && first_incarnation,
             client: self.client.clone(),
+            delegator: self.delegator.clone(),
             task_id: self.task_id.clone(),
-            tasks_stream: self.tasks_stream.clone(),
+            reader: self.reader.clone(),
             reread_every: self.reread_every,
             counters: counters.clone(),
             sink: self.sink.clone(),
@@ -430,8 +440,9 @@ impl TaskTracker {
 struct TrackerPump {
     skip_first_read: bool,
     client: Client,
+    delegator: AgentId,
     task_id: TaskId,
-    tasks_stream: String,
+    reader: Reader,
     reread_every: Duration,
     counters: Arc<TrackerCounters>,
     sink: TrackerSink,
@@ -509,8 +520,14 @@ impl TrackerPump {
                 self.counters.rereads.bump();
             }
             first = false;
-            match crate::task_channel::read(&js, &self.tasks_stream, &self.task_id, next_seq).await
-            {
+            let read = crate::task_channel::read(
+                &js,
+                &self.reader,
+                &self.delegator,
+                &self.task_id,
+                next_seq,
+            );
+            match read.await {
                 Ok(stored) => {
                     failing = false;
                     for msg in stored {

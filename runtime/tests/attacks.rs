@@ -393,7 +393,8 @@ async fn alice_delegates(hub: &Hub) -> (protocol::TaskId, String) {
         .unwrap()
         .await
         .unwrap();
-    let channel = protocol::subjects::task(&protocol::TaskKey::from_task_id(&spec.task_id));
+    let channel =
+        protocol::subjects::TaskChannel::of(&support::agent("alice"), &spec.task_id).subject();
     (spec.task_id, channel)
 }
 
@@ -421,7 +422,7 @@ async fn attack_13_bob_cannot_read_the_result_of_alices_task() {
 async fn attack_14_bob_cannot_forge_a_result_on_alices_task_channel() {
     let hub = Hub::start().await;
     let (task_id, channel) = alice_delegates(&hub).await;
-    let key = channel.trim_start_matches("channel.task.").to_owned();
+    let key = channel.trim_start_matches("channel.task.").to_owned(); // alice.<task id>
     let forged = serde_json::json!({"meta": {"id": "forged"}, "body": {"result": {
         "task_id": task_id, "attempt_id": "a1", "worker_id": "w1", "state": "completed",
         "response": "forged"}}});

@@ -811,7 +811,16 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     // The worker asks its question: status says waiting (parked in the worker's journal).
     let waiting = std::cell::RefCell::new(Value::Null);
     harness::wait_until_async("task waiting", DEADLINE, || async {
-        let out = run_cli(&["task", "--nats-url", &url, "status", &task_id]).await;
+        let out = run_cli(&[
+            "task",
+            "--nats-url",
+            &url,
+            "status",
+            &task_id,
+            "--as",
+            "alice",
+        ])
+        .await;
         let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap_or(Value::Null);
         let done = reply["state"] == "waiting";
         *waiting.borrow_mut() = reply;
@@ -824,7 +833,17 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     assert_eq!(waiting.borrow()["active"], false);
     assert_eq!(waiting.borrow()["suspend"]["tool_call_id"], "ask-1");
 
-    let out = run_cli(&["answer", &task_id, "--text", "because", "--nats-url", &url]).await;
+    let out = run_cli(&[
+        "answer",
+        &task_id,
+        "--as",
+        "alice",
+        "--text",
+        "because",
+        "--nats-url",
+        &url,
+    ])
+    .await;
     assert_exit(&out, 0, "answer");
     let answer: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
 
@@ -832,6 +851,8 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     // follows answers to the final result (a plain --resume of a waiting task exits 75).
     let out = run_cli(&[
         "delegate",
+        "--as",
+        "alice",
         "--resume",
         &task_id,
         "--follow-answers",
@@ -851,7 +872,16 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     assert_eq!(result["attempt_id"], answer["attempt_id"]);
 
     // Finished: status comes from the task channel.
-    let out = run_cli(&["task", "--nats-url", &url, "status", &task_id]).await;
+    let out = run_cli(&[
+        "task",
+        "--nats-url",
+        &url,
+        "status",
+        &task_id,
+        "--as",
+        "alice",
+    ])
+    .await;
     let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(
         (reply["state"].as_str(), reply["active"].as_bool()),

@@ -128,7 +128,7 @@ async fn client_commands_use_the_configured_stream_names() {
     let task_id = json_lines(&out)[0]["task_id"].as_str().unwrap().to_string();
 
     // `task status` with the config file.
-    let args = with_config(&["task", "status", &task_id]);
+    let args = with_config(&["task", "status", &task_id, "--as", "alice"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let waiting = std::cell::RefCell::new(Value::Null);
     harness::wait_until_async("the task waits", DEADLINE, || async {
@@ -148,6 +148,8 @@ async fn client_commands_use_the_configured_stream_names() {
     // channel may still show the question for a moment after the answer).
     let args = with_config(&[
         "delegate",
+        "--as",
+        "alice",
         "--resume",
         &task_id,
         "--follow-answers",
@@ -219,6 +221,8 @@ async fn delegate_wait_on_a_question_prints_it_and_exits_with_the_waiting_code()
     let out = run(
         &[
             "delegate",
+            "--as",
+            "alice",
             "--resume",
             &task_id,
             "--timeout-secs",

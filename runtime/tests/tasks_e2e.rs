@@ -34,7 +34,10 @@ async fn two_workers_and_twelve_tasks_every_task_has_exactly_one_result_and_both
     let mut trackings = Vec::new();
     for i in 0..12 {
         let spec = new_task(format!("task {i}"), vec![]);
-        let tracking = hub.track(&spec.task_id).await.unwrap();
+        let tracking = hub
+            .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+            .await
+            .unwrap();
         hub.delegate(&alice, &queue, None, &spec).await.unwrap();
         trackings.push((spec, tracking));
     }
@@ -92,7 +95,10 @@ async fn tasks_sent_before_any_worker_exists_are_all_done_by_a_worker_started_la
     };
     support::start_worker(&hub, "late", &queue, 4, Arc::new(echo), journal.path()).await;
     for spec in &specs {
-        let tracking = hub.track(&spec.task_id).await.unwrap();
+        let tracking = hub
+            .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+            .await
+            .unwrap();
         let result = tokio::time::timeout(DEADLINE, tracking.result)
             .await
             .expect("result in time")
@@ -116,7 +122,10 @@ async fn work_three_times_the_ack_wait_runs_once_and_is_not_redelivered() {
     };
     support::start_worker(&hub, "w-long", &queue, 1, Arc::new(echo), journal.path()).await;
     let spec = new_task("long work", vec![]);
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
         .await
         .unwrap();
@@ -158,7 +167,10 @@ async fn a_targeted_task_runs_only_on_the_named_worker() {
     let t2 = WorkerId::new("t2").unwrap();
     for i in 0..6 {
         let spec = new_task(format!("for t2 {i}"), vec![]);
-        let tracking = hub.track(&spec.task_id).await.unwrap();
+        let tracking = hub
+            .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+            .await
+            .unwrap();
         hub.delegate(&AgentId::new("alice").unwrap(), &queue, Some(&t2), &spec)
             .await
             .unwrap();
@@ -210,7 +222,10 @@ async fn status_events_report_acceptance_then_each_state_change_once() {
     };
     support::start_worker(&hub, "w-status", &queue, 1, Arc::new(echo), journal.path()).await;
     let spec = new_task("report", vec![]);
-    let mut tracking = hub.track(&spec.task_id).await.unwrap();
+    let mut tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
         .await
         .unwrap();
@@ -249,7 +264,10 @@ async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in
     };
     support::start_worker(&hub, "w-quick", &queue, 1, Arc::new(echo), journal.path()).await;
     let spec = new_task("quick", vec![]);
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
         .await
         .unwrap();
@@ -258,7 +276,9 @@ async fn a_short_tasks_bundle_is_stored_as_acceptance_state_change_and_result_in
         .expect("result in time")
         .unwrap();
     let js = support::js(&server).await;
-    let channel = protocol::subjects::task(&protocol::TaskKey::from_task_id(&spec.task_id));
+    let channel =
+        protocol::subjects::TaskChannel::of(&AgentId::new("alice").unwrap(), &spec.task_id)
+            .subject();
     let stored = support::stored_on(&js, protocol::subjects::TASKS_STREAM, &channel).await;
     let shapes: Vec<String> = stored
         .iter()

@@ -109,7 +109,10 @@ async fn delegate_tracked(
     text: &str,
 ) -> (TaskSpec, Tracking) {
     let spec = new_task(text, vec![]);
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&alice(), queue, None, &spec).await.unwrap();
     (spec, tracking)
 }
@@ -226,7 +229,10 @@ async fn crash_after_journalling_the_result_before_publishing_republishes_withou
     let spec = new_task("crash me", vec![]);
     let attempt = format!("{}.attempt.{}", hub.worker_name(&id), spec.task_id);
     fault::arm(&attempt, FaultPoint::Handle, Fault::Panic, 1);
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&alice(), &queue, None, &spec).await.unwrap();
     let result = final_result(tracking).await;
     assert_eq!(result.state, TaskState::Completed, "{result:?}");
@@ -440,7 +446,10 @@ async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_superviso
         Fault::Panic,
         1,
     );
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&support::agent("alice"), &queue, None, &spec)
         .await
         .unwrap();

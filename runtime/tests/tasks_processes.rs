@@ -36,7 +36,10 @@ async fn worker_killed_with_sigkill_mid_task_the_task_is_redelivered_and_complet
 
     let hub = system(&url).await;
     let spec = new_task("survive a kill", vec![]);
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(
         &AgentId::new("alice").unwrap(),
         &QueueName::new("procs").unwrap(),
@@ -127,6 +130,8 @@ async fn delegator_killed_while_its_task_runs_resume_still_gets_the_result() {
         DEADLINE,
         one_shot(&[
             "delegate",
+            "--as",
+            "alice",
             "--resume",
             &task_id,
             "--timeout-secs",
@@ -198,7 +203,10 @@ async fn router_killed_between_a_workers_result_and_the_delegator_the_result_sti
     .await
     .unwrap();
     let spec = new_task("across a router crash", vec![]);
-    let tracking = hub.track(&spec.task_id).await.unwrap();
+    let tracking = hub
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     hub.delegate(&AgentId::new("alice").unwrap(), &queue, None, &spec)
         .await
         .unwrap();

@@ -47,7 +47,10 @@ async fn delegators_trace_id_reaches_the_attempt_and_the_trackers_result_span() 
     .await;
 
     let spec = new_task("traced task", vec![]);
-    let tracking = system.track(&spec.task_id).await.unwrap();
+    let tracking = system
+        .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
+        .await
+        .unwrap();
     let delegate_span = tracing::info_span!("delegate");
     system
         .delegate(&agent("alice"), &queue, None, &spec)

@@ -75,6 +75,7 @@ impl Index {
                 seq,
                 task_id,
                 attempt_id,
+                from,
             } => {
                 let key = (seq, task_id.clone());
                 if self.attempts.contains_key(&key) {
@@ -88,6 +89,7 @@ impl Index {
                         input_seq: seq,
                         task_id,
                         attempt_id,
+                        delegator: from,
                         result: None,
                         answers: Vec::new(),
                         task: None,

@@ -94,6 +94,9 @@ pub struct AttemptRecord {
     pub task_id: String,
     /// The attempt's identity.
     pub attempt_id: String,
+    /// Who delegated the task (its task channel is under this identity); `None` in records
+    /// of earlier versions.
+    pub delegator: Option<String>,
     /// The latest saved result, if the handler (or the latest resume) finished.
     pub result: Option<Value>,
     /// Accepted answers, in the order they were recorded.
@@ -233,6 +236,7 @@ impl Journal {
         input_seq: u64,
         task_id: &str,
         attempt_id: &str,
+        delegator: Option<&str>,
     ) -> Result<Admission, JournalError> {
         if let Some(existing) = self.index.get(input_seq, task_id) {
             return Ok(Admission {
@@ -266,6 +270,7 @@ impl Journal {
             seq: input_seq,
             task_id: task_id.to_owned(),
             attempt_id: attempt_id.to_owned(),
+            from: delegator.map(str::to_owned),
         })?;
         Ok(Admission {
             attempt_id: attempt_id.to_owned(),
@@ -403,6 +408,7 @@ impl Journal {
                 seq,
                 task_id: attempt.task_id.clone(),
                 attempt_id: attempt.attempt_id.clone(),
+                from: attempt.delegator.clone(),
             }));
             if let Some(task) = &attempt.task {
                 data.extend(record::encode(&Record::Parked {

@@ -16,11 +16,14 @@ use super::CorruptLine;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub(crate) enum Record {
-    /// The input message `seq` was admitted as attempt `attempt_id` of task `task_id`.
+    /// The input message `seq` was admitted as attempt `attempt_id` of task `task_id`,
+    /// delegated by `from` (the router's stamp on the input; absent in earlier versions).
     Admitted {
         seq: u64,
         task_id: String,
         attempt_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// The attempt produced `result` (latest boundary result; replaces an earlier one).
     Result {

@@ -47,13 +47,13 @@ fn journal_admission_survives_reopen_and_is_idempotent() {
     let tmp = TempDir::new("admit");
     {
         let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-        let admission = journal.admit(5, "task-a", "att-1").unwrap();
+        let admission = journal.admit(5, "task-a", "att-1", None).unwrap();
         assert!(admission.new);
         assert_eq!(admission.result, None);
         // Dropped without any close: a crash.
     }
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-    let admission = journal.admit(5, "task-a", "att-other").unwrap();
+    let admission = journal.admit(5, "task-a", "att-other", None).unwrap();
     assert!(!admission.new);
     assert_eq!(admission.attempt_id, "att-1");
     assert_eq!(admission.result, None);
@@ -73,7 +73,7 @@ fn journal_saved_result_survives_crash() {
     let tmp = TempDir::new("result");
     {
         let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-        journal.admit(1, "task-a", "att-1").unwrap();
+        journal.admit(1, "task-a", "att-1", None).unwrap();
         journal
             .save_result(
                 1,
@@ -81,13 +81,13 @@ fn journal_saved_result_survives_crash() {
                 &json!({"state": "completed", "response": "ok"}),
             )
             .unwrap();
-        journal.admit(2, "task-b", "att-2").unwrap();
+        journal.admit(2, "task-b", "att-2", None).unwrap();
         journal
             .save_result(2, "task-b", &json!({"state": "failed"}))
             .unwrap();
     }
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-    let admission = journal.admit(1, "task-a", "att-x").unwrap();
+    let admission = journal.admit(1, "task-a", "att-x", None).unwrap();
     assert!(!admission.new);
     assert_eq!(
         admission.result,
@@ -105,7 +105,7 @@ fn journal_ignores_torn_last_line() {
     let tmp = TempDir::new("torn");
     {
         let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-        journal.admit(1, "task-a", "att-1").unwrap();
+        journal.admit(1, "task-a", "att-1", None).unwrap();
         journal.save_result(1, "task-a", &json!("done")).unwrap();
     }
     // A crash in the middle of writing a record.
@@ -117,7 +117,7 @@ fn journal_ignores_torn_last_line() {
             Some(json!("done"))
         );
         // The torn tail was cut off: new records are not appended after garbage.
-        journal.admit(2, "task-b", "att-2").unwrap();
+        journal.admit(2, "task-b", "att-2", None).unwrap();
     }
     // A complete last line with a bad checksum is also a torn write.
     append_raw(tmp.path(), b"garbage\n");
@@ -131,7 +131,7 @@ fn journal_reports_corruption_before_the_last_line() {
     let tmp = TempDir::new("corrupt");
     {
         let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-        journal.admit(1, "task-a", "att-1").unwrap();
+        journal.admit(1, "task-a", "att-1", None).unwrap();
     }
     append_raw(tmp.path(), b"garbage\n");
     append_raw(
@@ -182,7 +182,7 @@ fn journal_duplicate_answers_detected_across_reopen() {
     let tmp = TempDir::new("answers");
     {
         let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-        journal.admit(3, "task-a", "att-1").unwrap();
+        journal.admit(3, "task-a", "att-1", None).unwrap();
         journal
             .save_result(3, "task-a", &json!({"state": "waiting"}))
             .unwrap();
@@ -232,7 +232,7 @@ fn journal_forget_and_compact_keep_open_attempts() {
         let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
         for seq in 1..=4 {
             journal
-                .admit(seq, &format!("task-{seq}"), &format!("att-{seq}"))
+                .admit(seq, &format!("task-{seq}"), &format!("att-{seq}"), None)
                 .unwrap();
             journal
                 .save_result(seq, &format!("task-{seq}"), &json!({"seq": seq}))
@@ -274,11 +274,11 @@ fn journal_forget_and_compact_keep_open_attempts() {
 fn journal_lookup_by_task_finds_open_attempt() {
     let tmp = TempDir::new("by-task");
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-    journal.admit(10, "task-a", "att-1").unwrap();
-    journal.admit(11, "task-b", "att-2").unwrap();
+    journal.admit(10, "task-a", "att-1", None).unwrap();
+    journal.admit(11, "task-b", "att-2", None).unwrap();
     assert_eq!(journal.lookup_by_task("task-a").unwrap().input_seq, 10);
     // A duplicate task id on a new input: the latest open attempt wins.
-    journal.admit(12, "task-a", "att-3").unwrap();
+    journal.admit(12, "task-a", "att-3", None).unwrap();
     assert_eq!(
         journal.lookup_by_task("task-a").unwrap().attempt_id,
         "att-3"
@@ -316,11 +316,11 @@ fn admitting_a_reused_sequence_for_another_task_starts_a_new_attempt() {
     // holds an open record (with a saved result) of input 3 for another task.
     let tmp = TempDir::new("reused-seq");
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-    journal.admit(3, "task-old", "att-old").unwrap();
+    journal.admit(3, "task-old", "att-old", None).unwrap();
     journal
         .save_result(3, "task-old", &json!({"old": true}))
         .unwrap();
-    let admission = journal.admit(3, "task-new", "att-new").unwrap();
+    let admission = journal.admit(3, "task-new", "att-new", None).unwrap();
     assert!(admission.new, "a new input, not the old attempt");
     assert_eq!(admission.attempt_id, "att-new");
     assert_eq!(journal.lookup(3, "task-new").unwrap().attempt_id, "att-new");
@@ -350,14 +350,14 @@ fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
         sizes.push(fs::metadata(&log).unwrap().len());
         for _ in 0..5 {
             seq += 1;
-            journal.admit(seq, &format!("t{seq}"), "a").unwrap();
+            journal.admit(seq, &format!("t{seq}"), "a", None).unwrap();
             let task = format!("t{seq}");
             journal.save_result(seq, &task, &json!({"n": seq})).unwrap();
             journal.forget(seq, &task).unwrap();
         }
         // One attempt stays open across restarts.
         if seq == 5 {
-            journal.admit(1000, "t-open", "a-open").unwrap();
+            journal.admit(1000, "t-open", "a-open", None).unwrap();
         }
     }
     // Opened ten times, 50 attempts finished: the log holds only what is open after each
@@ -375,13 +375,13 @@ fn a_journal_reopened_often_is_compacted_on_open_and_stays_small() {
 fn a_parked_attempt_is_found_by_task_and_attempt_beside_a_newer_admission() {
     let tmp = TempDir::new("parked");
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-    journal.admit(1, "task-a", "att-1").unwrap();
+    journal.admit(1, "task-a", "att-1", None).unwrap();
     journal
         .save_result(1, "task-a", &json!({"waiting": true}))
         .unwrap();
     journal.park(1, "task-a", &json!({"task": "a"})).unwrap();
     // The same task delivered again (a second copy of its input): a newer open record.
-    journal.admit(2, "task-a", "att-2").unwrap();
+    journal.admit(2, "task-a", "att-2", None).unwrap();
     assert_eq!(journal.lookup_by_task("task-a").unwrap().input_seq, 2);
     assert_eq!(
         journal.lookup_attempt("task-a", "att-1").unwrap().input_seq,
@@ -404,12 +404,12 @@ fn a_parked_attempt_survives_the_reuse_of_its_sequence_by_another_task() {
     // not take its place.
     let tmp = TempDir::new("parked-reuse");
     let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
-    journal.admit(1, "task-a", "att-a").unwrap();
+    journal.admit(1, "task-a", "att-a", None).unwrap();
     journal
         .save_result(1, "task-a", &json!({"state": "waiting"}))
         .unwrap();
     journal.park(1, "task-a", &json!({"task": "a"})).unwrap();
-    let admission = journal.admit(1, "task-b", "att-b").unwrap();
+    let admission = journal.admit(1, "task-b", "att-b", None).unwrap();
     assert!(admission.new);
     assert_eq!(journal.lookup(1, "task-b").unwrap().attempt_id, "att-b");
     // Both live side by side, each under its own key, and each is settled on its own.

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use protocol::subjects::TaskChannel;
 use protocol::task::{AttemptId, StatusEvent, Suspend, TaskChannelBody, TaskResult, TaskState};
-use protocol::{subjects, Codec, Envelope, MessageId, Meta, TaskId, TaskKey, WorkerId};
+use protocol::{subjects, AgentId, Codec, Envelope, MessageId, Meta, TaskId, WorkerId};
 use ractor::Actor;
 use tokio::sync::oneshot;
 
@@ -45,8 +46,13 @@ fn envelope(id: &str, body: TaskChannelBody) -> bytes::Bytes {
     protocol::encode(&env, Codec::Json).unwrap().into()
 }
 
+/// The delegator of every tracked task here.
+fn alice() -> AgentId {
+    AgentId::new("alice").unwrap()
+}
+
 fn channel(task_id: &str) -> String {
-    subjects::task(&TaskKey::from_task_id(&task(task_id)))
+    subjects::task(&TaskChannel::of(&alice(), &task(task_id)))
 }
 
 async fn tasks_stream(client: &async_nats::Client) -> jetstream::Context {
@@ -98,7 +104,9 @@ fn tracker(
     oneshot::Receiver<TaskResult>,
     mpsc::UnboundedReceiver<TrackerEvent>,
 ) {
-    let (t, rx, events) = TaskTracker::new(name, client, task(task_id));
+    // No router here: the stored channel is read with direct gets.
+    let (t, rx, events) = TaskTracker::new(name, client, alice(), task(task_id));
+    let t = t.with_reader(Reader::Direct(subjects::TASKS_STREAM.into()));
     (t.with_reread_every(Duration::from_millis(200)), rx, events)
 }
 
@@ -320,7 +328,8 @@ async fn a_fresh_tracker_skips_only_its_first_read_and_a_restarted_one_reads_the
     publish_stored(&js, "t-fresh", "r1", TaskChannelBody::Result(done.clone())).await;
 
     let name = "tracker-fresh";
-    let (t, mut rx, _events) = TaskTracker::new(name, client, task("t-fresh"));
+    let (t, mut rx, _events) = TaskTracker::new(name, client, alice(), task("t-fresh"));
+    let t = t.with_reader(Reader::Direct(subjects::TASKS_STREAM.into()));
     let t = t.with_reread_every(Duration::from_secs(3600)).fresh();
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(
         ChildSpec::actor(name, t, || ())
@@ -367,7 +376,7 @@ async fn a_tracker_whose_stored_read_fails_says_so_and_still_delivers_live() {
     let js = tasks_stream(&client).await;
     // The tracker is told the wrong stream (a client without the router's stream names).
     let (t, rx, mut events) = tracker("tracker-wrong-stream", client, "t-wrong");
-    let t = t.with_tasks_stream("NO_SUCH_STREAM");
+    let t = t.with_reader(Reader::Direct("NO_SUCH_STREAM".into()));
     let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
     match next_event(&mut events).await {
         TrackerEvent::StoredReadFailed(reason) => {

@@ -20,16 +20,23 @@
 //! a `cancelled` result. Answers, queries and cancels are routed by (task id, attempt id).
 //! Replies go only to reply subjects under the worker's reply prefix (`_INBOX` by default;
 //! [`subjects::is_reply_subject_under`]).
+//!
+//! **Who may act.** Only the task's delegator, or an admin ([`may_control`]): a query or
+//! cancel names its requester in its subject (`hub.ctl.<worker>.<kind>.<requester>`, which
+//! only the requester may publish on a rendered config; the admin form names none), and an
+//! answer's requester is its stamped sender. Anyone else gets an `unauthorized` error: a
+//! control reply, or for an answer a refusal on the answerer's own channel of the task
+//! (`channel.task.<answerer>.<task id>`), never on the delegator's.
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use protocol::subjects::ControlKind;
+use protocol::subjects::{self, ControlKind};
 use protocol::task::{
-    judge_answer, Answer, AnswerRefusal, AnswerVerdict, AttemptView, ControlRequest, QueryReply,
-    TaskState,
+    judge_answer, may_control, Answer, AnswerRefusal, AnswerVerdict, AttemptView, ControlRequest,
+    QueryReply, Requester, TaskState, NOT_DELEGATOR,
 };
-use protocol::{WireError, WireErrorKind};
+use protocol::{AgentId, WireError, WireErrorKind};
 use ractor::ActorRef;
 
 use super::attempt::{AttemptArgs, AttemptMsg, Parked};
@@ -63,9 +70,14 @@ impl Worker {
         }
         let answer = super::decode_envelope(&msg)
             .map_err(|e| e.to_string())
-            .and_then(|env| serde_json::from_value::<Answer>(env.body).map_err(|e| e.to_string()));
-        let answer = match answer {
-            Ok(answer) => answer,
+            .and_then(|env| match env.meta.from {
+                Some(from) => serde_json::from_value::<Answer>(env.body)
+                    .map(|answer| (from, answer))
+                    .map_err(|e| e.to_string()),
+                None => Err("an answer without its sender's stamp".to_owned()),
+            });
+        let (answerer, answer) = match answer {
+            Ok(decoded) => decoded,
             Err(reason) => {
                 state.counters.answers_refused.bump();
                 tracing::warn!(%reason, "undecodable answer terminated");
@@ -74,10 +86,13 @@ impl Worker {
             }
         };
         // Answers are routed by (task, attempt): the attempt running now, a parked one, or none.
-        let running = state
-            .running
-            .by_task(&answer.task_id)
-            .map(|r| (r.actor.clone(), r.attempt_id == answer.attempt_id));
+        let running = state.running.by_task(&answer.task_id).map(|r| {
+            (
+                r.actor.clone(),
+                r.attempt_id == answer.attempt_id,
+                r.delegator.clone(),
+            )
+        });
         let parked = {
             let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
             Parked::find(
@@ -86,8 +101,31 @@ impl Worker {
                 answer.attempt_id.as_str(),
             )
         };
-        match (running, parked) {
-            (Some((actor, true)), _) => self.judge_running(state, actor, msg, answer),
+        // Only the task's delegator answers it (answers carry no admin form).
+        let delegator = match (&running, &parked) {
+            (Some((_, true, delegator)), _) => Some(delegator),
+            (_, Some(parked)) => Some(&parked.delegator),
+            _ => None,
+        };
+        if delegator.is_some_and(|d| !may_control(Requester::Identity(&answerer), Some(d))) {
+            state.counters.unauthorized.bump();
+            state.counters.answers_refused.bump();
+            let (client, worker) = (self.client.clone(), self.worker_id.clone());
+            state.requests.spawn(async move {
+                refuse(
+                    &client,
+                    &worker,
+                    &answerer,
+                    &msg,
+                    &answer,
+                    AnswerVerdict::NotDelegator,
+                )
+                .await;
+            });
+            return;
+        }
+        match (running.map(|(actor, same, _)| (actor, same)), parked) {
+            (Some((actor, true)), _) => self.judge_running(state, actor, msg, answerer, answer),
             (Some((_, false)), Some(_)) => {
                 // Another attempt of the task runs here now (its actor has the task's name):
                 // the parked one is resumed once it is done.
@@ -116,7 +154,7 @@ impl Worker {
                         )
                         .await;
                     }
-                    (verdict, _) => self.refuse_answer(state, msg, answer, verdict),
+                    (verdict, _) => self.refuse_answer(state, msg, answerer, answer, verdict),
                 }
             }
         }
@@ -130,6 +168,7 @@ impl Worker {
         state: &mut WorkerState,
         actor: ActorRef<AttemptMsg>,
         msg: jetstream::Message,
+        answerer: AgentId,
         answer: Answer,
     ) {
         let (client, worker) = (self.client.clone(), self.worker_id.clone());
@@ -150,7 +189,7 @@ impl Worker {
                     verdict @ (AnswerVerdict::Stale | AnswerVerdict::UnknownAttempt),
                 )) => {
                     counters.answers_refused.bump();
-                    refuse(&client, &worker, &msg, &answer, verdict).await;
+                    refuse(&client, &worker, &answerer, &msg, &answer, verdict).await;
                 }
                 // Resume: it is waiting and about to park; or it went away meanwhile.
                 _ => {
@@ -160,12 +199,13 @@ impl Worker {
         });
     }
 
-    /// Refuses an answer on its task channel (unless the task has a final result: then the
-    /// answer is only acked), in a request task.
+    /// Refuses an answer on the answerer's channel of its task (unless that channel has a
+    /// final result: then the answer is only acked), in a request task.
     fn refuse_answer(
         &self,
         state: &mut WorkerState,
         msg: jetstream::Message,
+        answerer: AgentId,
         answer: Answer,
         verdict: AnswerVerdict,
     ) {
@@ -181,14 +221,15 @@ impl Worker {
             // Nothing follows a final result on a task channel: a late answer to a finished
             // task is only acked.
             let js = jetstream::new(client.clone());
-            let finished = crate::task_channel::view(&js, &tasks_stream, &answer.task_id)
+            let reader = crate::task_channel::Reader::Direct(tasks_stream);
+            let finished = crate::task_channel::view(&js, &reader, &answerer, &answer.task_id)
                 .await
                 .is_ok_and(|v| v.final_result.is_some());
             if finished {
                 tracing::info!(task_id = %answer.task_id, "answer for a finished task acked");
                 let _ = publish::ack_confirmed(&msg).await;
             } else {
-                refuse(&client, &worker, &msg, &answer, refused).await;
+                refuse(&client, &worker, &answerer, &msg, &answer, refused).await;
             }
         });
     }
@@ -227,6 +268,14 @@ impl Worker {
         let Some(reply) = self.checked_reply(&msg, state) else {
             return;
         };
+        // The requester is in the subject (`hub.ctl.<me>.<kind>.<requester>`); the admin form
+        // names none.
+        let requester = match subjects::parse_control(msg.subject.as_str()) {
+            Ok((_, _, requester)) => requester,
+            Err(_) => return,
+        };
+        let requester = Requester::of_control(requester.as_ref());
+        let unauthorized = || serde_json::json!({ "error": WireError::new(WireErrorKind::Unauthorized, NOT_DELEGATOR) });
         let client = self.client.clone();
         let request = match serde_json::from_slice::<ControlRequest>(&msg.payload) {
             Ok(request) => request,
@@ -246,19 +295,34 @@ impl Worker {
             .running
             .by_task(&request.task_id)
             .filter(|r| r.attempt_id == request.attempt_id)
-            .map(|r| r.actor.clone());
-        let Some(actor) = running else {
+            .map(|r| (r.actor.clone(), r.delegator.clone()));
+        if let Some((_, delegator)) = &running {
+            if !may_control(requester, Some(delegator)) {
+                state.counters.unauthorized.bump();
+                publish_json(&client, reply, &unauthorized()).await;
+                return;
+            }
+        }
+        let Some((actor, _)) = running else {
             // Not running here: answer from the journal (parked or interrupted work).
             let record = {
                 let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
                 journal
                     .lookup_attempt(request.task_id.as_str(), request.attempt_id.as_str())
-                    .map(|r| (super::attempt::saved_of(r), Parked::of(r)))
+                    .map(|r| {
+                        let delegator = r.delegator.as_deref().and_then(|d| AgentId::new(d).ok());
+                        (super::attempt::saved_of(r), Parked::of(r), delegator)
+                    })
             };
-            let Some((saved, parked)) = record else {
+            let Some((saved, parked, delegator)) = record else {
                 publish_json(&client, reply, &unknown()).await;
                 return;
             };
+            if !may_control(requester, delegator.as_ref()) {
+                state.counters.unauthorized.bump();
+                publish_json(&client, reply, &unauthorized()).await;
+                return;
+            }
             let task_state = saved
                 .as_ref()
                 .map_or(TaskState::Running, |s| s.result.state);
@@ -369,11 +433,13 @@ impl Worker {
     }
 }
 
-/// Publishes the error result of a refused answer, then acks the answer; when the refusal
-/// cannot be published the answer is nak'd with a delay, so it is judged again later.
+/// Publishes the error result of a refused answer on `answerer`'s channel of its task, then
+/// acks the answer; when the refusal cannot be published the answer is nak'd with a delay, so
+/// it is judged again later.
 async fn refuse(
     client: &async_nats::Client,
     worker: &protocol::WorkerId,
+    answerer: &AgentId,
     msg: &jetstream::Message,
     answer: &Answer,
     verdict: AnswerVerdict,
@@ -390,7 +456,7 @@ async fn refuse(
         answer_id: answer.message_id.clone(),
         error,
     };
-    match publish::publish_refusal(client, refusal).await {
+    match publish::publish_refusal(client, answerer, refusal).await {
         Ok(_) => {
             let _ = publish::ack_confirmed(msg).await;
         }

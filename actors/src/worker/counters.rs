@@ -62,6 +62,9 @@ crate::counters! {
         /// Control and status requests ignored because their reply subject is not under the
         /// worker's reply prefix.
         replies_refused,
+        /// Queries, cancels and answers refused because their requester is neither the
+        /// task's delegator nor an admin.
+        unauthorized,
         /// Journalled attempts the start-up sweep forgot: their task was finished, or owned by
         /// another attempt, already.
         swept,

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use protocol::subjects::TaskChannel;
 use protocol::task::{decode_task, failed_result, result_msg_id, AttemptId, TaskChannelBody};
-use protocol::{TaskId, WireError};
+use protocol::{AgentId, TaskId, WireError, WireErrorKind};
 use ractor::{Actor, ActorRef};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -44,11 +45,11 @@ impl Worker {
             });
             return;
         }
-        let task = match decode_input(&msg) {
-            Ok(task) => task,
-            Err((task_id, error)) => {
+        let (task, delegator) = match decode_input(&msg) {
+            Ok(decoded) => decoded,
+            Err((channel, error)) => {
                 drop(permit);
-                self.refuse_input(state, msg, seq, task_id, error);
+                self.refuse_input(state, msg, seq, channel, error);
                 return;
             }
         };
@@ -66,7 +67,12 @@ impl Worker {
         // attempt back (a re-run, or the republish of its saved result).
         let admitted = {
             let mut journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
-            journal.admit(seq, task.task_id.as_str(), fresh_attempt_id().as_str())
+            journal.admit(
+                seq,
+                task.task_id.as_str(),
+                fresh_attempt_id().as_str(),
+                Some(delegator.as_str()),
+            )
         };
         let admission = match admitted {
             Ok(admission) => admission,
@@ -86,6 +92,7 @@ impl Worker {
             msg,
             seq,
             task,
+            delegator,
             attempt_id: attempt_id.clone(),
             admission,
             slot: permit,
@@ -127,12 +134,13 @@ impl Worker {
             baseline: state.baseline.clone(),
         };
         let name = attempt.name.clone();
+        let delegator = args.delegator().clone();
         match Actor::spawn_linked(Some(name), attempt, args, myself.get_cell()).await {
             Ok((actor, _)) => {
                 state.counters.admitted.bump();
                 state
                     .running
-                    .insert(actor, task_id.clone(), attempt_id, input);
+                    .insert(actor, task_id.clone(), delegator, attempt_id, input);
             }
             Err(e) => {
                 state.counters.attempt_failures.bump();
@@ -141,22 +149,27 @@ impl Worker {
         }
     }
 
-    /// Refuses bad input: with a task id salvaged from the body, a failed result is published
-    /// and the input acked only once the stream confirmed it (else nak'd with a delay, so the
-    /// refusal is tried again); without one, the input is terminated.
+    /// Refuses bad input: with a task id salvaged from the body (and the delegator's stamp), a
+    /// failed result is published on its channel and the input acked only once the stream
+    /// confirmed it (else nak'd with a delay, so the refusal is tried again); without one, the
+    /// input is terminated.
     fn refuse_input(
         &self,
         state: &mut WorkerState,
         msg: jetstream::Message,
         seq: u64,
-        task_id: Option<TaskId>,
+        channel: Option<TaskChannel>,
         error: WireError,
     ) {
         state.counters.bad_input.bump();
         tracing::warn!(input_seq = seq, kind = error.kind.as_str(), detail = %error.detail, "bad task input refused");
         let (client, worker_id) = (self.client.clone(), self.worker_id.clone());
         state.requests.spawn(async move {
-            let Some(task_id) = task_id else {
+            let Some(channel) = channel else {
+                let _ = msg.ack_with(AckKind::Term).await;
+                return;
+            };
+            let Ok(task_id) = TaskId::new(channel.key.as_str()) else {
                 let _ = msg.ack_with(AckKind::Term).await;
                 return;
             };
@@ -165,7 +178,7 @@ impl Worker {
             let msg_id = result_msg_id(&task_id, &attempt_id, 1);
             let result = failed_result(task_id.clone(), attempt_id, worker_id.clone(), error);
             let refusal = TaskChannelBody::Result(result);
-            match publish::publish_task_channel(&client, &worker_id, &task_id, &msg_id, &refusal)
+            match publish::publish_task_channel(&client, &worker_id, &channel, &msg_id, &refusal)
                 .await
             {
                 Ok(_) => {
@@ -189,17 +202,30 @@ pub(super) fn decode_envelope(
     crate::decode::envelope(msg.headers.as_ref(), &msg.payload)
 }
 
-/// Decodes a task input; on failure returns the salvageable task id and the error.
+/// Decodes a task input and its delegator (the router's stamp, `meta.from`); on failure
+/// returns the salvageable task channel and the error.
 fn decode_input(
     msg: &jetstream::Message,
-) -> Result<protocol::task::TaskSpec, (Option<TaskId>, WireError)> {
+) -> Result<(protocol::task::TaskSpec, AgentId), (Option<TaskChannel>, WireError)> {
     let env = decode_envelope(msg).map_err(|e| (None, WireError::from(&e)))?;
-    decode_task(&env.body).map_err(|e| {
-        let task_id = env
+    let Some(delegator) = env.meta.from.clone() else {
+        // Every stored task carries the router's stamp: one without has no channel to answer.
+        return Err((
+            None,
+            WireError::new(
+                WireErrorKind::Malformed,
+                "a task input without its sender's stamp",
+            ),
+        ));
+    };
+    let task = decode_task(&env.body).map_err(|e| {
+        let channel = env
             .body
             .get("task_id")
             .and_then(|v| v.as_str())
-            .and_then(|s| TaskId::new(s).ok());
-        (task_id, e.to_wire())
-    })
+            .and_then(|s| TaskId::new(s).ok())
+            .map(|id| TaskChannel::of(&delegator, &id));
+        (channel, e.to_wire())
+    })?;
+    Ok((task, delegator))
 }

@@ -350,15 +350,20 @@ impl Actor for Worker {
         let journal = Arc::new(Mutex::new(self.open_journal().await?));
         let bound = self.join_and_bind().await?;
         let mut subscriptions = Vec::new();
+        // Both forms of each kind: the admin form, and the one naming its requester.
         for kind in ControlKind::ALL {
-            let subject = subjects::control(&self.worker_id, kind);
-            subscriptions.push(
-                self.forward(&subject, &myself, move |msg| WorkerMsg::Control {
-                    kind,
-                    msg,
-                })
-                .await?,
-            );
+            for subject in [
+                subjects::control(&self.worker_id, kind),
+                subjects::control_as_filter(&self.worker_id, kind),
+            ] {
+                subscriptions.push(
+                    self.forward(&subject, &myself, move |msg| WorkerMsg::Control {
+                        kind,
+                        msg,
+                    })
+                    .await?,
+                );
+            }
         }
         // Every worker answers the scatter-gather status request of `runtime status`.
         subscriptions.push(

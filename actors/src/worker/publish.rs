@@ -1,4 +1,5 @@
-//! Publishing on a task channel through the ingress (`hub.pub.<worker>.task.<key>`): one
+//! Publishing on a task channel through the ingress
+//! (`hub.pub.<worker>.task.<delegator>.<key>`): one
 //! envelope, or a [bundle](protocol::routing::bundle_items) of several that the router stores
 //! as separate messages. Publishes are started (sent) and confirmed (stream ack awaited)
 //! separately, so that an attempt's publishes travel together. Also the acks of inputs, and
@@ -7,9 +8,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use protocol::subjects::{self, Channel, TaskKey};
+use protocol::subjects::{self, Channel, TaskChannel};
 use protocol::task::{AnswerRefusal, TaskChannelBody};
-use protocol::{AgentId, Envelope, MessageId, TaskId, WorkerId};
+use protocol::{AgentId, Envelope, MessageId, WorkerId};
 
 /// Why a publish or an ack was not confirmed.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +79,7 @@ impl PendingPublish {
     }
 }
 
-/// Publishes `body` through the ingress of `worker` on `task_id`'s channel with `Nats-Msg-Id`
+/// Publishes `body` through the ingress of `worker` on task channel `channel` with `Nats-Msg-Id`
 /// = `msg_id` and awaits the stream ack for at most [`PUBLISH_ACK_TIMEOUT`](crate::PUBLISH_ACK_TIMEOUT).
 ///
 /// # Errors
@@ -86,40 +87,42 @@ impl PendingPublish {
 pub async fn publish_task_channel(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &TaskId,
+    channel: &TaskChannel,
     msg_id: &str,
     body: &TaskChannelBody,
 ) -> Result<bool, PublishError> {
-    start_publish(client, worker, task_id, msg_id, body, None)
+    start_publish(client, worker, channel, msg_id, body, None)
         .await?
         .confirmed(crate::PUBLISH_ACK_TIMEOUT)
         .await
 }
 
-/// Publishes the error result of a refused answer on its task's channel (its id names the
-/// answer, so a redelivered answer refused again is deduplicated).
+/// Publishes the error result of a refused answer on the task channel of its task under
+/// `owner` (the answerer: the refusal is its news; its id names the answer, so a redelivered
+/// answer refused again is deduplicated).
 ///
 /// # Errors
 /// As [`publish_task_channel`].
 pub async fn publish_refusal(
     client: &async_nats::Client,
+    owner: &AgentId,
     refusal: AnswerRefusal,
 ) -> Result<bool, PublishError> {
     let msg_id =
         protocol::task::refusal_msg_id(&refusal.task_id, &refusal.worker_id, &refusal.answer_id);
-    let (worker, task_id) = (refusal.worker_id.clone(), refusal.task_id.clone());
+    let worker = refusal.worker_id.clone();
+    let channel = TaskChannel::of(owner, &refusal.task_id);
     publish_task_channel(
         client,
         &worker,
-        &task_id,
+        &channel,
         &msg_id,
         &TaskChannelBody::AnswerRefused(refusal),
     )
     .await
 }
 
-/// Sends `body` as an envelope through the ingress of `worker` on the task channel of
-/// `task_id`, with `Nats-Msg-Id` = `msg_id`, without waiting for the stream ack: several
+/// Sends `body` as an envelope through the ingress of `worker` on task channel `channel`, with `Nats-Msg-Id` = `msg_id`, without waiting for the stream ack: several
 /// publishes of one attempt travel together and are confirmed with
 /// [`PendingPublish::confirmed`]. They reach the ingress in the order they were started.
 ///
@@ -128,13 +131,13 @@ pub async fn publish_refusal(
 pub async fn start_publish(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &TaskId,
+    channel: &TaskChannel,
     msg_id: &str,
     body: &TaskChannelBody,
     trace: Option<&tracing::Span>,
 ) -> Result<PendingPublish, PublishError> {
     let payload = encode(msg_id, body_value(body))?;
-    send(client, worker, task_id, msg_id, payload, trace).await
+    send(client, worker, channel, msg_id, payload, trace).await
 }
 
 fn body_value(body: &TaskChannelBody) -> serde_json::Value {
@@ -142,19 +145,19 @@ fn body_value(body: &TaskChannelBody) -> serde_json::Value {
     serde_json::to_value(body).expect("task channel bodies serialize")
 }
 
-/// Publishes an encoded envelope to the ingress of `worker` on `task_id`'s channel with
+/// Publishes an encoded envelope to the ingress of `worker` on task channel `channel` with
 /// `Nats-Msg-Id` = `msg_id`, carrying the trace context of `trace`.
 async fn send(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &TaskId,
+    channel: &TaskChannel,
     msg_id: &str,
     payload: Vec<u8>,
     trace: Option<&tracing::Span>,
 ) -> Result<PendingPublish, PublishError> {
     let what = msg_id.to_owned();
     let me = AgentId::new(worker.as_str())?;
-    let subject = subjects::ingress(&me, &Channel::Task(TaskKey::from_task_id(task_id)));
+    let subject = subjects::ingress(&me, &Channel::Task(channel.clone()));
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(protocol::headers::NATS_MSG_ID, msg_id);
     headers.insert(
@@ -191,7 +194,7 @@ async fn send(
 pub async fn start_publish_bundle(
     client: &async_nats::Client,
     worker: &WorkerId,
-    task_id: &TaskId,
+    channel: &TaskChannel,
     bundle_id: &str,
     items: &[(&str, &TaskChannelBody)],
     trace: Option<&tracing::Span>,
@@ -207,7 +210,7 @@ pub async fn start_publish_bundle(
     {
         return Ok(None);
     }
-    send(client, worker, task_id, bundle_id, payload, trace)
+    send(client, worker, channel, bundle_id, payload, trace)
         .await
         .map(Some)
 }

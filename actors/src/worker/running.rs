@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use protocol::task::AttemptId;
-use protocol::TaskId;
+use protocol::{AgentId, TaskId};
 use ractor::{ActorId, ActorRef};
 
 use super::attempt::AttemptMsg;
@@ -23,6 +23,8 @@ pub(super) enum Input {
 pub(super) struct Running {
     pub actor: ActorRef<AttemptMsg>,
     pub task_id: TaskId,
+    /// Who delegated the task (only it, or an admin, may query, cancel or answer it).
+    pub delegator: AgentId,
     pub attempt_id: AttemptId,
     pub input: Option<Input>,
 }
@@ -43,6 +45,7 @@ impl RunningSet {
         &mut self,
         actor: ActorRef<AttemptMsg>,
         task_id: TaskId,
+        delegator: AgentId,
         attempt_id: AttemptId,
         input: Option<Input>,
     ) {
@@ -56,6 +59,7 @@ impl RunningSet {
             Running {
                 actor,
                 task_id,
+                delegator,
                 attempt_id,
                 input,
             },

@@ -111,7 +111,11 @@ async fn judge(
 ) -> Option<Found> {
     let task_id = TaskId::new(&record.task_id).ok()?;
     let attempt_id = AttemptId::new(&record.attempt_id).ok()?;
-    let view = match crate::task_channel::view(js, &streams.tasks, &task_id).await {
+    // A record of an earlier version does not know its delegator, so neither its channel: left
+    // alone (its input, if it comes back, tells).
+    let delegator = protocol::AgentId::new(record.delegator.as_deref()?).ok()?;
+    let reader = crate::task_channel::Reader::Direct(streams.tasks.clone());
+    let view = match crate::task_channel::view(js, &reader, &delegator, &task_id).await {
         Ok(view) => view,
         Err(e) => {
             tracing::warn!(%task_id, error = %e, "start-up sweep: cannot read the task channel; the attempt is kept");

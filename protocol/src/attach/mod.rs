@@ -73,6 +73,39 @@ pub struct HubInfo {
     pub tasks_stream: String,
 }
 
+/// A read of one of the requester's own task channels, sent as JSON on
+/// [`subjects::task_read_request`] (`hub.delivery.<id>.task`). A router answers it with a direct
+/// get of `channel.task.<id>.<key>` ([`task_read_direct_get`]): it forwards the request to
+/// the tasks stream's direct-get API with the requester's reply subject, so the reply is the
+/// broker's own direct-get reply (the stored message with its `Nats-Sequence` header, or a
+/// `404` status when there is none). A request the router cannot serve is answered with an
+/// [`AttachResponse::Refused`]-shaped `{"error": ...}` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRead {
+    /// The task's channel key (its full id).
+    pub key: crate::subjects::TaskKey,
+    /// The first stream sequence to read from (the next stored message at or after it); when
+    /// absent, the last stored message of the channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_seq: Option<u64>,
+}
+
+/// The body of the direct get (`$JS.API.DIRECT.GET.<tasks stream>`) that serves `requester`'s
+/// `read`: it names `channel.task.<requester>.<key>` and nothing else, since the key is one
+/// subject token (no wildcard) and the delegator is the requester from the request subject.
+pub fn task_read_direct_get(requester: &AgentId, read: &TaskRead) -> Vec<u8> {
+    let subject = subjects::task(&subjects::TaskChannel {
+        delegator: requester.clone(),
+        key: read.key.clone(),
+    });
+    let body = match read.from_seq {
+        Some(seq) => serde_json::json!({ "seq": seq.max(1), "next_by_subj": subject }),
+        None => serde_json::json!({ "last_by_subj": subject }),
+    };
+    serde_json::to_vec(&body).expect("a direct get request serializes")
+}
+
 /// hub-server's reply to an attach request, in JSON:
 /// `{"stream":..,"consumer":..}` or `{"error":{"kind":..,"detail":..}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

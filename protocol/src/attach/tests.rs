@@ -253,3 +253,56 @@ fn auto_on_a_known_durable_hub_binds_the_existing_consumer_when_nobody_answers()
         }
     );
 }
+
+mod task_read {
+    use crate::attach::{task_read_direct_get, TaskRead};
+    use crate::subjects::TaskKey;
+    use crate::AgentId;
+
+    fn body(requester: &str, read: &TaskRead) -> serde_json::Value {
+        serde_json::from_slice(&task_read_direct_get(
+            &AgentId::new(requester).unwrap(),
+            read,
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_read_names_only_the_requesters_own_channel() {
+        let key = TaskKey::new("t1").unwrap();
+        let next = TaskRead {
+            key: key.clone(),
+            from_seq: Some(7),
+        };
+        assert_eq!(
+            body("alice", &next),
+            serde_json::json!({"seq": 7, "next_by_subj": "channel.task.alice.t1"})
+        );
+        let last = TaskRead {
+            key,
+            from_seq: None,
+        };
+        assert_eq!(
+            body("bob", &last),
+            serde_json::json!({"last_by_subj": "channel.task.bob.t1"})
+        );
+    }
+
+    #[test]
+    fn a_read_request_with_a_wildcard_key_or_an_unknown_field_is_refused() {
+        for bad in [
+            r#"{"key": "*"}"#,
+            r#"{"key": ">"}"#,
+            r#"{"key": "a.b"}"#,
+            r#"{"key": "t1", "next_by_subj": "channel.task.bob.t1"}"#,
+            r#"{"key": "t1", "stream": "HUB_INBOX"}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<TaskRead>(bad).is_err(),
+                "{bad} was accepted"
+            );
+        }
+        let ok: TaskRead = serde_json::from_str(r#"{"key": "t1", "from_seq": 3}"#).unwrap();
+        assert_eq!(ok.from_seq, Some(3));
+    }
+}

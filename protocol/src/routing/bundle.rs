@@ -84,7 +84,7 @@ mod tests {
     fn run(payload: &Value) -> RouteDecision {
         let payload = serde_json::to_vec(payload).unwrap();
         route(&IngressView {
-            subject: "hub.pub.w1.task.t1",
+            subject: "hub.pub.w1.task.alice.t1",
             headers: &[],
             payload: &payload,
             ingress_seq: 3,
@@ -121,7 +121,7 @@ mod tests {
         else {
             panic!("not stored as a bundle: {decision:?}");
         };
-        assert_eq!(subject, "channel.task.t1");
+        assert_eq!(subject, "channel.task.alice.t1");
         assert_eq!(
             (codec, from.as_str(), id.as_str()),
             (Codec::Json, "w1", "b1")

@@ -77,7 +77,7 @@ pub enum RouteDecision {
     /// Store in a stream (inbox or task channel) with a JetStream publish
     /// carrying `Nats-Msg-Id` = `msg_id`.
     Store {
-        /// `channel.inbox.<to>` or `channel.task.<key>`.
+        /// `channel.inbox.<to>` or `channel.task.<delegator>.<key>`.
         subject: String,
         /// `hub-router:<from>:<meta.id>`.
         msg_id: String,
@@ -93,7 +93,7 @@ pub enum RouteDecision {
     /// Store several messages, in order, on one task channel (a [bundle](bundle_items)); the
     /// ingress message is acked once all are stored.
     StoreAll {
-        /// `channel.task.<key>`.
+        /// `channel.task.<delegator>.<key>`.
         subject: String,
         /// The items, in bundle order.
         items: Vec<StoredItem>,

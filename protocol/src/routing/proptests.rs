@@ -8,7 +8,7 @@ use super::*;
 use crate::envelope::Envelope;
 use crate::headers::{CONTENT_TYPE_MSGPACK, REPLAY_HEADERS};
 use crate::ids::{ChannelName, MAX_TOKEN_LEN};
-use crate::subjects::TaskKey;
+use crate::subjects::{TaskChannel, TaskKey};
 
 fn agent_id() -> impl Strategy<Value = AgentId> {
     crate::ids::strategies::token(MAX_TOKEN_LEN).prop_map(|s| AgentId::new(s).unwrap())
@@ -26,7 +26,10 @@ fn codec() -> impl Strategy<Value = Codec> {
 fn any_subject() -> impl Strategy<Value = String> {
     let channel = prop_oneof![
         Just(Channel::Inbox),
-        "[a-z0-9]{1,6}".prop_map(|k| Channel::Task(TaskKey::new(k).unwrap())),
+        ("[a-z0-9]{1,6}", "[a-z0-9]{1,6}").prop_map(|(d, k)| Channel::Task(TaskChannel {
+            delegator: AgentId::new(d).unwrap(),
+            key: TaskKey::new(k).unwrap(),
+        })),
         "[a-z]{1,6}"
             .prop_filter_map("reserved", |n| ChannelName::new(n).ok())
             .prop_map(Channel::Broadcast),

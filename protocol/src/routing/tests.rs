@@ -88,8 +88,8 @@ fn unknown_fields_survive_routing() {
 #[test]
 fn task_channel_is_stored_under_its_key() {
     let payload = br#"{"meta":{"id":"r1"},"body":{"status":{"worker_id":"worker-1"}}}"#;
-    let decision = run("hub.pub.worker-1.task.01JABC", &[], payload);
-    assert_eq!(decision.subject(), Some("channel.task.01JABC"));
+    let decision = run("hub.pub.worker-1.task.alice.01JABC", &[], payload);
+    assert_eq!(decision.subject(), Some("channel.task.alice.01JABC"));
     assert_eq!(decision.msg_id(), Some("hub-router:worker-1:r1"));
     let RouteDecision::Store { payload, from, .. } = decision else {
         panic!()
@@ -207,7 +207,7 @@ fn router_message_id_is_dropped() {
 fn non_ingress_subjects_are_dropped() {
     for subject in [
         "channel.inbox.bob",
-        "channel.task.t1",
+        "channel.task.alice.t1",
         "channel.general",
         "hub.pub.alice",
         "hub.pub.bo b.inbox",
@@ -520,7 +520,7 @@ fn only_the_worker_named_in_a_task_channel_message_may_publish_it() {
     for (from, body) in forged {
         let payload = format!(r#"{{"meta":{{"id":"x1"}},"body":{body}}}"#);
         let (sender, id, kind) = rejected(run(
-            &format!("hub.pub.{from}.task.t1"),
+            &format!("hub.pub.{from}.task.alice.t1"),
             &[],
             payload.as_bytes(),
         ));
@@ -535,7 +535,7 @@ fn only_the_worker_named_in_a_task_channel_message_may_publish_it() {
     let bundle = r#"{"meta":{"id":"b1"},"body":{"bundle":[
         {"meta":{"id":"i1"},"body":{"status":{"worker_id":"w1"}}},
         {"meta":{"id":"i2"},"body":{"result":{"worker_id":"w2"}}}]}}"#;
-    let (_, _, kind) = rejected(run("hub.pub.w1.task.t1", &[], bundle.as_bytes()));
+    let (_, _, kind) = rejected(run("hub.pub.w1.task.alice.t1", &[], bundle.as_bytes()));
     assert_eq!(kind, WireErrorKind::Unauthorized);
     for body in [
         r#"{"result":{"worker_id":"w1"}}"#,
@@ -544,8 +544,8 @@ fn only_the_worker_named_in_a_task_channel_message_may_publish_it() {
     ] {
         let payload = format!(r#"{{"meta":{{"id":"x1"}},"body":{body}}}"#);
         assert_eq!(
-            run("hub.pub.w1.task.t1", &[], payload.as_bytes()).subject(),
-            Some("channel.task.t1"),
+            run("hub.pub.w1.task.alice.t1", &[], payload.as_bytes()).subject(),
+            Some("channel.task.alice.t1"),
             "{body}"
         );
     }

@@ -67,6 +67,10 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     format!("hub.pub.{me}.answer.>"),
                     subjects::attach_request(&identity.name),
                     subjects::hub_info_request(&identity.name),
+                    // Reads of its own task channels, served by a router.
+                    subjects::task_read_request(&identity.name),
+                    // Query and cancel, with itself as the requester (any worker).
+                    format!("hub.ctl.*.*.{me}"),
                 ],
                 own_consumer(
                     &delivery.inbox.name,
@@ -74,7 +78,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 ),
             ]
             .concat(),
-            subscribe: vec![reply],
+            // The live results of the tasks it delegated.
+            subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             allow_responses: false,
         },
         Role::Worker { queues } => {
@@ -131,6 +136,9 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 // The broker-incarnation bucket (reads and creates).
                 format!("$KV.{}.>", subjects::BROKERS_BUCKET),
                 api(&format!("DIRECT.GET.KV_{}.>", subjects::BROKERS_BUCKET)),
+                // Task channel reads it serves ([`subjects::task_read_request`]): the request
+                // is forwarded with the requester's reply, scoped to its own channels.
+                api(&format!("DIRECT.GET.{}", delivery.tasks.name)),
                 // What it routes: inboxes, task channels, broadcasts, work, answers.
                 "channel.>".to_owned(),
                 "work.>".to_owned(),
@@ -143,6 +151,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     reply,
                     subjects::ATTACH_FILTER.to_owned(),
                     subjects::HUB_INFO_FILTER.to_owned(),
+                    subjects::TASK_READ_FILTER.to_owned(),
                     subjects::JOIN_FILTER.to_owned(),
                     subjects::STATUS_SUBJECT.to_owned(),
                 ],
@@ -211,6 +220,10 @@ mod tests {
         assert!(may_publish(&g, "hub.pub.alice.answer.w1"));
         assert!(may_publish(&g, "hub.delivery.alice.inbox"));
         assert!(may_publish(&g, "hub.delivery.alice.hub"));
+        assert!(may_publish(&g, "hub.delivery.alice.task"));
+        assert!(may_publish(&g, "hub.ctl.w1.cancel.alice"));
+        assert!(may_publish(&g, "hub.ctl.w1.query.alice"));
+        assert!(may_subscribe(&g, "channel.task.alice.k1"));
         assert!(may_publish(
             &g,
             "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-alice"
@@ -239,6 +252,10 @@ mod tests {
             "$JS.API.STREAM.PURGE.HUB_INBOX",
             "$JS.ACK.HUB_INBOX.inbox-bob.1.2.3.4.5",
             "hub.ctl.w1.cancel",
+            "hub.ctl.w1.cancel.bob",
+            "hub.delivery.bob.task",
+            "$JS.API.DIRECT.GET.HUB_TASKS",
+            "$JS.API.DIRECT.GET.HUB_TASKS.channel.task.bob.k1",
         ] {
             assert!(!may_publish(&g, denied), "alice may publish {denied}");
         }
@@ -247,6 +264,8 @@ mod tests {
             "_INBOX.x",
             "channel.inbox.bob",
             "hub.ctl.w1.cancel",
+            "channel.task.bob.k1",
+            "channel.task.>",
         ] {
             assert!(!may_subscribe(&g, denied), "alice may subscribe {denied}");
         }

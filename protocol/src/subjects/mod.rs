@@ -3,9 +3,11 @@
 //!
 //! | What                 | Subject / name                     |
 //! |----------------------|------------------------------------|
-//! | agent publishes      | `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<key>`, `hub.pub.<id>.<name>` |
+//! | agent publishes      | `hub.pub.<id>.inbox`, `hub.pub.<id>.<name>` |
+//! | worker publishes     | `hub.pub.<worker>.task.<delegator>.<key>` |
 //! | inbox of an agent    | `channel.inbox.<id>`               |
-//! | task channel         | `channel.task.<key>`               |
+//! | task channel         | `channel.task.<delegator>.<key>`   |
+//! | task channel read    | `hub.delivery.<id>.task` (a delegator reads its own, through a router) |
 //! | broadcast channel    | `channel.<name>`                   |
 //! | attach request       | `hub.delivery.<id>.inbox`          |
 //! | inbox consumer       | `inbox-<id>` on [`INBOX_STREAM`]   |
@@ -32,12 +34,12 @@ mod names;
 mod parse;
 mod work;
 
-pub use channel::{Channel, TaskKey};
+pub use channel::{Channel, TaskChannel, TaskKey};
 pub use error::SubjectError;
 pub use names::{validate_durable_name, validate_stream_name, MAX_NAME_LEN};
 pub use parse::{
     is_ingress_subject, parse_attach_request, parse_broadcast, parse_inbox, parse_inbox_consumer,
-    parse_ingress, parse_router_msg_id, parse_task,
+    parse_ingress, parse_router_msg_id, parse_task, parse_task_read_request,
 };
 pub use work::*;
 
@@ -65,6 +67,8 @@ pub const ATTACH_QUEUE_GROUP: &str = "hub-delivery";
 pub const ATTACH_FILTER: &str = "hub.delivery.*.inbox";
 /// The subject filter of hub info requests ([`hub_info_request`]).
 pub const HUB_INFO_FILTER: &str = "hub.delivery.*.hub";
+/// The subject filter of task channel read requests ([`task_read_request`]).
+pub const TASK_READ_FILTER: &str = "hub.delivery.*.task";
 /// Core request/reply subject; a router answers with a JSON status snapshot.
 pub const STATUS_SUBJECT: &str = "hub.admin.status";
 /// Core scatter-gather subject: every worker answers a request with its JSON snapshot (no
@@ -98,7 +102,7 @@ pub(crate) const INBOX_TOKEN: &str = "inbox";
 pub(crate) const TASK_TOKEN: &str = "task";
 
 /// The subject `from` publishes to on `channel`:
-/// `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<key>` or `hub.pub.<id>.<name>`.
+/// `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<delegator>.<key>` or `hub.pub.<id>.<name>`.
 pub fn ingress(from: &AgentId, channel: &Channel) -> String {
     format!("{INGRESS_PREFIX}{from}.{channel}")
 }
@@ -108,16 +112,31 @@ pub fn inbox(id: &AgentId) -> String {
     format!("{INBOX_PREFIX}{id}")
 }
 
-/// The stored task channel subject: `channel.task.<key>`.
-pub fn task(key: &TaskKey) -> String {
-    format!("{TASK_PREFIX}{key}")
+/// The stored task channel subject: `channel.task.<delegator>.<key>`.
+pub fn task(channel: &TaskChannel) -> String {
+    format!("{TASK_PREFIX}{channel}")
 }
 
-/// The filter of everything any sender publishes to task channel `key` through the ingress,
-/// not routed yet: `hub.pub.*.task.<key>` (a worker reads it for a result stored in the ingress
-/// but not in the task channel yet).
-pub fn task_ingress_filter(key: &TaskKey) -> String {
-    format!("{INGRESS_PREFIX}*.{TASK_TOKEN}.{key}")
+/// The filter of every task channel of `delegator`: `channel.task.<delegator>.>` (what a
+/// delegator may subscribe to).
+pub fn tasks_of(delegator: &AgentId) -> String {
+    format!("{TASK_PREFIX}{delegator}.>")
+}
+
+/// The filter of everything any sender publishes to task channel `channel` through the
+/// ingress, not routed yet: `hub.pub.*.task.<delegator>.<key>` (a worker reads it for a result
+/// stored in the ingress but not in the task channel yet).
+pub fn task_ingress_filter(channel: &TaskChannel) -> String {
+    format!("{INGRESS_PREFIX}*.{TASK_TOKEN}.{channel}")
+}
+
+/// The subject an identity requests a read of one of its own task channels on:
+/// `hub.delivery.<id>.task`. A router answers it with a direct get of
+/// `channel.task.<id>.<key>` only (the request body names the key and the sequence), so the
+/// requester reads the channels of the tasks it delegated and no others, with no direct-get
+/// grant of its own (a bare `DIRECT.GET` cannot be limited to subjects).
+pub fn task_read_request(id: &AgentId) -> String {
+    format!("{ATTACH_PREFIX}{id}.{TASK_TOKEN}")
 }
 
 /// The live broadcast subject: `channel.<name>`.

@@ -1,20 +1,21 @@
 //! Parsers: the inverse of the builders in [`super`].
 
 use super::{
-    Channel, SubjectError, TaskKey, ATTACH_PREFIX, BROADCAST_PREFIX, INBOX_CONSUMER_PREFIX,
-    INBOX_PREFIX, INBOX_TOKEN, INGRESS_PREFIX, ROUTER_MSG_ID_PREFIX, TASK_PREFIX, TASK_TOKEN,
+    Channel, SubjectError, TaskChannel, TaskKey, ATTACH_PREFIX, BROADCAST_PREFIX,
+    INBOX_CONSUMER_PREFIX, INBOX_PREFIX, INBOX_TOKEN, INGRESS_PREFIX, ROUTER_MSG_ID_PREFIX,
+    TASK_PREFIX, TASK_TOKEN,
 };
 use crate::ids::{AgentId, ChannelName, IdError, MessageId};
 
-/// Token counts after `hub.pub.`: `<id>.inbox`, `<id>.<name>` or `<id>.task.<key>`.
-const INGRESS_TOKENS: &str = "2 or 3";
+/// Token counts after `hub.pub.`: `<id>.inbox`, `<id>.<name>` or `<id>.task.<delegator>.<key>`.
+const INGRESS_TOKENS: &str = "2 or 4";
 
 /// Parses an ingress subject into the sender identity and the channel.
 ///
 /// # Errors
 ///
 /// Returns a [`SubjectError`] if `subject` is not
-/// `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<key>` or `hub.pub.<id>.<name>`
+/// `hub.pub.<id>.inbox`, `hub.pub.<id>.task.<delegator>.<key>` or `hub.pub.<id>.<name>`
 /// with valid tokens.
 pub fn parse_ingress(subject: &str) -> Result<(AgentId, Channel), SubjectError> {
     let rest = strip(subject, INGRESS_PREFIX)?;
@@ -26,8 +27,11 @@ pub fn parse_ingress(subject: &str) -> Result<(AgentId, Channel), SubjectError> 
     let channel = match tokens.as_slice() {
         [INBOX_TOKEN] => Channel::Inbox,
         [name] => Channel::Broadcast(token(subject, ChannelName::new(*name))?),
-        [TASK_TOKEN, key] => Channel::Task(token(subject, TaskKey::new(*key))?),
-        [found, _] => return Err(unexpected(subject, TASK_TOKEN, found)),
+        [TASK_TOKEN, delegator, key] => Channel::Task(TaskChannel {
+            delegator: token(subject, AgentId::new(*delegator))?,
+            key: token(subject, TaskKey::new(*key))?,
+        }),
+        [found, _, _] => return Err(unexpected(subject, TASK_TOKEN, found)),
         _ => return Err(token_count(subject, INGRESS_TOKENS, tokens.len() + 1)),
     };
     Ok((from, channel))
@@ -49,15 +53,37 @@ pub fn parse_inbox(subject: &str) -> Result<AgentId, SubjectError> {
     token(subject, AgentId::new(id))
 }
 
-/// Parses `channel.task.<key>`.
+/// Parses `channel.task.<delegator>.<key>`.
 ///
 /// # Errors
 ///
 /// Returns a [`SubjectError`] if `subject` is not a task subject with a
-/// valid key.
-pub fn parse_task(subject: &str) -> Result<TaskKey, SubjectError> {
-    let key = single_token(subject, TASK_PREFIX)?;
-    token(subject, TaskKey::new(key))
+/// valid delegator and key.
+pub fn parse_task(subject: &str) -> Result<TaskChannel, SubjectError> {
+    let rest = strip(subject, TASK_PREFIX)?;
+    let tokens: Vec<&str> = rest.split('.').collect();
+    match tokens.as_slice() {
+        [delegator, key] => Ok(TaskChannel {
+            delegator: token(subject, AgentId::new(*delegator))?,
+            key: token(subject, TaskKey::new(*key))?,
+        }),
+        _ => Err(token_count(subject, "2", tokens.len())),
+    }
+}
+
+/// Parses `hub.delivery.<id>.task` ([`super::task_read_request`]).
+///
+/// # Errors
+///
+/// Returns a [`SubjectError`] if `subject` is not a task read request with a valid identity.
+pub fn parse_task_read_request(subject: &str) -> Result<AgentId, SubjectError> {
+    let rest = strip(subject, ATTACH_PREFIX)?;
+    let tokens: Vec<&str> = rest.split('.').collect();
+    match tokens.as_slice() {
+        [id, TASK_TOKEN] => token(subject, AgentId::new(*id)),
+        [_, found] => Err(unexpected(subject, TASK_TOKEN, found)),
+        _ => Err(token_count(subject, "2", tokens.len())),
+    }
 }
 
 /// Parses `channel.<name>`.

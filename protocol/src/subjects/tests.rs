@@ -11,6 +11,13 @@ fn key(s: &str) -> TaskKey {
     TaskKey::new(s).unwrap()
 }
 
+fn chan(delegator: &str, k: &str) -> TaskChannel {
+    TaskChannel {
+        delegator: agent(delegator),
+        key: key(k),
+    }
+}
+
 fn name(s: &str) -> ChannelName {
     ChannelName::new(s).unwrap()
 }
@@ -27,15 +34,17 @@ fn builders_produce_the_documented_subjects() {
     let alice = agent("alice");
     assert_eq!(ingress(&alice, &Channel::Inbox), "hub.pub.alice.inbox");
     assert_eq!(
-        ingress(&alice, &Channel::Task(key("01JABC"))),
-        "hub.pub.alice.task.01JABC"
+        ingress(&alice, &Channel::Task(chan("bob", "01JABC"))),
+        "hub.pub.alice.task.bob.01JABC"
     );
     assert_eq!(
         ingress(&alice, &Channel::Broadcast(name("general"))),
         "hub.pub.alice.general"
     );
     assert_eq!(inbox(&alice), "channel.inbox.alice");
-    assert_eq!(task(&key("01JABC")), "channel.task.01JABC");
+    assert_eq!(task(&chan("bob", "01JABC")), "channel.task.bob.01JABC");
+    assert_eq!(tasks_of(&alice), "channel.task.alice.>");
+    assert_eq!(task_read_request(&alice), "hub.delivery.alice.task");
     assert_eq!(broadcast(&name("general")), "channel.general");
     assert_eq!(attach_request(&alice), "hub.delivery.alice.inbox");
     assert_eq!(inbox_consumer(&alice), "inbox-alice");
@@ -55,7 +64,11 @@ fn constants_are_valid_names_and_filters() {
     let alice = agent("alice");
     assert!(ingress(&alice, &Channel::Inbox).starts_with(INGRESS_FILTER.trim_end_matches('>')));
     assert!(inbox(&alice).starts_with(INBOX_FILTER.trim_end_matches('>')));
-    assert!(task(&key("t")).starts_with(TASKS_FILTER.trim_end_matches('>')));
+    assert!(task(&chan("a", "t")).starts_with(TASKS_FILTER.trim_end_matches('>')));
+    assert_eq!(
+        TASK_READ_FILTER.replace('*', "alice"),
+        task_read_request(&alice)
+    );
     assert_eq!(ATTACH_FILTER.replace('*', "alice"), attach_request(&alice));
     assert_eq!(STATUS_SUBJECT, "hub.admin.status");
     assert_eq!(WORKER_STATUS_SUBJECT, "hub.admin.workers");
@@ -73,7 +86,7 @@ fn task_key_is_the_full_task_id() {
 #[test]
 fn channel_knows_what_is_stored() {
     assert!(Channel::Inbox.is_stored());
-    assert!(Channel::Task(key("t")).is_stored());
+    assert!(Channel::Task(chan("a", "t")).is_stored());
     assert!(!Channel::Broadcast(name("general")).is_stored());
 }
 
@@ -84,8 +97,8 @@ fn parse_ingress_accepts_each_channel() {
         (agent("alice"), Channel::Inbox)
     );
     assert_eq!(
-        parse_ingress("hub.pub.alice.task.k1").unwrap(),
-        (agent("alice"), Channel::Task(key("k1")))
+        parse_ingress("hub.pub.alice.task.bob.k1").unwrap(),
+        (agent("alice"), Channel::Task(chan("bob", "k1")))
     );
     assert_eq!(
         parse_ingress("hub.pub.alice.general").unwrap(),
@@ -108,11 +121,16 @@ fn parse_ingress_rejects_malformed_subjects() {
         Err(SubjectError::WrongTokenCount { found: 1, .. })
     ));
     assert!(matches!(
-        parse_ingress("hub.pub.alice.task.k.extra"),
-        Err(SubjectError::WrongTokenCount { found: 4, .. })
+        parse_ingress("hub.pub.alice.task.b.k.extra"),
+        Err(SubjectError::WrongTokenCount { found: 5, .. })
+    ));
+    // The form before delegators were in the subject.
+    assert!(matches!(
+        parse_ingress("hub.pub.alice.task.k1"),
+        Err(SubjectError::WrongTokenCount { found: 3, .. })
     ));
     assert!(matches!(
-        parse_ingress("hub.pub.alice.session.k"),
+        parse_ingress("hub.pub.alice.session.b.k"),
         Err(SubjectError::UnexpectedToken { expected: "task", ref found, .. }) if found == "session"
     ));
     assert!(matches!(
@@ -156,7 +174,20 @@ fn parse_ingress_rejects_malformed_subjects() {
 #[test]
 fn parse_stored_subjects() {
     assert_eq!(parse_inbox("channel.inbox.bob").unwrap(), agent("bob"));
-    assert_eq!(parse_task("channel.task.k1").unwrap(), key("k1"));
+    assert_eq!(
+        parse_task("channel.task.bob.k1").unwrap(),
+        chan("bob", "k1")
+    );
+    assert!(matches!(
+        parse_task("channel.task.k1"),
+        Err(SubjectError::WrongTokenCount { found: 1, .. })
+    ));
+    assert_eq!(
+        parse_task_read_request("hub.delivery.bob.task").unwrap(),
+        agent("bob")
+    );
+    assert!(parse_task_read_request("hub.delivery.bob.inbox").is_err());
+    assert!(parse_task_read_request("hub.delivery.*.task").is_err());
     assert_eq!(parse_broadcast("channel.general").unwrap(), name("general"));
     assert!(matches!(
         parse_inbox("channel.inbox.bob.x"),
@@ -285,6 +316,10 @@ fn task_key() -> impl Strategy<Value = TaskKey> {
     token_string().prop_map(|s| TaskKey::new(s).unwrap())
 }
 
+fn task_channel() -> impl Strategy<Value = TaskChannel> {
+    (agent_id(), task_key()).prop_map(|(delegator, key)| TaskChannel { delegator, key })
+}
+
 fn channel_name() -> impl Strategy<Value = ChannelName> {
     token_string().prop_filter_map("reserved", |s| ChannelName::new(s).ok())
 }
@@ -292,7 +327,7 @@ fn channel_name() -> impl Strategy<Value = ChannelName> {
 fn channel() -> impl Strategy<Value = Channel> {
     prop_oneof![
         Just(Channel::Inbox),
-        task_key().prop_map(Channel::Task),
+        task_channel().prop_map(Channel::Task),
         channel_name().prop_map(Channel::Broadcast),
     ]
 }
@@ -328,7 +363,7 @@ proptest! {
     #[test]
     fn stored_and_broadcast_subjects_round_trip(
         id in agent_id(),
-        key in task_key(),
+        key in task_channel(),
         name in channel_name(),
     ) {
         let subjects = [inbox(&id), task(&key), broadcast(&name), attach_request(&id)];
@@ -369,10 +404,10 @@ proptest! {
         };
         for subject in [
             ingress(&id, &Channel::Inbox),
-            ingress(&id, &Channel::Task(key.clone())),
+            ingress(&id, &Channel::Task(TaskChannel { delegator: id.clone(), key: key.clone() })),
             ingress(&id, &Channel::Broadcast(name.clone())),
             inbox(&id),
-            task(&key),
+            task(&TaskChannel { delegator: id.clone(), key: key.clone() }),
             broadcast(&name),
             attach_request(&id),
         ] {
@@ -445,6 +480,6 @@ proptest! {
 
 #[test]
 fn the_task_ingress_filter_matches_every_senders_publish_to_the_channel() {
-    let key = TaskKey::from_task_id(&crate::TaskId::new("t-1").unwrap());
-    assert_eq!(task_ingress_filter(&key), "hub.pub.*.task.t-1");
+    let channel = TaskChannel::of(&agent("alice"), &crate::TaskId::new("t-1").unwrap());
+    assert_eq!(task_ingress_filter(&channel), "hub.pub.*.task.alice.t-1");
 }

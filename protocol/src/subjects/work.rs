@@ -11,7 +11,8 @@
 //! | shared queue consumer        | `queue-<queue>`                         |
 //! | targeted-task consumer       | `worker-<worker>` (filter `work.*.<worker>`) |
 //! | answer consumer              | `answers-<worker>`                      |
-//! | query / cancel (core req/rep)| `hub.ctl.<worker>.query`, `hub.ctl.<worker>.cancel` |
+//! | query / cancel (core req/rep)| `hub.ctl.<worker>.<query\|cancel>.<requester>` |
+//! | query / cancel by an admin   | `hub.ctl.<worker>.<query\|cancel>`     |
 //! | worker join request          | `hub.work.<queue>.join.<worker>`        |
 //!
 //! Answers live in their own stream, [`ANSWERS_STREAM`] under `answer.>`,
@@ -162,10 +163,23 @@ pub fn answer_consumer(worker: &WorkerId) -> String {
     format!("{ANSWER_CONSUMER_PREFIX}{worker}")
 }
 
-/// The core request/reply control subject of `worker`:
-/// `hub.ctl.<worker>.query` or `hub.ctl.<worker>.cancel`.
+/// The admin form of the core request/reply control subject of `worker`:
+/// `hub.ctl.<worker>.query` or `hub.ctl.<worker>.cancel`. It names no requester, so the worker
+/// serves it for any task: a rendered config grants it to admins only.
 pub fn control(worker: &WorkerId, kind: ControlKind) -> String {
     format!("{CONTROL_PREFIX}{worker}.{kind}")
+}
+
+/// The control subject `requester` sends a query or cancel to `worker` on:
+/// `hub.ctl.<worker>.<kind>.<requester>`. The worker serves it only for tasks `requester`
+/// delegated; a rendered config lets each identity publish only with itself as requester.
+pub fn control_as(worker: &WorkerId, kind: ControlKind, requester: &AgentId) -> String {
+    format!("{CONTROL_PREFIX}{worker}.{kind}.{requester}")
+}
+
+/// The filter of the requester form of `kind` on `worker`: `hub.ctl.<worker>.<kind>.*`.
+pub fn control_as_filter(worker: &WorkerId, kind: ControlKind) -> String {
+    format!("{CONTROL_PREFIX}{worker}.{kind}.*")
 }
 
 /// The subject `worker` asks the router to create its consumers on:
@@ -270,24 +284,30 @@ pub fn parse_answer_consumer(name: &str) -> Result<WorkerId, SubjectError> {
     token(name, WorkerId::new(strip(name, ANSWER_CONSUMER_PREFIX)?))
 }
 
-/// Parses `hub.ctl.<worker>.query` or `hub.ctl.<worker>.cancel`.
+/// Parses `hub.ctl.<worker>.<kind>` (the admin form: no requester) or
+/// `hub.ctl.<worker>.<kind>.<requester>`, kind `query` or `cancel`.
 ///
 /// # Errors
 ///
 /// Returns a [`SubjectError`] if `subject` is not a control subject.
-pub fn parse_control(subject: &str) -> Result<(WorkerId, ControlKind), SubjectError> {
+pub fn parse_control(
+    subject: &str,
+) -> Result<(WorkerId, ControlKind, Option<AgentId>), SubjectError> {
     let rest = strip(subject, CONTROL_PREFIX)?;
     let tokens: Vec<&str> = rest.split('.').collect();
-    match tokens.as_slice() {
-        [worker, kind] => {
-            let kind = ControlKind::ALL
-                .into_iter()
-                .find(|k| k.as_str() == *kind)
-                .ok_or_else(|| unexpected(subject, "query` or `cancel", kind))?;
-            Ok((token(subject, WorkerId::new(*worker))?, kind))
-        }
-        _ => Err(token_count(subject, "2", tokens.len())),
-    }
+    let (worker, kind, requester) = match tokens.as_slice() {
+        [worker, kind] => (*worker, *kind, None),
+        [worker, kind, requester] => (*worker, *kind, Some(*requester)),
+        _ => return Err(token_count(subject, "2 or 3", tokens.len())),
+    };
+    let kind = ControlKind::ALL
+        .into_iter()
+        .find(|k| k.as_str() == kind)
+        .ok_or_else(|| unexpected(subject, "query` or `cancel", kind))?;
+    let requester = requester
+        .map(|r| token(subject, AgentId::new(r)))
+        .transpose()?;
+    Ok((token(subject, WorkerId::new(worker))?, kind, requester))
 }
 
 /// Parses `hub.work.<queue>.join.<worker>`.

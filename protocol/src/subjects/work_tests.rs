@@ -122,12 +122,22 @@ fn parse_stored_names_and_control() {
     assert_eq!(parse_answer_consumer("answers-w").unwrap(), worker("w"));
     assert_eq!(
         parse_control("hub.ctl.w.query").unwrap(),
-        (worker("w"), ControlKind::Query)
+        (worker("w"), ControlKind::Query, None)
     );
     assert_eq!(
         parse_control("hub.ctl.w.cancel").unwrap(),
-        (worker("w"), ControlKind::Cancel)
+        (worker("w"), ControlKind::Cancel, None)
     );
+    assert_eq!(
+        parse_control("hub.ctl.w.cancel.alice").unwrap(),
+        (
+            worker("w"),
+            ControlKind::Cancel,
+            Some(AgentId::new("alice").unwrap())
+        )
+    );
+    assert!(parse_control("hub.ctl.w.cancel.*").is_err());
+    assert!(parse_control("hub.ctl.w.cancel.alice.x").is_err());
     assert_eq!(
         parse_join_request("hub.work.q.join.w1").unwrap(),
         (queue("q"), WorkerId::new("w1").unwrap())
@@ -174,7 +184,10 @@ proptest! {
         for kind in ControlKind::ALL {
             let subject = control(&w, kind);
             prop_assert!(is_well_formed(&subject));
-            prop_assert_eq!(parse_control(&subject).unwrap(), (w.clone(), kind));
+            prop_assert_eq!(parse_control(&subject).unwrap(), (w.clone(), kind, None));
+            let subject = control_as(&w, kind, &me);
+            prop_assert!(is_well_formed(&subject));
+            prop_assert_eq!(parse_control(&subject).unwrap(), (w.clone(), kind, Some(me.clone())));
         }
         let expected = (me.clone(), q.clone(), target.cloned());
         prop_assert_eq!(parse_work_ingress(&ingress).unwrap(), Some(expected));
@@ -217,8 +230,12 @@ proptest! {
         if let Ok(w) = parse_answer(&subject) {
             prop_assert_eq!(answer(&w), subject.clone());
         }
-        if let Ok((w, kind)) = parse_control(&subject) {
-            prop_assert_eq!(control(&w, kind), subject.clone());
+        if let Ok((w, kind, requester)) = parse_control(&subject) {
+            let built = match &requester {
+                Some(r) => control_as(&w, kind, r),
+                None => control(&w, kind),
+            };
+            prop_assert_eq!(built, subject.clone());
         }
         if let Ok((q, w)) = parse_join_request(&subject) {
             prop_assert_eq!(join_request(&q, &w), subject.clone());

@@ -62,6 +62,8 @@ pub enum AnswerVerdict {
     Stale,
     /// No owned attempt has these ids: error "unknown task attempt".
     UnknownAttempt,
+    /// The answerer is not the task's delegator ([`may_control`]): error "unauthorized".
+    NotDelegator,
 }
 
 impl AnswerVerdict {
@@ -76,7 +78,43 @@ impl AnswerVerdict {
                 WireErrorKind::UnknownTaskAttempt,
                 "unknown task attempt",
             )),
+            AnswerVerdict::NotDelegator => {
+                Some(WireError::new(WireErrorKind::Unauthorized, NOT_DELEGATOR))
+            }
         }
+    }
+}
+
+/// The error detail of a query, cancel or answer refused to someone other than the task's
+/// delegator.
+pub const NOT_DELEGATOR: &str =
+    "only the task's delegator (or an admin) may query, cancel or answer it";
+
+/// Who asks a worker to act on a task: the identity in the control subject or the stamped
+/// sender of an answer, or an admin (the admin form of the control subject, which names no
+/// requester: a rendered config grants it to admins only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Requester<'a> {
+    /// An admin.
+    Admin,
+    /// This identity.
+    Identity(&'a AgentId),
+}
+
+impl<'a> Requester<'a> {
+    /// The requester of a control subject's requester token: none is the admin form.
+    pub fn of_control(requester: Option<&'a AgentId>) -> Self {
+        requester.map_or(Requester::Admin, Requester::Identity)
+    }
+}
+
+/// Whether `requester` may query, cancel or answer a task delegated by `delegator`: the
+/// delegator itself, or an admin. A task whose delegator is unknown (a journal record of an
+/// earlier version) is served to admins only.
+pub fn may_control(requester: Requester<'_>, delegator: Option<&AgentId>) -> bool {
+    match requester {
+        Requester::Admin => true,
+        Requester::Identity(id) => delegator == Some(id),
     }
 }
 

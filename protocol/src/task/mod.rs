@@ -41,11 +41,11 @@ mod wire;
 pub use channel::{ChannelView, Whereabouts};
 pub use decide::{
     build_result, bundle_msg_id, cancel_status, expired_result, failed_result, is_expired,
-    is_rerun, judge_answer, on_delivery, refusal_msg_id, result_msg_id, result_too_large,
-    status_event_id, status_msg_id, task_msg_id, too_large_result, AnswerVerdict, AttemptView,
-    ChannelState, DeliveryPlan, JournalView, Settled, ENVELOPE_HEADROOM, EXPIRED,
-    REFUSAL_MSG_ID_PREFIX, RESULT_MSG_ID_PREFIX, RESULT_TOO_LARGE, STATUS_MSG_ID_PREFIX,
-    TASK_MSG_ID_PREFIX,
+    is_rerun, judge_answer, may_control, on_delivery, refusal_msg_id, result_msg_id,
+    result_too_large, status_event_id, status_msg_id, task_msg_id, too_large_result, AnswerVerdict,
+    AttemptView, ChannelState, DeliveryPlan, JournalView, Requester, Settled, ENVELOPE_HEADROOM,
+    EXPIRED, NOT_DELEGATOR, REFUSAL_MSG_ID_PREFIX, RESULT_MSG_ID_PREFIX, RESULT_TOO_LARGE,
+    STATUS_MSG_ID_PREFIX, TASK_MSG_ID_PREFIX,
 };
 pub use decode::{decode_task, decode_task_json};
 pub use error::TaskError;

@@ -444,3 +444,38 @@ fn bundle_ids_name_their_contents() {
     assert_eq!(bundle_msg_id(&t, &a, 2, true), "hub-bundle:t1:a1:2:a");
     assert!(MessageId::new(bundle_msg_id(&t, &a, u32::MAX, true)).is_ok());
 }
+
+mod who_may_act {
+    use proptest::prelude::*;
+
+    use crate::task::{may_control, AnswerVerdict, Requester};
+    use crate::{AgentId, WireErrorKind};
+
+    fn id(s: &str) -> AgentId {
+        AgentId::new(s).unwrap()
+    }
+
+    #[test]
+    fn the_delegator_and_admins_may_act_and_no_one_else() {
+        let (alice, bob) = (id("alice"), id("bob"));
+        assert!(may_control(Requester::Identity(&alice), Some(&alice)));
+        assert!(!may_control(Requester::Identity(&bob), Some(&alice)));
+        assert!(may_control(Requester::Admin, Some(&alice)));
+        // A task whose delegator is unknown (an old journal record): admins only.
+        assert!(!may_control(Requester::Identity(&alice), None));
+        assert!(may_control(Requester::Admin, None));
+        assert_eq!(Requester::of_control(None), Requester::Admin);
+        assert_eq!(
+            AnswerVerdict::NotDelegator.error().unwrap().kind,
+            WireErrorKind::Unauthorized
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn an_identity_may_act_exactly_on_its_own_tasks(a in "[a-z]{1,3}", d in "[a-z]{1,3}") {
+            let (a, d) = (id(&a), id(&d));
+            prop_assert_eq!(may_control(Requester::Identity(&a), Some(&d)), a == d);
+        }
+    }
+}

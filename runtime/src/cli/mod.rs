@@ -152,6 +152,15 @@ pub struct TaskArgs {
     /// What to do.
     #[command(subcommand)]
     pub action: TaskAction,
+    /// The task's delegator: only it (or an admin, on the worker's admin subject) may query or
+    /// cancel the task, and it reads the task's channel as itself.
+    #[arg(
+        long = "as",
+        value_name = "ID",
+        env = "RUNTIME_AGENT_ID",
+        global = true
+    )]
+    pub as_id: Option<String>,
     /// Where the hub keeps its streams.
     #[command(flatten)]
     pub hub: HubArgs,
@@ -185,13 +194,8 @@ pub struct AnswerArgs {
     #[arg(long)]
     pub text: String,
 
-    /// Who answers.
-    #[arg(
-        long = "as",
-        value_name = "ID",
-        env = "RUNTIME_AGENT_ID",
-        default_value = "operator"
-    )]
+    /// Who answers: the task's delegator (a worker refuses an answer from anyone else).
+    #[arg(long = "as", value_name = "ID", env = "RUNTIME_AGENT_ID")]
     pub as_id: String,
 
     /// Where the hub keeps its streams.
@@ -206,12 +210,13 @@ pub struct AnswerArgs {
 /// `runtime delegate`.
 #[derive(Debug, Args)]
 pub struct DelegateArgs {
-    /// The delegator's identity.
+    /// The delegator's identity (with `--resume` too: an identity reads only the results of
+    /// the tasks it delegated).
     #[arg(
         long = "as",
         value_name = "ID",
         env = "RUNTIME_AGENT_ID",
-        required_unless_present = "resume"
+        required = true
     )]
     pub as_id: Option<String>,
 

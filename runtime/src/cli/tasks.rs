@@ -6,7 +6,7 @@ use std::time::Duration;
 use actors::tracker::TrackerEvent;
 use protocol::subjects::ControlKind;
 use protocol::task::TaskResult;
-use protocol::{QueueName, TaskId, WorkerId};
+use protocol::{AgentId, QueueName, TaskId, WorkerId};
 use runtime::{ActorSystem, SystemError};
 
 use super::messaging::agent;
@@ -50,6 +50,7 @@ pub enum DelegateError {
 /// for invalid input; [`SystemError::Timeout`] when no result arrived in time; connection and
 /// publish errors.
 pub async fn delegate(args: DelegateArgs, print: impl Fn(&str)) -> Result<(), DelegateError> {
+    let from = agent("--as", args.as_id.as_deref().unwrap_or_default())?;
     let system = client_system(&args.nats, &args.hub, "runtime-delegate").await?;
     let (task_id, tracking) = match &args.resume {
         Some(id) => (
@@ -57,7 +58,6 @@ pub async fn delegate(args: DelegateArgs, print: impl Fn(&str)) -> Result<(), De
             None,
         ),
         None => {
-            let from = agent("--as", args.as_id.as_deref().unwrap_or_default())?;
             let queue = QueueName::new(args.queue.clone().unwrap_or_default())
                 .map_err(|e| invalid("--queue", &e))?;
             let worker = args
@@ -95,9 +95,9 @@ pub async fn delegate(args: DelegateArgs, print: impl Fn(&str)) -> Result<(), De
     if args.wait || args.resume.is_some() {
         let tracking = match tracking {
             Some(tracking) => tracking,
-            None => system.track(&task_id).await?,
+            None => system.track(&from, &task_id).await?,
         };
-        let waited = wait_for_result(&system, &task_id, tracking, &args, &print).await;
+        let waited = wait_for_result(&system, &from, &task_id, tracking, &args, &print).await;
         let _ = system.shutdown(Duration::from_secs(5)).await;
         waited?;
         return Ok(());
@@ -110,6 +110,7 @@ pub async fn delegate(args: DelegateArgs, print: impl Fn(&str)) -> Result<(), De
 /// current state (a stored read replays history: the channel is read again to tell).
 async fn wait_for_result(
     system: &ActorSystem,
+    from: &AgentId,
     task_id: &TaskId,
     tracking: runtime::system::tasks::Tracking,
     args: &DelegateArgs,
@@ -140,7 +141,7 @@ async fn wait_for_result(
             }
             () = tokio::time::sleep_until(check_at), if recheck.at.is_some() => {
                 recheck.at = None;
-                if let Some(waiting) = current_question(system, task_id, &mut recheck).await? {
+                if let Some(waiting) = current_question(system, from, task_id, &mut recheck).await? {
                     if let Some(stop) = show_question(waiting, &mut questions_printed, args, print, task_id) {
                         return Err(stop.into());
                     }
@@ -150,7 +151,7 @@ async fn wait_for_result(
                 Some(TrackerEvent::Progress(_)) => {
                     // Is it the task's current state? The channel says.
                     recheck.left = RECHECKS;
-                    let Some(waiting) = current_question(system, task_id, &mut recheck).await? else {
+                    let Some(waiting) = current_question(system, from, task_id, &mut recheck).await? else {
                         continue;
                     };
                     if let Some(stop) = show_question(waiting, &mut questions_printed, args, print, task_id) {
@@ -177,7 +178,7 @@ async fn wait_for_result(
             }
             () = &mut signals => {
                 // Ctrl-C while waiting cancels the task (a timeout does not).
-                let cancel = system.control_task(task_id, ControlKind::Cancel).await;
+                let cancel = system.control_task(from, task_id, ControlKind::Cancel).await;
                 return Err(SystemError::Task {
                     task_id: task_id.clone(),
                     what: match cancel {
@@ -205,10 +206,11 @@ struct Recheck {
 /// again shortly, while it has tries left (a question already answered stays unshown).
 async fn current_question(
     system: &ActorSystem,
+    from: &AgentId,
     task_id: &TaskId,
     recheck: &mut Recheck,
 ) -> Result<Option<TaskResult>, SystemError> {
-    let view = system.task_view(task_id).await?;
+    let view = system.task_view(from, task_id).await?;
     if let Some(waiting) = view.waiting() {
         return Ok(Some(waiting.clone()));
     }
@@ -255,8 +257,8 @@ async fn client_system(
         .await
 }
 
-/// `runtime task status|cancel TASK_ID`: the reply of the task's worker (or of its task
-/// channel, for a finished task).
+/// `runtime task status|cancel TASK_ID --as ID`: the reply of the task's worker (or of its
+/// task channel, for a finished task), asked as the task's delegator.
 ///
 /// # Errors
 /// As [`ActorSystem::control_task`].
@@ -266,8 +268,9 @@ pub async fn task(args: TaskArgs) -> Result<serde_json::Value, SystemError> {
         TaskAction::Cancel { task_id } => (task_id, ControlKind::Cancel),
     };
     let task_id = TaskId::new(id.as_str()).map_err(|e| invalid("TASK_ID", &e))?;
+    let from = agent("--as", args.as_id.as_deref().unwrap_or_default())?;
     let system = client_system(&args.nats, &args.hub, "runtime-task").await?;
-    let reply = system.control_task(&task_id, kind).await;
+    let reply = system.control_task(&from, &task_id, kind).await;
     let _ = system.shutdown(Duration::from_secs(5)).await;
     reply
 }

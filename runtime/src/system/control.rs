@@ -1,5 +1,12 @@
 //! Finding a task and acting on it through an [`ActorSystem`]: its task channel's view, a query
 //! or cancel to the worker holding it, and an answer to its question.
+//!
+//! Each acts as an identity, the task's delegator: the view is of the delegator's own channel
+//! of the task (`channel.task.<delegator>.<task id>`, read through a router), which only the
+//! router writes, with what the worker holding the task published (each body stamped by the
+//! worker it names); the query or cancel names the delegator as its requester
+//! (`hub.ctl.<worker>.<kind>.<delegator>`), and the answer is sent as the delegator. The
+//! worker serves them only for the task's delegator.
 
 use std::time::Duration;
 
@@ -14,20 +21,26 @@ use super::{ActorSystem, SystemError};
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl ActorSystem {
-    /// What `task_id`'s stored channel says (the system's tasks stream, `tasks.name` of its
-    /// delivery config).
+    /// What the stored channel of `task_id`, delegated by `delegator`, says: read through a
+    /// router, as `delegator`.
     ///
     /// # Errors
-    /// [`SystemError::Request`] when the channel cannot be read.
-    pub async fn task_view(&self, task_id: &TaskId) -> Result<ChannelView, SystemError> {
+    /// [`SystemError::Request`] when the channel cannot be read (no router answers).
+    pub async fn task_view(
+        &self,
+        delegator: &AgentId,
+        task_id: &TaskId,
+    ) -> Result<ChannelView, SystemError> {
         let js = async_nats::jetstream::new(self.client.clone());
-        actors::task_channel::view(&js, &self.delivery.tasks.name, task_id)
+        let reader = actors::task_channel::Reader::Routed(delegator.clone());
+        actors::task_channel::view(&js, &reader, delegator, task_id)
             .await
             .map_err(|e| SystemError::request(&self.delivery.tasks.name, e))
     }
 
-    /// Sends a query or cancel to the worker of `task_id`'s latest attempt, as its task
-    /// channel names it, and returns the JSON reply. A finished task is answered from the
+    /// Sends a query or cancel, as `delegator`, to the worker of the latest attempt of
+    /// `task_id` (delegated by `delegator`), as its task channel names it, and returns the JSON
+    /// reply. A finished task is answered from the
     /// channel (the worker has forgotten it): its state, `active: false`, and for a cancel
     /// `not_active`.
     ///
@@ -37,10 +50,11 @@ impl ActorSystem {
     /// not answer.
     pub async fn control_task(
         &self,
+        delegator: &AgentId,
         task_id: &TaskId,
         kind: ControlKind,
     ) -> Result<serde_json::Value, SystemError> {
-        let view = self.task_view(task_id).await?;
+        let view = self.task_view(delegator, task_id).await?;
         if let Some(result) = &view.final_result {
             let mut reply = serde_json::json!({"state": result.state, "active": false});
             if kind == ControlKind::Cancel {
@@ -57,7 +71,7 @@ impl ActorSystem {
             attempt_id: at.attempt_id,
             worker_id: at.worker_id.clone(),
         };
-        let subject = subjects::control(&at.worker_id, kind);
+        let subject = subjects::control_as(&at.worker_id, kind, delegator);
         let body = serde_json::to_vec(&request).expect("a control request serializes");
         let reply = tokio::time::timeout(
             CONTROL_TIMEOUT,
@@ -71,7 +85,8 @@ impl ActorSystem {
         serde_json::from_slice(&reply.payload).map_err(|e| SystemError::request(&subject, e))
     }
 
-    /// Answers the question `task_id` waits on with `responses`, as `from`: the answer names
+    /// Answers the question `task_id` (delegated by `from`) waits on with `responses`, as
+    /// `from`: the answer names
     /// the waiting attempt and its tool call, and goes to the route of the waiting result
     /// (checked against the worker it names) through `from`'s ingress.
     ///
@@ -84,7 +99,7 @@ impl ActorSystem {
         task_id: &TaskId,
         responses: Vec<serde_json::Value>,
     ) -> Result<Answer, SystemError> {
-        let view = self.task_view(task_id).await?;
+        let view = self.task_view(from, task_id).await?;
         let not_waiting = || SystemError::Task {
             task_id: task_id.clone(),
             what: "not waiting for an answer".into(),

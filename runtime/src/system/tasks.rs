@@ -216,8 +216,10 @@ impl ActorSystem {
     }
 
     /// Starts a supervised tracker (transient: restarted after a crash, not after it delivered)
-    /// that follows `task_id`'s channel live and reads its stored channel from the start, so a
-    /// result published while nobody listened is still found.
+    /// that follows the channel of `task_id`, delegated by `delegator`, live and reads its
+    /// stored channel from the start (through a router, as `delegator`: an identity reads only
+    /// the channels of the tasks it delegated), so a result published while nobody listened is
+    /// still found.
     ///
     /// Every tracker of the system is a child of one dynamic supervisor (started by the first
     /// call): each is restarted on its own with backoff, at most 5 times within 10 s, after which
@@ -227,8 +229,12 @@ impl ActorSystem {
     /// # Errors
     /// [`SystemError::Spawn`] when the supervisor cannot be started or refuses the tracker
     /// (e.g. the task is already tracked by this system).
-    pub async fn track(&self, task_id: &TaskId) -> Result<Tracking, SystemError> {
-        self.start_tracker(task_id, false).await
+    pub async fn track(
+        &self,
+        delegator: &AgentId,
+        task_id: &TaskId,
+    ) -> Result<Tracking, SystemError> {
+        self.start_tracker(delegator, task_id, false).await
     }
 
     /// Submits `spec` like [`delegate`](Self::delegate) and tracks it like
@@ -251,22 +257,28 @@ impl ActorSystem {
     ) -> Result<(TaskReceipt, Tracking), SystemError> {
         if spec.idempotency_key.is_some() {
             let receipt = self.delegate(from, queue, worker, spec).await?;
-            let tracking = self.track(&receipt.task_id).await?;
+            let tracking = self.track(from, &receipt.task_id).await?;
             return Ok((receipt, tracking));
         }
-        let tracking = self.start_tracker(&spec.task_id, true).await?;
+        let tracking = self.start_tracker(from, &spec.task_id, true).await?;
         let receipt = self.delegate(from, queue, worker, spec).await?;
         Ok((receipt, tracking))
     }
 
-    async fn start_tracker(&self, task_id: &TaskId, fresh: bool) -> Result<Tracking, SystemError> {
+    async fn start_tracker(
+        &self,
+        delegator: &AgentId,
+        task_id: &TaskId,
+        fresh: bool,
+    ) -> Result<Tracking, SystemError> {
         use actors::supervision::{dynamic, ChildSpec, Restart};
         let (tracker, result, events) = actors::tracker::TaskTracker::new(
             self.tracker_name(task_id),
             self.client.clone(),
+            delegator.clone(),
             task_id.clone(),
         );
-        let mut tracker = tracker.with_tasks_stream(self.delivery.tasks.name.clone());
+        let mut tracker = tracker;
         if fresh {
             tracker = tracker.fresh();
         }

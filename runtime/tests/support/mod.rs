@@ -309,12 +309,13 @@ pub async fn wait_router_answers(client: &async_nats::Client) {
     .unwrap();
 }
 
-/// Every result stored on `task_id`'s channel in `HUB_TASKS`, in order.
+/// Every result stored on `task_id`'s channel in `HUB_TASKS` (whoever delegated it:
+/// `channel.task.*.<task id>`), in order.
 pub async fn results_on(
     js: &jetstream::Context,
     task_id: &protocol::TaskId,
 ) -> Vec<protocol::task::TaskResult> {
-    let subject = protocol::subjects::task(&protocol::TaskKey::from_task_id(task_id));
+    let subject = format!("channel.task.*.{task_id}");
     stored_on(js, protocol::subjects::TASKS_STREAM, &subject)
         .await
         .into_iter()

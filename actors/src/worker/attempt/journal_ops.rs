@@ -27,6 +27,8 @@ pub(crate) struct Parked {
     pub record_seq: u64,
     /// The task.
     pub task: TaskSpec,
+    /// Who delegated it (journalled at admission).
+    pub delegator: protocol::AgentId,
     /// The attempt.
     pub attempt_id: protocol::task::AttemptId,
     /// The latest saved result (`waiting`; none while a resume is interrupted).
@@ -41,12 +43,15 @@ impl Parked {
         Self::of(journal.lookup_attempt(task_id, attempt_id)?)
     }
 
-    /// The parked attempt `record` is, when it is one (its task is kept).
+    /// The parked attempt `record` is, when it is one (its task and its delegator are kept; a
+    /// record of an earlier version, without its delegator, is none: its task channel is not
+    /// known).
     pub fn of(record: &crate::journal::AttemptRecord) -> Option<Parked> {
         let task: TaskSpec = serde_json::from_value(record.task.clone()?).ok()?;
         Some(Parked {
             record_seq: record.input_seq,
             task,
+            delegator: protocol::AgentId::new(record.delegator.as_deref()?).ok()?,
             attempt_id: protocol::task::AttemptId::new(&record.attempt_id).ok()?,
             saved: saved_of(record),
             answers: answers_of(record),

@@ -13,11 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, AckKind};
+use protocol::subjects::TaskChannel;
 use protocol::task::{
     judge_answer, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus, ChannelState,
     ControlRequest, Outcome, QueryReply, StatusEvent, Suspend, TaskSpec, TaskState,
 };
-use protocol::{MessageId, WireError, WorkerId};
+use protocol::{AgentId, MessageId, WireError, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
@@ -123,6 +124,8 @@ pub(crate) enum AttemptArgs {
         seq: u64,
         /// The decoded task.
         task: TaskSpec,
+        /// Who delegated it (the router's stamp on the input): its task channel's owner.
+        delegator: AgentId,
         /// The attempt (the admission's, as the worker's running set knows it).
         attempt_id: AttemptId,
         /// The journal's admission of it.
@@ -147,6 +150,18 @@ pub(crate) enum AttemptArgs {
         /// Cancel it (else only a final result saved earlier is republished).
         cancel: bool,
     },
+}
+
+impl AttemptArgs {
+    /// Who delegated the task the attempt runs.
+    pub fn delegator(&self) -> &AgentId {
+        match self {
+            AttemptArgs::Task { delegator, .. } => delegator,
+            AttemptArgs::Resume { parked, .. } | AttemptArgs::Settle { parked, .. } => {
+                &parked.delegator
+            }
+        }
+    }
 }
 
 /// Messages of an attempt.
@@ -202,6 +217,9 @@ pub(crate) struct AttemptState {
     /// task id).
     record_seq: u64,
     task: TaskSpec,
+    /// The task's channel, `channel.task.<delegator>.<task id>` (the delegator is the
+    /// router's stamp on the input).
+    channel: TaskChannel,
     attempt_id: AttemptId,
     rerun: bool,
     start: Option<Start>,
@@ -311,62 +329,67 @@ impl Actor for Attempt {
         args: AttemptArgs,
     ) -> Result<AttemptState, ActorProcessingErr> {
         fault::check(&self.name, FaultPoint::PreStart)?;
-        let (input, record_seq, task, attempt_id, slot, start, saved, answers) = match args {
-            AttemptArgs::Task {
-                msg,
-                seq,
-                task,
-                attempt_id,
-                admission,
-                slot,
-            } => {
-                let answers = {
-                    let journal = self.journal.lock().unwrap_or_else(|e| e.into_inner());
-                    journal
-                        .lookup(seq, task.task_id.as_str())
-                        .map(journal_ops::answers_of)
-                        .unwrap_or_default()
-                };
-                let saved = admission
-                    .result
-                    .as_ref()
-                    .and_then(|v| serde_json::from_value(v.clone()).ok());
-                (
-                    Some(msg),
+        let (input, record_seq, task, delegator, attempt_id, slot, start, saved, answers) =
+            match args {
+                AttemptArgs::Task {
+                    msg,
                     seq,
                     task,
+                    delegator,
                     attempt_id,
-                    Some(slot),
-                    Start::Task { new: admission.new },
-                    saved,
-                    answers,
-                )
-            }
-            AttemptArgs::Resume {
-                msg,
-                parked,
-                answer,
-            } => (
-                Some(msg),
-                parked.record_seq,
-                parked.task,
-                parked.attempt_id,
-                None,
-                Start::Resume(answer),
-                parked.saved,
-                parked.answers,
-            ),
-            AttemptArgs::Settle { parked, cancel } => (
-                None,
-                parked.record_seq,
-                parked.task,
-                parked.attempt_id,
-                None,
-                Start::Settle { cancel },
-                parked.saved,
-                parked.answers,
-            ),
-        };
+                    admission,
+                    slot,
+                } => {
+                    let answers = {
+                        let journal = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+                        journal
+                            .lookup(seq, task.task_id.as_str())
+                            .map(journal_ops::answers_of)
+                            .unwrap_or_default()
+                    };
+                    let saved = admission
+                        .result
+                        .as_ref()
+                        .and_then(|v| serde_json::from_value(v.clone()).ok());
+                    (
+                        Some(msg),
+                        seq,
+                        task,
+                        delegator,
+                        attempt_id,
+                        Some(slot),
+                        Start::Task { new: admission.new },
+                        saved,
+                        answers,
+                    )
+                }
+                AttemptArgs::Resume {
+                    msg,
+                    parked,
+                    answer,
+                } => (
+                    Some(msg),
+                    parked.record_seq,
+                    parked.task,
+                    parked.delegator,
+                    parked.attempt_id,
+                    None,
+                    Start::Resume(answer),
+                    parked.saved,
+                    parked.answers,
+                ),
+                AttemptArgs::Settle { parked, cancel } => (
+                    None,
+                    parked.record_seq,
+                    parked.task,
+                    parked.delegator,
+                    parked.attempt_id,
+                    None,
+                    Start::Settle { cancel },
+                    parked.saved,
+                    parked.answers,
+                ),
+            };
         // (2) heartbeat from admission on.
         let heartbeat = input.clone().map(|msg| {
             let counters = self.counters.clone();
@@ -394,6 +417,7 @@ impl Actor for Attempt {
             span: tracing::Span::none(),
             input,
             record_seq,
+            channel: TaskChannel::of(&delegator, &task.task_id),
             task,
             rerun: false,
             attempt_id,

@@ -33,7 +33,7 @@ impl Attempt {
         start_publish(
             &self.client,
             &self.worker_id,
-            &state.task.task_id,
+            &state.channel,
             &msg_id,
             &TaskChannelBody::Status(event),
             Some(&state.span),
@@ -99,6 +99,7 @@ impl Attempt {
         let event = self.status_event(state, saved.seq.max(1), saved.result.state);
         let msg_id = result_msg_id(&state.task.task_id, &state.attempt_id, saved.seq);
         let (task_id, worker, span) = (&state.task.task_id, &self.worker_id, &state.span);
+        let channel = &state.channel;
         let status_id = status_msg_id(&event.event_id);
         let status = TaskChannelBody::Status(event);
         let result = TaskChannelBody::Result(saved.result.clone());
@@ -120,7 +121,7 @@ impl Attempt {
         let bundle = start_publish_bundle(
             &self.client,
             worker,
-            task_id,
+            channel,
             &bundle_msg_id(task_id, &state.attempt_id, saved.seq, acceptance.is_some()),
             &items,
             Some(span),
@@ -132,7 +133,7 @@ impl Attempt {
             None => {
                 for (id, body) in &items {
                     pending.push(
-                        start_publish(&self.client, worker, task_id, id, body, Some(span)).await?,
+                        start_publish(&self.client, worker, channel, id, body, Some(span)).await?,
                     );
                 }
             }

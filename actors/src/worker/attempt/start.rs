@@ -65,9 +65,11 @@ impl Attempt {
         let js = jetstream::new(self.client.clone());
         let streams = self.streams.clone();
         let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
+        let delegator = state.channel.delegator.clone();
         let me = myself.clone();
         state.pending = Some(Owned::spawn(async move {
-            let channel = read_record(&js, &streams, &task_id, &mine, redelivered).await;
+            let channel =
+                read_record(&js, &streams, &delegator, &task_id, &mine, redelivered).await;
             let _ = me.cast(AttemptMsg::Planned(channel));
         }));
         Ok(())
@@ -258,10 +260,12 @@ impl Attempt {
 async fn read_record(
     js: &jetstream::Context,
     streams: &Streams,
+    delegator: &protocol::AgentId,
     task_id: &protocol::TaskId,
     mine: &AttemptId,
     redelivered: bool,
 ) -> Option<ChannelState> {
+    let direct = crate::task_channel::Reader::Direct(streams.tasks.clone());
     // Pauses before the second and third tries.
     for pause in [0, 200, 400] {
         if pause > 0 {
@@ -269,9 +273,10 @@ async fn read_record(
         }
         // Most tasks arrive to an empty channel: a probe of its last message says so more
         // cheaply than a read.
-        let read = match crate::task_channel::is_empty(js, &streams.tasks, task_id).await {
+        let read = match crate::task_channel::is_empty(js, &streams.tasks, delegator, task_id).await
+        {
             Ok(true) => Ok(protocol::task::ChannelView::default()),
-            Ok(false) => crate::task_channel::view(js, &streams.tasks, task_id).await,
+            Ok(false) => crate::task_channel::view(js, &direct, delegator, task_id).await,
             Err(e) => Err(e),
         };
         match read {
@@ -283,7 +288,8 @@ async fn read_record(
                 {
                     return Some(state);
                 }
-                match crate::task_channel::unrouted(js, &streams.ingress, task_id).await {
+                match crate::task_channel::unrouted(js, &streams.ingress, delegator, task_id).await
+                {
                     Ok(bodies) => {
                         for body in &bodies {
                             view.observe(body);

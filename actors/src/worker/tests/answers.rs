@@ -158,10 +158,13 @@ async fn a_duplicate_answer_gets_the_saved_result_again_and_resumes_nothing() {
     assert_eq!(second.suspend.as_ref().unwrap().tool_call_id, "call-2");
     // What the worker publishes for the task from now on, seen at the ingress (the task
     // channel drops a copy with the same ids, so it would not show there).
-    let key = protocol::TaskKey::from_task_id(&second.task_id);
+    let channel = subjects::TaskChannel::of(
+        &protocol::AgentId::new("delegator").unwrap(),
+        &second.task_id,
+    );
     let mut published = env
         .client
-        .subscribe(subjects::task_ingress_filter(&key))
+        .subscribe(subjects::task_ingress_filter(&channel))
         .await
         .unwrap();
     env.client.flush().await.unwrap();
@@ -205,7 +208,7 @@ async fn a_duplicate_answer_gets_the_saved_result_again_and_resumes_nothing() {
 }
 
 #[tokio::test]
-async fn the_answer_route_can_be_filled_by_any_answerer() {
+async fn only_the_delegator_answers_through_the_route_and_anyone_else_is_refused() {
     let env = env("route").await;
     let handler = TestHandler::new(Duration::ZERO);
     let mut results = env.results().await;
@@ -216,20 +219,43 @@ async fn the_answer_route_can_be_filled_by_any_answerer() {
         .answer_route
         .clone()
         .expect("a waiting result has a route");
-    // The route names the worker's answer channel, not a sender: any answerer puts its own
+    // The route names the worker's answer channel, not a sender: the answerer puts its own
     // identity in front of it.
     assert_eq!(route, subjects::answer(&waiting.worker_id), "{route}");
-    let boss = protocol::AgentId::new("boss").unwrap();
-    let subject = subjects::answer_ingress_from_route(&boss, &route, &waiting.worker_id)
-        .expect("the route checks out against the worker the result names");
+    let through = |who: &str| {
+        let who = protocol::AgentId::new(who).unwrap();
+        subjects::answer_ingress_from_route(&who, &route, &waiting.worker_id)
+            .expect("the route checks out against the worker the result names")
+    };
     assert_eq!(
-        subject,
+        through("boss"),
         format!("hub.pub.boss.answer.{}", waiting.worker_id)
     );
-    // And the answer sent there, as boss, through the hub, resumes the attempt.
+    // Boss did not delegate the task: its answer, stamped as boss by the router, is refused
+    // (unauthorized) and resumes nothing.
+    let answer = env.answer_envelope(&waiting, "ans-boss");
+    env.js
+        .publish(through("boss"), serde_json::to_vec(&answer).unwrap().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let refusal = loop {
+        match results.next(DEADLINE).await.expect("the refusal").0 {
+            TaskChannelBody::AnswerRefused(r) => break r,
+            _ => continue,
+        }
+    };
+    assert_eq!(refusal.answer_id.as_str(), "ans-boss");
+    assert_eq!(refusal.error.kind, protocol::WireErrorKind::Unauthorized);
+    assert_eq!(handler.resumes(), 0);
+    // The delegator's answer, sent there as the delegator, resumes the attempt.
     let answer = env.answer_envelope(&waiting, "ans-route");
     env.js
-        .publish(subject, serde_json::to_vec(&answer).unwrap().into())
+        .publish(
+            through("delegator"),
+            serde_json::to_vec(&answer).unwrap().into(),
+        )
         .await
         .unwrap()
         .await
@@ -238,5 +264,6 @@ async fn the_answer_route_can_be_filled_by_any_answerer() {
     assert_eq!(done.state, TaskState::Completed);
     assert_eq!(done.attempt_id, waiting.attempt_id);
     assert_eq!(handler.resumes(), 1);
+    assert_eq!(snapshot(&worker).await.counters.unauthorized, 1);
     stop(worker).await;
 }

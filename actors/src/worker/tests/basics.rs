@@ -117,7 +117,7 @@ async fn saved_result_is_republished_without_running_the_handler() {
     };
     {
         let mut journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
-        journal.admit(seq, "t-saved", "a-saved").unwrap();
+        journal.admit(seq, "t-saved", "a-saved", None).unwrap();
         journal
             .save_result(seq, "t-saved", &serde_json::to_value(&saved).unwrap())
             .unwrap();
@@ -272,6 +272,80 @@ async fn cancel_request_publishes_a_cancelled_result() {
     let result = results.result(Duration::from_secs(10)).await;
     assert_eq!(result.state, TaskState::Cancelled);
     env.wait_work_empty().await;
+    stop(worker).await;
+}
+
+#[tokio::test]
+async fn only_the_delegator_or_an_admin_may_query_or_cancel_a_task() {
+    let env = env("control-authz").await;
+    let handler = TestHandler::new(Duration::from_secs(30));
+    let mut results = env.results().await;
+    let worker = env.start("worker-control-authz", handler.clone(), 2).await;
+    // A running task (every task here is delegated by `delegator`).
+    env.submit("t-running").await;
+    let Some((TaskChannelBody::Status(accepted), _)) = results.next(DEADLINE).await else {
+        panic!("no acceptance")
+    };
+    let attempt = &accepted.attempt_id;
+    let unauthorized =
+        |reply: &serde_json::Value| reply["error"]["kind"] == serde_json::json!("unauthorized");
+    for kind in [subjects::ControlKind::Query, subjects::ControlKind::Cancel] {
+        let reply = env.control_as(kind, "t-running", attempt, "bob").await;
+        assert!(unauthorized(&reply), "bob's {kind}: {reply}");
+    }
+    let query = env
+        .control_as(
+            subjects::ControlKind::Query,
+            "t-running",
+            attempt,
+            "delegator",
+        )
+        .await;
+    assert_eq!(query["state"], "running", "{query}");
+    assert_eq!(query["active"], true, "{query}");
+    // Bob's cancel cancelled nothing: the task still runs, until its delegator cancels it.
+    assert!(results.drain(Duration::from_millis(300)).await.is_empty());
+    let cancel = env
+        .control_as(
+            subjects::ControlKind::Cancel,
+            "t-running",
+            attempt,
+            "delegator",
+        )
+        .await;
+    assert_eq!(cancel["cancel"], "requested", "{cancel}");
+    assert_eq!(results.result(DEADLINE).await.state, TaskState::Cancelled);
+    // A parked task, answered from the journal: the same rule.
+    let asking = TestHandler::new(Duration::ZERO);
+    stop(worker).await;
+    let worker = env.start("worker-control-authz-2", asking, 1).await;
+    submit_asking(&env, "t-parked").await;
+    let waiting = result_of(&mut results, "t-parked").await;
+    wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
+    let reply = env
+        .control_as(
+            subjects::ControlKind::Cancel,
+            "t-parked",
+            &waiting.attempt_id,
+            "bob",
+        )
+        .await;
+    assert!(
+        unauthorized(&reply),
+        "bob's cancel of a parked task: {reply}"
+    );
+    // The admin form (no requester: granted to admins only) is served.
+    let query = env
+        .control(
+            subjects::ControlKind::Query,
+            "t-parked",
+            &waiting.attempt_id,
+        )
+        .await;
+    assert_eq!(query.state, TaskState::Waiting);
+    let snap = snapshot(&worker).await;
+    assert_eq!(snap.parked, 1, "still parked: bob cancelled nothing");
+    assert_eq!(snap.counters.unauthorized, 1, "{snap:?}");
     stop(worker).await;
 }
 
@@ -504,7 +578,7 @@ async fn ingress_messages(env: &Env, task_id: &str) -> Vec<Vec<TaskChannelBody>>
     let consumer = stream
         .create_consumer(pull::Config {
             durable_name: Some(format!("test-{task_id}")),
-            filter_subject: format!("hub.pub.{}.task.{task_id}", env.worker_id),
+            filter_subject: format!("hub.pub.{}.task.delegator.{task_id}", env.worker_id),
             // A work-queue stream (as in production) needs explicit acks; nothing is acked
             // here, so the messages stay.
             ack_policy: AckPolicy::Explicit,

@@ -46,7 +46,10 @@ async fn a_bad_input_whose_refusal_cannot_be_published_is_left_for_redelivery() 
     env.wait_work_empty().await;
     let stream = env.js.get_stream(subjects::INGRESS_STREAM).await.unwrap();
     let stored = stream
-        .get_last_raw_message_by_subject(&format!("hub.pub.{}.task.t-refused", env.worker_id))
+        .get_last_raw_message_by_subject(&format!(
+            "hub.pub.{}.task.delegator.t-refused",
+            env.worker_id
+        ))
         .await
         .expect("the refusal was published");
     let envelope = protocol::decode(&stored.payload, protocol::Codec::Json).unwrap();
@@ -63,7 +66,7 @@ async fn a_reused_sequence_for_another_task_runs_as_a_new_attempt_with_its_own_r
     // (deleted and recreated since): task t-old, with a saved result.
     {
         let mut journal = Journal::open_when_free(&env.dir, env.worker_id.as_str()).unwrap();
-        journal.admit(1, "t-old", "a-old").unwrap();
+        journal.admit(1, "t-old", "a-old", None).unwrap();
         let saved = super::super::SavedResult {
             seq: 1,
             result: protocol::task::failed_result(
@@ -401,9 +404,15 @@ async fn a_result_whose_stream_ack_is_late_is_sent_again_and_stored_once() {
     env.wait_work_empty().await;
     let snap = snapshot(&worker).await;
     assert!(snap.counters.publish_retries >= 1, "{snap:?}");
-    let stored = crate::task_channel::read(&env.js, subjects::TASKS_STREAM, &result.task_id, 1)
-        .await
-        .unwrap();
+    let stored = crate::task_channel::read(
+        &env.js,
+        &crate::task_channel::Reader::Direct(subjects::TASKS_STREAM.into()),
+        &protocol::AgentId::new("delegator").unwrap(),
+        &result.task_id,
+        1,
+    )
+    .await
+    .unwrap();
     let results_stored = stored
         .iter()
         .filter(|s| matches!(s.body, Some(TaskChannelBody::Result(_))))

@@ -306,6 +306,30 @@ impl Env {
         serde_json::from_slice(&reply.payload).unwrap()
     }
 
+    /// A control request on the form naming `requester` (`hub.ctl.<worker>.<kind>.<requester>`);
+    /// its raw JSON reply.
+    pub async fn control_as(
+        &self,
+        kind: subjects::ControlKind,
+        task_id: &str,
+        attempt_id: &AttemptId,
+        requester: &str,
+    ) -> serde_json::Value {
+        let request = serde_json::json!({
+            "task_id": task_id, "attempt_id": attempt_id, "worker_id": self.worker_id,
+        });
+        let requester = protocol::AgentId::new(requester).unwrap();
+        let reply = self
+            .client
+            .request(
+                subjects::control_as(&self.worker_id, kind, &requester),
+                serde_json::to_vec(&request).unwrap().into(),
+            )
+            .await
+            .unwrap();
+        serde_json::from_slice(&reply.payload).unwrap()
+    }
+
     /// Stores an answer envelope for `worker` the way the router does.
     pub async fn answer_to(&self, worker: &WorkerId, envelope: &serde_json::Value) -> u64 {
         self.store(
@@ -323,7 +347,7 @@ impl Env {
     /// The answer envelope of `message_id` to the `call-1` question of `waiting`.
     pub fn answer_envelope(&self, waiting: &TaskResult, message_id: &str) -> serde_json::Value {
         serde_json::json!({
-            "meta": { "id": message_id, "from": "boss" },
+            "meta": { "id": message_id, "from": "delegator" },
             "body": {
                 "message_id": message_id, "task_id": waiting.task_id,
                 "attempt_id": waiting.attempt_id, "worker_id": waiting.worker_id,

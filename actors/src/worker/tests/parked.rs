@@ -159,7 +159,9 @@ async fn the_start_up_sweep_publishes_a_saved_cancel_and_forgets_attempts_finish
                 &serde_json::to_value(&cancelled).unwrap(),
             )
             .unwrap();
-        journal.admit(77, "t-done", "a-elsewhere").unwrap();
+        journal
+            .admit(77, "t-done", "a-elsewhere", Some("delegator"))
+            .unwrap();
     }
     let worker = env.start("worker-sweep-2", handler.clone(), 1).await;
     let settled = result_of(&mut results, "t-cancelled").await;

@@ -2,7 +2,8 @@
 //! `runtime render-config` writes, a real router process on its own rendered credentials, and
 //! agents alice and bob. Connected as bob, each attack is refused by the broker (a permissions
 //! violation) or by the router, and nothing of alice's is read, changed or lost. The controls
-//! show the rightful identity may do the same.
+//! show the rightful identity may do the same. The attacks on tasks (13 to 15), and their
+//! controls, with a worker running, are in `attacks_tasks.rs`.
 
 mod support;
 
@@ -10,137 +11,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures::StreamExt;
-use harness::RuntimeProcess;
-use support::rendered::{Connected, Rendered};
-
-const IDENTITIES: &str = r#"{
-  "agents": ["alice", "bob"],
-  "workers": [{"id": "w1", "queues": ["q"]}],
-  "routers": 1,
-  "admins": ["ops"]
-}"#;
-
-/// `who`'s attach request, answered (retried while the router's attach service starts).
-async fn attach(who: &Connected, id: &str) -> String {
-    let deadline = tokio::time::Instant::now() + support::DEADLINE;
-    loop {
-        match who
-            .client
-            .request(format!("hub.delivery.{id}.inbox"), "{}".into())
-            .await
-        {
-            Ok(reply) => return String::from_utf8_lossy(&reply.payload).into_owned(),
-            Err(e) => {
-                assert!(tokio::time::Instant::now() < deadline, "{id}'s attach: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-/// The hub under attack: the rendered server, its router, an admin's view, and alice with one
-/// DM from bob waiting in her inbox (consumer `inbox-alice`, made by her attach).
-struct Hub {
-    rendered: Rendered,
-    _router: RuntimeProcess,
-    admin: jetstream::Context,
-    alice: Connected,
-    bob: Connected,
-}
-
-impl Hub {
-    async fn start() -> Hub {
-        Self::start_with("").await
-    }
-
-    /// [`start`](Self::start) on a config with `extra` appended.
-    async fn start_with(extra: &str) -> Hub {
-        let rendered = Rendered::start_with(IDENTITIES, &["--durable"], extra).await;
-        let router = rendered.router();
-        let admin = jetstream::new(rendered.connect("ops").await.client);
-        harness::wait_until_async("the router's streams", support::DEADLINE, || async {
-            admin.get_stream("HUB_INBOX").await.is_ok()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", router.log()));
-        let alice = rendered.connect("alice").await;
-        let bob = rendered.connect("bob").await;
-        let hub = Hub {
-            rendered,
-            _router: router,
-            admin,
-            alice,
-            bob,
-        };
-        // Alice attaches (the router makes inbox-alice) and bob sends her a DM.
-        let reply = attach(&hub.alice, "alice").await;
-        assert!(reply.contains("inbox-alice"), "{reply}");
-        hub.send(&hub.bob, "bob", "alice", "m-for-alice").await;
-        hub.wait_inbox("alice", 1).await;
-        hub
-    }
-
-    /// `from` sends a DM to `to` through its ingress, awaiting the stream ack.
-    async fn send(&self, from: &Connected, as_id: &str, to: &str, id: &str) {
-        support::send_dm(&from.client, as_id, to, id).await;
-    }
-
-    async fn inbox_count(&self, id: &str) -> usize {
-        support::count_on(&self.admin, "HUB_INBOX", &format!("channel.inbox.{id}")).await
-    }
-
-    async fn wait_inbox(&self, id: &str, n: usize) {
-        harness::wait_until_async("the inbox count", support::DEADLINE, || async {
-            self.inbox_count(id).await == n
-        })
-        .await
-        .unwrap();
-    }
-
-    /// Alice's inbox consumer, as the admin sees it.
-    async fn alice_consumer(&self) -> async_nats::jetstream::consumer::Info {
-        let stream = self.admin.get_stream("HUB_INBOX").await.unwrap();
-        let mut consumer: PullConsumer = stream.get_consumer("inbox-alice").await.unwrap();
-        consumer.info().await.unwrap().clone()
-    }
-
-    /// Alice's data is as it was: one DM in her inbox, not delivered to anyone.
-    async fn alice_intact(&self) {
-        assert_eq!(self.inbox_count("alice").await, 1, "alice's inbox");
-        let info = self.alice_consumer().await;
-        assert_eq!(info.num_pending, 1, "{info:?}");
-        assert_eq!(
-            info.delivered.stream_sequence, 0,
-            "nothing delivered: {info:?}"
-        );
-    }
-
-    /// Bob publishes `payload` to `subject` (with `reply`): the broker refuses it.
-    async fn bob_refused(&self, subject: &str, reply: Option<&str>, payload: &str) {
-        let client = &self.bob.client;
-        match reply {
-            Some(reply) => client
-                .publish_with_reply(
-                    subject.to_owned(),
-                    reply.to_owned(),
-                    payload.to_owned().into(),
-                )
-                .await
-                .unwrap(),
-            None => client
-                .publish(subject.to_owned(), payload.to_owned().into())
-                .await
-                .unwrap(),
-        }
-        self.bob.refused(subject).await;
-    }
-
-    /// Bob subscribes to `subject`: the broker refuses it.
-    async fn bob_refused_subscription(&self, subject: &str) {
-        let _sub = self.bob.client.subscribe(subject.to_owned()).await.unwrap();
-        self.bob.refused(subject).await;
-    }
-}
+use support::attack_hub::{alice_delegates, attach, router_counters, Hub};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_01_bob_cannot_publish_as_alice() {
@@ -368,90 +239,6 @@ async fn attack_12_a_jetstream_api_reply_aimed_at_alices_ingress_is_dropped_with
         "no notice in alice's inbox"
     );
     assert_eq!(hub.inbox_count("bob").await, 0, "nothing in bob's inbox");
-}
-
-/// The router's counters, from its status reply.
-async fn router_counters(ops: &Connected) -> serde_json::Value {
-    let Ok(reply) = ops.client.request("hub.admin.status", "".into()).await else {
-        return serde_json::Value::Null;
-    };
-    let status: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
-    status["counters"].clone()
-}
-
-/// Alice delegates a task to queue `q` (stored in the work stream; no worker runs it here) and
-/// returns its task channel subject.
-async fn alice_delegates(hub: &Hub) -> (protocol::TaskId, String) {
-    let spec = runtime::system::tasks::new_task("alice's task", vec![]);
-    let env = serde_json::json!({"meta": {"id": "m-task"}, "body": spec});
-    jetstream::new(hub.alice.client.clone())
-        .publish(
-            "hub.pub.alice.work.q",
-            serde_json::to_vec(&env).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    let channel =
-        protocol::subjects::TaskChannel::of(&support::agent("alice"), &spec.task_id).subject();
-    (spec.task_id, channel)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attack_13_bob_cannot_read_the_result_of_alices_task() {
-    let hub = Hub::start().await;
-    let (_, channel) = alice_delegates(&hub).await;
-    hub.bob_refused_subscription(&channel).await;
-    hub.bob_refused_subscription("channel.task.>").await;
-    hub.bob_refused(
-        "$JS.API.DIRECT.GET.HUB_TASKS",
-        Some("_INBOX.bob.t1"),
-        r#"{"last_by_subj":"channel.task.x"}"#,
-    )
-    .await;
-    hub.bob_refused(
-        &format!("$JS.API.DIRECT.GET.HUB_TASKS.{channel}"),
-        Some("_INBOX.bob.t2"),
-        "",
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attack_14_bob_cannot_forge_a_result_on_alices_task_channel() {
-    let hub = Hub::start().await;
-    let (task_id, channel) = alice_delegates(&hub).await;
-    let key = channel.trim_start_matches("channel.task.").to_owned(); // alice.<task id>
-    let forged = serde_json::json!({"meta": {"id": "forged"}, "body": {"result": {
-        "task_id": task_id, "attempt_id": "a1", "worker_id": "w1", "state": "completed",
-        "response": "forged"}}});
-    let forged = forged.to_string();
-    // Through his ingress (agents do not publish on task channels), and straight at the channel.
-    hub.bob_refused(&format!("hub.pub.bob.task.{key}"), None, &forged)
-        .await;
-    hub.bob_refused(&channel, None, &forged).await;
-    assert_eq!(
-        support::count_on(&hub.admin, "HUB_TASKS", &channel).await,
-        0,
-        "nothing on alice's task channel"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attack_15_bob_cannot_query_or_cancel_a_workers_tasks() {
-    let hub = Hub::start().await;
-    let (task_id, _) = alice_delegates(&hub).await;
-    let request =
-        serde_json::json!({"task_id": task_id, "attempt_id": "a1", "worker_id": "w1"}).to_string();
-    for kind in ["query", "cancel"] {
-        hub.bob_refused(
-            &format!("hub.ctl.w1.{kind}"),
-            Some("_INBOX.bob.c"),
-            &request,
-        )
-        .await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

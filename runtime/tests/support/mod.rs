@@ -1,6 +1,7 @@
 //! Helpers shared by the messaging integration tests (each test binary uses a subset).
 #![allow(dead_code)]
 
+pub mod attack_hub;
 pub mod oneshot;
 pub mod processes;
 pub mod rendered;

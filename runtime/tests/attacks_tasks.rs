@@ -1,0 +1,412 @@
+//! The attacks on tasks (issue 9, docs/SECURITY.md, attacks 13 to 15) and their controls, on
+//! the rendered config with a real router and a real worker `w1` (queue `q`), each running on
+//! its own rendered credentials. Alice delegates through the CLI on her `.env` file alone;
+//! bob, connected with his, tries to read, forge, query, cancel and answer her task.
+//!
+//! A task channel lives under its delegator (`channel.task.<delegator>.<task id>`): alice may
+//! subscribe to hers, and read them through a router (`hub.delivery.alice.task`), which reads
+//! only `channel.task.alice.…`. Query and cancel name their requester
+//! (`hub.ctl.<worker>.<kind>.<requester>`), and the worker serves only the task's delegator.
+
+mod support;
+
+use std::process::Output;
+
+use actors::task_channel::{self, Reader};
+use async_nats::jetstream;
+use protocol::task::{TaskResult, TaskState};
+use protocol::{AgentId, TaskId};
+use serde_json::Value;
+use support::attack_hub::Hub;
+use support::oneshot::stdout;
+
+/// The worker's command: a task whose text says `ASKME` asks a question first (answered: it
+/// completes); one that says `SLOWLY` runs for 30 s (long enough to be cancelled); any other
+/// completes at once.
+const SCRIPT: &str = r#"task=$(cat)
+case "$task" in
+  *ASKME*) if [ -z "$TASK_ANSWERS" ]; then printf '{"question": "which?", "tool_call_id": "q1"}\n'; exit 0; fi ;;
+  *SLOWLY*) sleep 30 ;;
+esac
+printf '{"response": "done"}\n'
+"#;
+
+/// The hub of `attacks.rs` with worker `w1` running on its rendered credentials.
+struct TaskHub {
+    hub: Hub,
+    worker: harness::RuntimeProcess,
+}
+
+impl TaskHub {
+    async fn start() -> TaskHub {
+        let hub = Hub::start().await;
+        let script = hub.rendered.dir.path().join("task.sh");
+        std::fs::write(&script, SCRIPT).unwrap();
+        let exec = format!("sh {}", script.display());
+        let journal = hub.rendered.dir.path().join("journal");
+        let journal = journal.display().to_string();
+        let worker = hub.rendered.spawn_as(
+            "w1",
+            &[
+                "start",
+                "--role",
+                "worker",
+                "--durable",
+                "--queue",
+                "q",
+                "--exec",
+                &exec,
+                "--journal-dir",
+                &journal,
+            ],
+        );
+        TaskHub { hub, worker }
+    }
+
+    /// Runs the CLI as `who`, on its `.env` file alone.
+    async fn cli(&self, who: &str, args: &[&str]) -> Output {
+        self.hub.rendered.run_as(who, args).await
+    }
+
+    /// Alice delegates `text` to queue `q` without waiting; the task id.
+    async fn alice_delegates(&self, text: &str) -> TaskId {
+        let out = self.cli("alice", &["delegate", "--queue", "q", text]).await;
+        self.exit(&out, 0, "alice's delegate");
+        let receipt: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+        TaskId::new(receipt["task_id"].as_str().unwrap()).unwrap()
+    }
+
+    /// `runtime task <action> <task_id>` as `who`: its exit and JSON reply (`Null` if none).
+    async fn task(&self, who: &str, action: &str, task_id: &TaskId) -> (Option<i32>, Value) {
+        let out = self.cli(who, &["task", action, task_id.as_str()]).await;
+        let reply = serde_json::from_str(stdout(&out).trim()).unwrap_or(Value::Null);
+        (out.status.code(), reply)
+    }
+
+    /// Waits until alice's `task status` of `task_id` says `state`.
+    async fn alice_sees(&self, task_id: &TaskId, state: &str) -> Value {
+        let seen = std::cell::RefCell::new(Value::Null);
+        harness::wait_until_async(
+            &format!("alice's task {state}"),
+            support::DEADLINE,
+            || async {
+                let (_, reply) = self.task("alice", "status", task_id).await;
+                let done = reply["state"] == state;
+                *seen.borrow_mut() = reply;
+                done
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}: last {}\n{}", seen.borrow(), self.logs()));
+        seen.into_inner()
+    }
+
+    /// The results stored on `task_id`'s channel under `delegator`, as the admin reads them.
+    async fn results_under(&self, delegator: &str, task_id: &TaskId) -> Vec<TaskResult> {
+        let subject = format!("channel.task.{delegator}.{task_id}");
+        support::stored_on(&self.hub.admin, "HUB_TASKS", &subject)
+            .await
+            .into_iter()
+            .filter_map(|m| {
+                let env = protocol::decode(&m.payload, protocol::Codec::Json).ok()?;
+                serde_json::from_value::<Value>(env.body).ok()
+            })
+            .filter_map(|body| serde_json::from_value(body.get("result")?.clone()).ok())
+            .collect()
+    }
+
+    /// The number of messages on `task_id`'s channel under `delegator`.
+    async fn count_under(&self, delegator: &str, task_id: &TaskId) -> usize {
+        let subject = format!("channel.task.{delegator}.{task_id}");
+        support::count_on(&self.hub.admin, "HUB_TASKS", &subject).await
+    }
+
+    fn exit(&self, out: &Output, code: i32, what: &str) {
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{what}: {}\n{}\n{}",
+            stdout(out),
+            support::oneshot::stderr(out),
+            self.logs()
+        );
+    }
+
+    fn logs(&self) -> String {
+        format!("worker:\n{}", self.worker.log())
+    }
+
+    /// No permission was refused to anyone but bob (the server's log names a user by its
+    /// nkey).
+    fn only_bob_refused(&self) {
+        let seed = self.hub.rendered.env("bob")["NATS_NKEY_SEED"].clone();
+        let bob = nkeys::KeyPair::from_seed(&seed).unwrap().public_key();
+        let others: Vec<String> = self
+            .hub
+            .rendered
+            .violations()
+            .into_iter()
+            .filter(|v| !v.contains(&bob))
+            .collect();
+        assert!(others.is_empty(), "a grant is too tight: {others:#?}");
+    }
+}
+
+/// The last JSON line of a CLI's output.
+fn last_line(out: &Output) -> Value {
+    let text = stdout(out);
+    serde_json::from_str(text.lines().last().unwrap_or_default()).unwrap_or(Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_alice_delegates_waits_answers_and_resumes_her_own_task_and_w1_runs_it() {
+    let hub = TaskHub::start().await;
+    // `delegate --wait` follows the task live and through the router's reads: it stops at the
+    // question (exit 75, the waiting result printed).
+    let out = hub
+        .cli(
+            "alice",
+            &[
+                "delegate",
+                "--queue",
+                "q",
+                "--wait",
+                "--timeout-secs",
+                "30",
+                "ASKME",
+            ],
+        )
+        .await;
+    hub.exit(&out, 75, "delegate --wait of a task that asks");
+    let receipt: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let task_id = TaskId::new(receipt["task_id"].as_str().unwrap()).unwrap();
+    let waiting = last_line(&out);
+    assert_eq!(waiting["state"], "waiting", "{waiting}");
+    assert_eq!(waiting["suspend"]["question"], "which?");
+    assert_eq!(waiting["worker_id"], "w1");
+    // Her status query reaches the worker (`hub.ctl.w1.query.alice`).
+    let status = hub.alice_sees(&task_id, "waiting").await;
+    assert_eq!(status["suspend"]["tool_call_id"], "q1", "{status}");
+    // She answers, and her resume finds the final result.
+    let out = hub
+        .cli("alice", &["answer", task_id.as_str(), "--text", "that one"])
+        .await;
+    hub.exit(&out, 0, "answer");
+    let out = hub
+        .cli(
+            "alice",
+            &[
+                "delegate",
+                "--resume",
+                task_id.as_str(),
+                "--follow-answers",
+                "--timeout-secs",
+                "30",
+            ],
+        )
+        .await;
+    hub.exit(&out, 0, "delegate --resume");
+    let done = last_line(&out);
+    assert_eq!(done["state"], "completed", "{done}");
+    assert_eq!(done["response"], "done");
+    assert_eq!(
+        done["attempt_id"], waiting["attempt_id"],
+        "the waiting attempt resumed"
+    );
+    hub.alice_sees(&task_id, "completed").await;
+    // Everything stored is on alice's own channel of the task.
+    let results = hub.results_under("alice", &task_id).await;
+    let states: Vec<TaskState> = results.iter().map(|r| r.state).collect();
+    assert_eq!(states, [TaskState::Waiting, TaskState::Completed]);
+    assert!(
+        hub.hub.rendered.violations().is_empty(),
+        "a grant is too tight: {:#?}",
+        hub.hub.rendered.violations()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_alice_cancels_her_own_running_task() {
+    let hub = TaskHub::start().await;
+    let task_id = hub.alice_delegates("SLOWLY").await;
+    let running = hub.alice_sees(&task_id, "running").await;
+    assert_eq!(running["active"], true, "{running}");
+    let (code, reply) = hub.task("alice", "cancel", &task_id).await;
+    assert_eq!(code, Some(0), "{reply}");
+    assert_eq!(reply["cancel"], "requested", "{reply}");
+    hub.alice_sees(&task_id, "cancelled").await;
+    let results = hub.results_under("alice", &task_id).await;
+    assert_eq!(
+        results.last().map(|r| r.state),
+        Some(TaskState::Cancelled),
+        "{results:?}"
+    );
+    assert!(
+        hub.hub.rendered.violations().is_empty(),
+        "a grant is too tight: {:#?}",
+        hub.hub.rendered.violations()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_13_bob_cannot_read_the_result_of_alices_task() {
+    let hub = TaskHub::start().await;
+    let task_id = hub.alice_delegates("QUICK").await;
+    hub.alice_sees(&task_id, "completed").await;
+    let channel = format!("channel.task.alice.{task_id}");
+    let h = &hub.hub;
+    // Live: not her channel, nor all of them.
+    h.bob_refused_subscription(&channel).await;
+    h.bob_refused_subscription("channel.task.>").await;
+    // Stored, straight from the stream: no direct get, in either form.
+    h.bob_refused(
+        "$JS.API.DIRECT.GET.HUB_TASKS",
+        Some("_INBOX.bob.t1"),
+        &format!(r#"{{"last_by_subj":"{channel}"}}"#),
+    )
+    .await;
+    h.bob_refused(
+        &format!("$JS.API.DIRECT.GET.HUB_TASKS.{channel}"),
+        Some("_INBOX.bob.t2"),
+        "",
+    )
+    .await;
+    // Through the router: only as himself, and the router reads only his own channels.
+    h.bob_refused("hub.delivery.alice.task", Some("_INBOX.bob.t3"), "{}")
+        .await;
+    let js = jetstream::new(h.bob.client.clone());
+    let bob = AgentId::new("bob").unwrap();
+    let read = task_channel::read(&js, &Reader::Routed(bob.clone()), &bob, &task_id, 1)
+        .await
+        .expect("bob's read of his own channel of that id");
+    assert!(read.is_empty(), "bob read {} messages", read.len());
+    // His own CLI finds nothing of the task.
+    let (code, reply) = hub.task("bob", "status", &task_id).await;
+    assert_ne!(code, Some(0), "bob's status of alice's task: {reply}");
+    let out = hub
+        .cli(
+            "bob",
+            &[
+                "delegate",
+                "--resume",
+                task_id.as_str(),
+                "--timeout-secs",
+                "2",
+            ],
+        )
+        .await;
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        !stdout(&out).contains("completed"),
+        "bob's resume printed alice's result: {}",
+        stdout(&out)
+    );
+    // Alice's result is where it was.
+    assert_eq!(hub.results_under("alice", &task_id).await.len(), 1);
+    hub.only_bob_refused();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_14_bob_cannot_forge_a_result_on_alices_task_channel() {
+    let hub = TaskHub::start().await;
+    let task_id = hub.alice_delegates("SLOWLY").await;
+    let running = hub.alice_sees(&task_id, "running").await;
+    assert_eq!(running["active"], true);
+    let forged = serde_json::json!({"meta": {"id": "forged"}, "body": {"result": {
+        "task_id": task_id, "attempt_id": "a1", "worker_id": "w1", "state": "completed",
+        "response": "forged"}}})
+    .to_string();
+    let h = &hub.hub;
+    // Agents publish on no task channel: not through his ingress, not straight at hers.
+    h.bob_refused(&format!("hub.pub.bob.task.alice.{task_id}"), None, &forged)
+        .await;
+    h.bob_refused(&format!("channel.task.alice.{task_id}"), None, &forged)
+        .await;
+    // Nothing but w1's acceptance on her channel, and the task still runs.
+    assert!(
+        hub.results_under("alice", &task_id).await.is_empty(),
+        "a result on alice's channel"
+    );
+    let (_, status) = hub.task("alice", "status", &task_id).await;
+    assert_eq!(
+        (status["state"].as_str(), status["active"].as_bool()),
+        (Some("running"), Some(true)),
+        "{status}"
+    );
+    hub.only_bob_refused();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_15_bob_cannot_query_cancel_or_answer_alices_task() {
+    let hub = TaskHub::start().await;
+    let task_id = hub.alice_delegates("ASKME").await;
+    hub.alice_sees(&task_id, "waiting").await;
+    let waiting = hub.results_under("alice", &task_id).await.remove(0);
+    let h = &hub.hub;
+    let request = serde_json::json!({
+        "task_id": task_id, "attempt_id": waiting.attempt_id, "worker_id": "w1",
+    })
+    .to_string();
+    for kind in ["query", "cancel"] {
+        // Neither the admin form nor alice's.
+        h.bob_refused(
+            &format!("hub.ctl.w1.{kind}"),
+            Some("_INBOX.bob.c"),
+            &request,
+        )
+        .await;
+        h.bob_refused(
+            &format!("hub.ctl.w1.{kind}.alice"),
+            Some("_INBOX.bob.c"),
+            &request,
+        )
+        .await;
+        // His own form reaches the worker, which serves only the task's delegator.
+        let reply = h
+            .bob
+            .client
+            .request(format!("hub.ctl.w1.{kind}.bob"), request.clone().into())
+            .await
+            .expect("the worker answers bob");
+        let reply: Value = serde_json::from_slice(&reply.payload).unwrap();
+        assert_eq!(
+            reply["error"]["kind"], "unauthorized",
+            "bob's {kind}: {reply}"
+        );
+    }
+    // He answers her question as himself (his grant allows answers): the worker refuses it,
+    // on his own channel of the task, and nothing resumes.
+    let answer = serde_json::json!({"meta": {"id": "ans-bob"}, "body": {
+        "message_id": "ans-bob", "task_id": task_id, "attempt_id": waiting.attempt_id,
+        "worker_id": "w1", "tool_call_id": "q1", "responses": ["bob's"]}});
+    let js = jetstream::new(h.bob.client.clone());
+    js.publish("hub.pub.bob.answer.w1", answer.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    harness::wait_until_async(
+        "the refusal on bob's channel",
+        support::DEADLINE,
+        || async { hub.count_under("bob", &task_id).await == 1 },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", hub.logs()));
+    // His CLI cannot even find the task to cancel it.
+    let (code, reply) = hub.task("bob", "cancel", &task_id).await;
+    assert_ne!(code, Some(0), "bob's cancel: {reply}");
+    // Alice's task still waits on her question, unanswered, and she can still cancel it.
+    let status = hub.alice_sees(&task_id, "waiting").await;
+    assert_eq!(status["suspend"]["tool_call_id"], "q1");
+    let states: Vec<TaskState> = hub
+        .results_under("alice", &task_id)
+        .await
+        .iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(states, [TaskState::Waiting], "nothing resumed alice's task");
+    let (code, reply) = hub.task("alice", "cancel", &task_id).await;
+    assert_eq!(code, Some(0), "{reply}");
+    hub.alice_sees(&task_id, "cancelled").await;
+    hub.only_bob_refused();
+}

@@ -249,6 +249,37 @@ async fn control_alice_cancels_her_own_running_task() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_an_admin_queries_and_cancels_a_task_alice_delegated() {
+    let hub = TaskHub::start().await;
+    let task_id = hub.alice_delegates("SLOWLY").await;
+    hub.alice_sees(&task_id, "running").await;
+    let ops = |action: &'static str| {
+        let task_id = task_id.clone();
+        let hub = &hub;
+        async move {
+            let args = ["task", action, task_id.as_str(), "--delegator", "alice"];
+            let out = hub.cli("ops", &args).await;
+            hub.exit(&out, 0, &format!("ops' task {action}"));
+            serde_json::from_str::<Value>(stdout(&out).trim()).unwrap()
+        }
+    };
+    let status = ops("status").await;
+    assert_eq!(
+        (status["state"].as_str(), status["active"].as_bool()),
+        (Some("running"), Some(true)),
+        "{status}"
+    );
+    let cancel = ops("cancel").await;
+    assert_eq!(cancel["cancel"], "requested", "{cancel}");
+    hub.alice_sees(&task_id, "cancelled").await;
+    assert!(
+        hub.hub.rendered.violations().is_empty(),
+        "a grant is too tight: {:#?}",
+        hub.hub.rendered.violations()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attack_13_bob_cannot_read_the_result_of_alices_task() {
     let hub = TaskHub::start().await;
     let task_id = hub.alice_delegates("QUICK").await;
@@ -392,9 +423,17 @@ async fn attack_15_bob_cannot_query_cancel_or_answer_alices_task() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", hub.logs()));
-    // His CLI cannot even find the task to cancel it.
+    // His CLI cannot even find the task to cancel it, as himself or as an admin would.
     let (code, reply) = hub.task("bob", "cancel", &task_id).await;
     assert_ne!(code, Some(0), "bob's cancel: {reply}");
+    let args = ["task", "cancel", task_id.as_str(), "--delegator", "alice"];
+    let out = hub.cli("bob", &args).await;
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "bob's admin cancel: {}",
+        stdout(&out)
+    );
     // Alice's task still waits on her question, unanswered, and she can still cancel it.
     let status = hub.alice_sees(&task_id, "waiting").await;
     assert_eq!(status["suspend"]["tool_call_id"], "q1");

@@ -161,6 +161,11 @@ pub struct TaskArgs {
         global = true
     )]
     pub as_id: Option<String>,
+    /// Act as an admin on a task this identity delegated (instead of `--as`): the task channel
+    /// is read with direct gets and the worker's admin control subject is used, both granted
+    /// to admins only.
+    #[arg(long, value_name = "ID", global = true)]
+    pub delegator: Option<String>,
     /// Where the hub keeps its streams.
     #[command(flatten)]
     pub hub: HubArgs,

@@ -7,6 +7,7 @@ use actors::tracker::TrackerEvent;
 use protocol::subjects::ControlKind;
 use protocol::task::TaskResult;
 use protocol::{AgentId, QueueName, TaskId, WorkerId};
+use runtime::system::control::ActingAs;
 use runtime::{ActorSystem, SystemError};
 
 use super::messaging::agent;
@@ -178,7 +179,9 @@ async fn wait_for_result(
             }
             () = &mut signals => {
                 // Ctrl-C while waiting cancels the task (a timeout does not).
-                let cancel = system.control_task(from, task_id, ControlKind::Cancel).await;
+                let cancel = system
+                    .control_task(ActingAs::Delegator(from), task_id, ControlKind::Cancel)
+                    .await;
                 return Err(SystemError::Task {
                     task_id: task_id.clone(),
                     what: match cancel {
@@ -258,7 +261,8 @@ async fn client_system(
 }
 
 /// `runtime task status|cancel TASK_ID --as ID`: the reply of the task's worker (or of its
-/// task channel, for a finished task), asked as the task's delegator.
+/// task channel, for a finished task), asked as the task's delegator; with `--delegator ID`,
+/// asked as an admin about a task `ID` delegated.
 ///
 /// # Errors
 /// As [`ActorSystem::control_task`].
@@ -268,9 +272,22 @@ pub async fn task(args: TaskArgs) -> Result<serde_json::Value, SystemError> {
         TaskAction::Cancel { task_id } => (task_id, ControlKind::Cancel),
     };
     let task_id = TaskId::new(id.as_str()).map_err(|e| invalid("TASK_ID", &e))?;
-    let from = agent("--as", args.as_id.as_deref().unwrap_or_default())?;
+    let (delegator, admin) = match &args.delegator {
+        Some(delegator) => (agent("--delegator", delegator)?, true),
+        None => (
+            agent("--as", args.as_id.as_deref().unwrap_or_default())?,
+            false,
+        ),
+    };
+    let who = if admin {
+        ActingAs::Admin {
+            delegator: &delegator,
+        }
+    } else {
+        ActingAs::Delegator(&delegator)
+    };
     let system = client_system(&args.nats, &args.hub, "runtime-task").await?;
-    let reply = system.control_task(&from, &task_id, kind).await;
+    let reply = system.control_task(who, &task_id, kind).await;
     let _ = system.shutdown(Duration::from_secs(5)).await;
     reply
 }

@@ -20,6 +20,29 @@ use super::{ActorSystem, SystemError};
 /// How long a control request may take.
 pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Who queries or cancels a task ([`ActorSystem::control_task`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActingAs<'a> {
+    /// The task's delegator: it reads its own channel of the task through a router and names
+    /// itself as the requester (`hub.ctl.<worker>.<kind>.<delegator>`).
+    Delegator(&'a AgentId),
+    /// An admin, on a task `delegator` delegated: it reads the channel with direct gets on the
+    /// tasks stream (which an admin's grant allows, and an agent's does not) and uses the
+    /// worker's admin control subject (`hub.ctl.<worker>.<kind>`, granted to admins only).
+    Admin {
+        /// Who delegated the task.
+        delegator: &'a AgentId,
+    },
+}
+
+impl ActingAs<'_> {
+    fn delegator(&self) -> &AgentId {
+        match self {
+            ActingAs::Delegator(d) | ActingAs::Admin { delegator: d } => d,
+        }
+    }
+}
+
 impl ActorSystem {
     /// What the stored channel of `task_id`, delegated by `delegator`, says: read through a
     /// router, as `delegator`.
@@ -38,11 +61,10 @@ impl ActorSystem {
             .map_err(|e| SystemError::request(&self.delivery.tasks.name, e))
     }
 
-    /// Sends a query or cancel, as `delegator`, to the worker of the latest attempt of
-    /// `task_id` (delegated by `delegator`), as its task channel names it, and returns the JSON
-    /// reply. A finished task is answered from the
-    /// channel (the worker has forgotten it): its state, `active: false`, and for a cancel
-    /// `not_active`.
+    /// Sends a query or cancel, as `who` ([`ActingAs`]), to the worker of the latest attempt
+    /// of `task_id`, as its task channel names it, and returns the JSON reply. A finished task
+    /// is answered from the channel (the worker has forgotten it): its state, `active: false`,
+    /// and for a cancel `not_active`.
     ///
     /// # Errors
     /// [`SystemError::Task`] when nothing of the task is stored yet (unknown, or no worker
@@ -50,11 +72,22 @@ impl ActorSystem {
     /// not answer.
     pub async fn control_task(
         &self,
-        delegator: &AgentId,
+        who: ActingAs<'_>,
         task_id: &TaskId,
         kind: ControlKind,
     ) -> Result<serde_json::Value, SystemError> {
-        let view = self.task_view(delegator, task_id).await?;
+        let delegator = who.delegator();
+        let view = match who {
+            ActingAs::Delegator(_) => self.task_view(delegator, task_id).await?,
+            ActingAs::Admin { .. } => {
+                let js = async_nats::jetstream::new(self.client.clone());
+                let stream = &self.delivery.tasks.name;
+                let reader = actors::task_channel::Reader::Direct(stream.clone());
+                actors::task_channel::view(&js, &reader, delegator, task_id)
+                    .await
+                    .map_err(|e| SystemError::request(stream, e))?
+            }
+        };
         if let Some(result) = &view.final_result {
             let mut reply = serde_json::json!({"state": result.state, "active": false});
             if kind == ControlKind::Cancel {
@@ -71,7 +104,10 @@ impl ActorSystem {
             attempt_id: at.attempt_id,
             worker_id: at.worker_id.clone(),
         };
-        let subject = subjects::control_as(&at.worker_id, kind, delegator);
+        let subject = match who {
+            ActingAs::Delegator(_) => subjects::control_as(&at.worker_id, kind, delegator),
+            ActingAs::Admin { .. } => subjects::control(&at.worker_id, kind),
+        };
         let body = serde_json::to_vec(&request).expect("a control request serializes");
         let reply = tokio::time::timeout(
             CONTROL_TIMEOUT,

@@ -159,9 +159,16 @@ pub async fn read(
         .collect())
 }
 
-/// The task channel bodies of `task_id` (delegated by `delegator`) still in the `ingress`
-/// stream: published by some worker (a bundle's items expanded) and not routed yet (a router
-/// acks an ingress message once it stored it, and the ingress drops it then). Usually none.
+/// The task channel bodies of `task_id` (delegated by `delegator`) in the last message of its
+/// channel still in the `ingress` stream: published by some worker (a bundle's items expanded)
+/// and not routed yet (a router acks an ingress message once it stored it, and the ingress
+/// drops it then). Usually none.
+///
+/// Only the last such message is read, with the subject in the request subject
+/// (`$JS.API.DIRECT.GET.<ingress>.hub.pub.*.task.<delegator>.<key>`): that is the form a
+/// worker's grant allows (`…hub.pub.*.task.>`), so a worker reads task channel messages in the
+/// ingress and never a DM waiting there. An attempt's last message is its latest state change
+/// (its result, or its bundle with the result), which is what the caller needs.
 ///
 /// # Errors
 /// As [`read`]; the ingress must allow direct gets (the router provisions it so).
@@ -173,7 +180,7 @@ pub async fn unrouted(
 ) -> Result<Vec<TaskChannelBody>, ReadError> {
     let subject = subjects::task_ingress_filter(&TaskChannel::of(delegator, task_id));
     let mut out = Vec::new();
-    for msg in read_subject(js, ingress, &subject, 1).await? {
+    for msg in last_message(js, ingress, &subject).await? {
         let Ok(env) = crate::decode::envelope(Some(&msg.headers), &msg.payload) else {
             continue;
         };
@@ -346,17 +353,27 @@ pub async fn is_empty(
     task_id: &TaskId,
 ) -> Result<bool, ReadError> {
     let subject = TaskChannel::of(delegator, task_id).subject();
+    Ok(last_message(js, stream, &subject).await?.is_none())
+}
+
+/// The last message of `stream` on `subject` (a filter): one direct get with the subject in
+/// the request subject and no request body.
+async fn last_message(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Result<Option<StreamMessage>, ReadError> {
     let probe = async {
         match handle(js, stream)
             .await?
-            .direct_get_last_for_subject(subject.as_str())
+            .direct_get_last_for_subject(subject)
             .await
         {
-            Ok(_) => Ok(false),
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(true),
+            Ok(msg) => Ok(Some(msg)),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(None),
             Err(source) => Err(ReadError::Get {
                 stream: stream.to_owned(),
-                subject: subject.clone(),
+                subject: subject.to_owned(),
                 source,
             }),
         }
@@ -364,7 +381,7 @@ pub async fn is_empty(
     tokio::time::timeout(READ_TIMEOUT, probe)
         .await
         .map_err(|_| ReadError::Timeout {
-            subject: subject.clone(),
+            subject: subject.to_owned(),
         })?
 }
 

@@ -360,3 +360,28 @@ async fn alice_reads_and_acks(hub: Hub, ack_tokens: usize) {
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 0), "{info:?}");
     assert!(hub.alice.errors().is_empty(), "{:?}", hub.alice.errors());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_20_a_worker_cannot_read_the_dms_waiting_in_the_ingress() {
+    let hub = Hub::start().await;
+    let w1 = hub.rendered.connect("w1").await;
+    // A worker reads task channel messages still in the ingress (the last one of a task's,
+    // subject-suffixed), never a DM: not by sequence, not by subject, in no form.
+    for (subject, body) in [
+        ("$JS.API.DIRECT.GET.HUB_INGRESS", r#"{"seq":1}"#),
+        (
+            "$JS.API.DIRECT.GET.HUB_INGRESS",
+            r#"{"last_by_subj":"hub.pub.bob.inbox"}"#,
+        ),
+        ("$JS.API.DIRECT.GET.HUB_INGRESS.hub.pub.bob.inbox", ""),
+        ("$JS.API.DIRECT.GET.HUB_INGRESS.hub.pub.>", ""),
+        ("$JS.API.STREAM.MSG.GET.HUB_INGRESS", r#"{"seq":1}"#),
+    ] {
+        w1.client
+            .publish_with_reply(subject, "_INBOX.w1.get", body.into())
+            .await
+            .unwrap();
+        w1.refused(subject).await;
+    }
+    hub.alice_intact().await;
+}

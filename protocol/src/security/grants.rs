@@ -103,12 +103,17 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 &subjects::answer_consumer(&worker),
             ));
             // The baseline (the work stream's last sequence) and the task channel reads before
-            // a task runs (its stored results; those still in the ingress).
+            // a task runs: its stored results (any task's: a `next_by_subj` direct get cannot
+            // be limited to subjects), and the last of those still in the ingress, in the
+            // subject-suffixed form limited to task channel messages (never a DM waiting in
+            // the ingress).
             publish.push(api(&format!("STREAM.INFO.{}", subjects::WORK_STREAM)));
             publish.push(api(&format!("DIRECT.GET.{}", delivery.tasks.name)));
             publish.push(api(&format!("DIRECT.GET.{}.>", delivery.tasks.name)));
-            publish.push(api(&format!("DIRECT.GET.{}", delivery.ingress.name)));
-            publish.push(api(&format!("DIRECT.GET.{}.>", delivery.ingress.name)));
+            publish.push(api(&format!(
+                "DIRECT.GET.{}.hub.pub.*.task.>",
+                delivery.ingress.name
+            )));
             Grants {
                 publish,
                 subscribe: vec![
@@ -274,7 +279,11 @@ mod tests {
     #[test]
     fn a_worker_uses_only_its_own_consumers_and_makes_none() {
         let g = of("w1");
-        assert!(may_publish(&g, "hub.pub.w1.task.abc"));
+        assert!(may_publish(&g, "hub.pub.w1.task.alice.abc"));
+        assert!(may_publish(
+            &g,
+            "$JS.API.DIRECT.GET.HUB_INGRESS.hub.pub.*.task.alice.abc"
+        ));
         assert!(may_publish(&g, "hub.work.q.join.w1"));
         assert!(may_publish(
             &g,
@@ -299,8 +308,13 @@ mod tests {
             "$JS.API.CONSUMER.MSG.NEXT.HUB_WORK.worker-w2",
             "$JS.API.CONSUMER.CREATE.HUB_WORK.x",
             "$JS.API.STREAM.DELETE.HUB_WORK",
-            "channel.task.abc",
+            "channel.task.alice.abc",
             "work.q",
+            // No DM waiting in the ingress is readable.
+            "$JS.API.DIRECT.GET.HUB_INGRESS",
+            "$JS.API.DIRECT.GET.HUB_INGRESS.hub.pub.alice.inbox",
+            "$JS.API.DIRECT.GET.HUB_INGRESS.hub.pub.>",
+            "$JS.API.STREAM.MSG.GET.HUB_INGRESS",
         ] {
             assert!(!may_publish(&g, denied), "w1 may publish {denied}");
         }

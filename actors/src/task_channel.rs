@@ -179,29 +179,27 @@ pub async fn unrouted(
     task_id: &TaskId,
 ) -> Result<Vec<TaskChannelBody>, ReadError> {
     let subject = subjects::task_ingress_filter(&TaskChannel::of(delegator, task_id));
-    let mut out = Vec::new();
-    for msg in last_message(js, ingress, &subject).await? {
-        let Ok(env) = crate::decode::envelope(Some(&msg.headers), &msg.payload) else {
-            continue;
-        };
-        // Not routed yet, so not stamped: the sender is the identity in the ingress subject.
-        let sender = subjects::parse_ingress(&msg.subject)
-            .ok()
-            .map(|(from, _)| from);
-        let bodies = match protocol::routing::bundle_items(&env.body) {
-            Some(Ok(items)) => items.into_iter().map(|item| item.body).collect(),
-            Some(Err(_)) => Vec::new(),
-            None => vec![env.body],
-        };
-        out.extend(
-            bodies
-                .into_iter()
-                .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
-                .filter(|b| b.task_id() == task_id)
-                .filter(|b| b.is_from(sender.as_ref().map(|s| s.as_str()))),
-        );
-    }
-    Ok(out)
+    let Some(msg) = last_message(js, ingress, &subject).await? else {
+        return Ok(Vec::new());
+    };
+    let Ok(env) = crate::decode::envelope(Some(&msg.headers), &msg.payload) else {
+        return Ok(Vec::new());
+    };
+    // Not routed yet, so not stamped: the sender is the identity in the ingress subject.
+    let sender = subjects::parse_ingress(&msg.subject)
+        .ok()
+        .map(|(from, _)| from);
+    let bodies = match protocol::routing::bundle_items(&env.body) {
+        Some(Ok(items)) => items.into_iter().map(|item| item.body).collect(),
+        Some(Err(_)) => Vec::new(),
+        None => vec![env.body],
+    };
+    Ok(bodies
+        .into_iter()
+        .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
+        .filter(|b| b.task_id() == task_id)
+        .filter(|b| b.is_from(sender.as_ref().map(|s| s.as_str())))
+        .collect())
 }
 
 /// Every message of `me`'s own task channel `channel` from sequence `from` on, read through a

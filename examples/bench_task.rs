@@ -30,8 +30,9 @@
 //!     up to 256 at once. The end is measured two ways:
 //!     - (b-track) `delegate_tracked()` for every task (inside the timed window): one tracker
 //!       actor per task under the system's dynamic supervisor, with a core subscription of
-//!       `channel.task.<id>` made before the submission (so its initial stored read is skipped;
-//!       it re-reads every 3 s while waiting). This is the honest end-to-end figure of the API;
+//!       `channel.task.<delegator>.<id>` made before the submission (so its initial stored read
+//!       is skipped; it re-reads every 3 s while waiting, through a router). This is the honest
+//!       end-to-end figure of the API;
 //!     - (b-sub) one raw core subscription of `channel.task.>` counting final results (decoded,
 //!       per task id once): the pipeline without the per-task trackers.
 //!

@@ -97,7 +97,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 5] {
         storage: StorageType::File,
         duplicate_window: dup,
         discard: DiscardPolicy::Old,
-        // Workers read it for a result stored here but not routed yet (`hub.pub.*.task.<key>`)
+        // Workers read it for a result stored here but not routed yet (`hub.pub.*.task.<delegator>.<key>`)
         // before they run a task. A direct get's reply carries `Nats-Stream` headers, which
         // the replay guard drops should one be aimed back at the ingress.
         allow_direct: true,

@@ -1,7 +1,7 @@
 //! Bundles: several task channel envelopes in one ingress message.
 //!
 //! A worker finishing an attempt publishes its state-change status and its result together; as
-//! one ingress message (`{"bundle": [<envelope>, ...]}` on `hub.pub.<worker>.task.<key>`) they
+//! one ingress message (`{"bundle": [<envelope>, ...]}` on `hub.pub.<worker>.task.<delegator>.<key>`) they
 //! cost the ingress stream, the router's consumer and the worker's publish ack one message
 //! instead of two. The router stores every item as its own message on the task channel, in
 //! order, each with `meta.from` stamped and `Nats-Msg-Id: hub-router:<from>:<item meta.id>`,

@@ -353,7 +353,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
 
 /// Where an ingress subject points.
 enum Target {
-    /// `inbox`, `task.<key>` or a broadcast channel.
+    /// `inbox`, `task.<delegator>.<key>` or a broadcast channel.
     Channel(Channel),
     /// `work.<queue>[.<worker>]`: a task for a queue (or one worker of it).
     Work {

@@ -92,7 +92,7 @@ pub fn parse_task_read_request(subject: &str) -> Result<AgentId, SubjectError> {
 ///
 /// Returns a [`SubjectError`] if `subject` is not a broadcast subject with
 /// a valid, non-reserved channel name (`channel.inbox.<id>` and
-/// `channel.task.<key>` are rejected).
+/// `channel.task.<delegator>.<key>` are rejected).
 pub fn parse_broadcast(subject: &str) -> Result<ChannelName, SubjectError> {
     let name = single_token(subject, BROADCAST_PREFIX)?;
     token(subject, ChannelName::new(name))

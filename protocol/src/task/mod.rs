@@ -6,7 +6,7 @@
 //! [`work`](crate::subjects::work()) under [`task_msg_id`], and a worker
 //! runs it as an attempt ([`AttemptId`]). The worker publishes
 //! [`TaskResult`]s and [`StatusEvent`]s on the task channel
-//! `channel.task.<key>` (key from
+//! `channel.task.<delegator>.<key>` (key from
 //! [`TaskKey::from_task_id`](crate::subjects::TaskKey::from_task_id)),
 //! receives [`Answer`]s on its answer consumer and serves
 //! [`ControlRequest`]s on its control subjects.

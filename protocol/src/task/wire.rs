@@ -1,4 +1,4 @@
-//! What travels on a task channel (`channel.task.<key>`) and the join reply.
+//! What travels on a task channel (`channel.task.<delegator>.<key>`) and the join reply.
 //!
 //! Results and status events are envelopes like any other (they go through the ingress, so the
 //! router stamps the worker's identity into `meta.from`); their body is a [`TaskChannelBody`]:

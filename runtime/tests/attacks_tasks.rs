@@ -40,26 +40,7 @@ struct TaskHub {
 impl TaskHub {
     async fn start() -> TaskHub {
         let hub = Hub::start().await;
-        let script = hub.rendered.dir.path().join("task.sh");
-        std::fs::write(&script, SCRIPT).unwrap();
-        let exec = format!("sh {}", script.display());
-        let journal = hub.rendered.dir.path().join("journal");
-        let journal = journal.display().to_string();
-        let worker = hub.rendered.spawn_as(
-            "w1",
-            &[
-                "start",
-                "--role",
-                "worker",
-                "--durable",
-                "--queue",
-                "q",
-                "--exec",
-                &exec,
-                "--journal-dir",
-                &journal,
-            ],
-        );
+        let worker = hub.rendered.worker("w1", SCRIPT);
         TaskHub { hub, worker }
     }
 
@@ -134,6 +115,15 @@ impl TaskHub {
 
     fn logs(&self) -> String {
         format!("worker:\n{}", self.worker.log())
+    }
+
+    /// No permission was refused to anyone: no grant is too tight for what was done.
+    fn no_violations(&self) {
+        let violations = self.hub.rendered.violations();
+        assert!(
+            violations.is_empty(),
+            "a grant is too tight: {violations:#?}"
+        );
     }
 
     /// No permission was refused to anyone but bob (the server's log names a user by its
@@ -218,11 +208,7 @@ async fn control_alice_delegates_waits_answers_and_resumes_her_own_task_and_w1_r
     let results = hub.results_under("alice", &task_id).await;
     let states: Vec<TaskState> = results.iter().map(|r| r.state).collect();
     assert_eq!(states, [TaskState::Waiting, TaskState::Completed]);
-    assert!(
-        hub.hub.rendered.violations().is_empty(),
-        "a grant is too tight: {:#?}",
-        hub.hub.rendered.violations()
-    );
+    hub.no_violations();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -241,11 +227,7 @@ async fn control_alice_cancels_her_own_running_task() {
         Some(TaskState::Cancelled),
         "{results:?}"
     );
-    assert!(
-        hub.hub.rendered.violations().is_empty(),
-        "a grant is too tight: {:#?}",
-        hub.hub.rendered.violations()
-    );
+    hub.no_violations();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,11 +254,7 @@ async fn control_an_admin_queries_and_cancels_a_task_alice_delegated() {
     let cancel = ops("cancel").await;
     assert_eq!(cancel["cancel"], "requested", "{cancel}");
     hub.alice_sees(&task_id, "cancelled").await;
-    assert!(
-        hub.hub.rendered.violations().is_empty(),
-        "a grant is too tight: {:#?}",
-        hub.hub.rendered.violations()
-    );
+    hub.no_violations();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

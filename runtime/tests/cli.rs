@@ -809,18 +809,18 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     let task_id = receipt["task_id"].as_str().unwrap().to_string();
 
     // The worker asks its question: status says waiting (parked in the worker's journal).
+    let status_as_alice = [
+        "task",
+        "--nats-url",
+        &url,
+        "status",
+        &task_id,
+        "--as",
+        "alice",
+    ];
     let waiting = std::cell::RefCell::new(Value::Null);
     harness::wait_until_async("task waiting", DEADLINE, || async {
-        let out = run_cli(&[
-            "task",
-            "--nats-url",
-            &url,
-            "status",
-            &task_id,
-            "--as",
-            "alice",
-        ])
-        .await;
+        let out = run_cli(&status_as_alice).await;
         let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap_or(Value::Null);
         let done = reply["state"] == "waiting";
         *waiting.borrow_mut() = reply;
@@ -872,16 +872,7 @@ async fn delegate_a_question_answer_it_and_resume_the_result_from_the_cli() {
     assert_eq!(result["attempt_id"], answer["attempt_id"]);
 
     // Finished: status comes from the task channel.
-    let out = run_cli(&[
-        "task",
-        "--nats-url",
-        &url,
-        "status",
-        &task_id,
-        "--as",
-        "alice",
-    ])
-    .await;
+    let out = run_cli(&status_as_alice).await;
     let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(
         (reply["state"].as_str(), reply["active"].as_bool()),

@@ -217,28 +217,9 @@ async fn a_worker_runs_an_agents_task_on_their_rendered_credentials() {
     let router = hub.router();
     let ops = hub.connect("ops").await;
     support::wait_router_answers(&ops.client).await;
-    let script = hub.dir.path().join("task.sh");
-    std::fs::write(
-        &script,
-        "cat > /dev/null\nprintf '{\"response\": \"done\"}\\n'\n",
-    )
-    .unwrap();
-    let exec = format!("sh {}", script.display());
-    let journal = hub.dir.path().join("journal").display().to_string();
-    let worker = hub.spawn_as(
+    let worker = hub.worker(
         "w1",
-        &[
-            "start",
-            "--role",
-            "worker",
-            "--durable",
-            "--queue",
-            "q",
-            "--exec",
-            &exec,
-            "--journal-dir",
-            &journal,
-        ],
+        "cat > /dev/null\nprintf '{\"response\": \"done\"}\\n'\n",
     );
     // `env $(cat alice.env) runtime delegate --queue q …`
     let out = hub

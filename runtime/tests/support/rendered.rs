@@ -73,6 +73,29 @@ impl Rendered {
         harness::RuntimeProcess::spawn(args.iter().copied(), &env).unwrap()
     }
 
+    /// Worker `identity` running on queue `q`, each attempt running `script` (`sh <file>`; see
+    /// `actors::worker::ExecHandler`), its journal in this directory.
+    pub fn worker(&self, identity: &str, script: &str) -> harness::RuntimeProcess {
+        let path = self.dir.path().join(format!("{identity}-task.sh"));
+        std::fs::write(&path, script).unwrap();
+        let exec = format!("sh {}", path.display());
+        let journal = self.dir.path().join(format!("{identity}-journal"));
+        let journal = journal.display().to_string();
+        let args = [
+            "start",
+            "--role",
+            "worker",
+            "--durable",
+            "--queue",
+            "q",
+            "--exec",
+            &exec,
+            "--journal-dir",
+            &journal,
+        ];
+        self.spawn_as(identity, &args)
+    }
+
     /// The rendered router `router-1`, running.
     pub fn router(&self) -> harness::RuntimeProcess {
         self.spawn_as("router-1", &["start", "--role", "router", "--durable"])

@@ -184,7 +184,7 @@ pub struct FaultSpecError {
 
 /// Parses a fault spec: entries separated by `;`, each `<actor name>@<point>=<fault>` with an
 /// optional `*<times>` (default 1); points `pre_start`, `handle`, `result_confirmed`; faults
-/// `panic`, `error`, `exit`. For example `sys1/worker-w1.attempt.t1@result_confirmed=exit`.
+/// `panic`, `error`, `exit`. For example `sys1/worker-w1.attempt.alice.t1@result_confirmed=exit`.
 ///
 /// # Errors
 /// [`FaultSpecError`] naming the first entry that does not parse.

@@ -15,6 +15,10 @@
 //!   direct gets, as `HUB_TASKS` does): no consumer is created, and a read that finds nothing
 //!   new costs one request.
 //!
+//! The live pump takes only what the router published on the channel's subject: a JetStream
+//! delivery or get aimed at the subscription through the unchecked reply subject of someone's
+//! API request is ignored and counted (`replayed`).
+//!
 //! So a result published while nobody listened is still found, and so is one published while
 //! the connection was being replaced (the client re-subscribes by itself; the next re-read
 //! catches up whatever the live subscription missed). A failed stored read is retried at the
@@ -246,6 +250,9 @@ crate::counters! {
         unstamped,
         /// Stored reads that failed.
         read_errors,
+        /// Messages on the live subscription that the router did not publish there (a
+        /// JetStream delivery or get aimed at it through an API request's reply subject).
+        replayed,
     }
 }
 
@@ -449,6 +456,22 @@ struct TrackerPump {
     myself: ActorRef<TrackerMsg>,
 }
 
+/// Whether a message of the live subscription is one the router published on `subject`: its
+/// subject is the channel's, it has no ack reply (a JetStream delivery) and no replay headers
+/// (a direct or message get). Anything else reached the subscription through the reply
+/// subject of someone's JetStream API request, which nats-server does not permission-check.
+fn is_published_here(msg: &async_nats::Message, subject: &str) -> bool {
+    msg.subject.as_str() == subject
+        && !msg
+            .reply
+            .as_ref()
+            .is_some_and(|r| r.as_str().starts_with("$JS.ACK."))
+        && !msg.headers.as_ref().is_some_and(|h| {
+            h.iter()
+                .any(|(name, _)| protocol::headers::is_replay_header(name.as_ref()))
+        })
+}
+
 /// The live subscription of the task channel ended (the connection closed): the tracker fails
 /// and is restarted.
 #[derive(Debug, thiserror::Error)]
@@ -461,6 +484,7 @@ impl TrackerPump {
         mut sub: Subscriber,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), LiveEnded> {
+        let subject = TaskChannel::of(&self.delegator, &self.task_id).subject();
         loop {
             let msg = tokio::select! {
                 biased;
@@ -472,6 +496,14 @@ impl TrackerPump {
                 }
                 next = sub.next() => next.ok_or(LiveEnded)?,
             };
+            if !is_published_here(&msg, &subject) {
+                // A JetStream delivery or get aimed at this subscription through the unchecked
+                // reply subject of an API request (a pull keeps its stored subject; a get
+                // carries replay headers): not a message the router stored here.
+                self.counters.replayed.bump();
+                tracing::warn!(task_id = %self.task_id, subject = %msg.subject, "ignored a message replayed into the task channel subscription");
+                continue;
+            }
             let body = match crate::task_channel::decode_checked(
                 &self.task_id,
                 msg.headers.as_ref(),

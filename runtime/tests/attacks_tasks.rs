@@ -427,3 +427,74 @@ async fn attack_15_bob_cannot_query_cancel_or_answer_alices_task() {
     hub.alice_sees(&task_id, "cancelled").await;
     hub.only_bob_refused();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_21_bob_cannot_replay_a_forged_result_into_alices_tracker() {
+    let hub = TaskHub::start().await;
+    let task_id = hub.alice_delegates("SLOWLY").await;
+    hub.alice_sees(&task_id, "running").await;
+    // Alice tracks her task in her own process, live and through the router.
+    let alice = AgentId::new("alice").unwrap();
+    let (tracker, result, _events) = actors::tracker::TaskTracker::new(
+        "alice-tracker",
+        h_client(&hub, "alice").await,
+        alice,
+        task_id.clone(),
+    );
+    let (tracker, _) = ractor::Actor::spawn(None, tracker, ()).await.unwrap();
+    let h = &hub.hub;
+    // Bob stores a forged final result as a DM to himself (stamped as bob, naming bob as the
+    // worker), then pulls it from his own inbox consumer with the reply aimed at alice's task
+    // channel: nats-server checks neither, and delivers it to her subscription.
+    support::attack_hub::attach(&h.bob, "bob").await;
+    let forged = serde_json::json!({"meta": {"id": "forged", "to": "bob"}, "body": {"result": {
+        "task_id": task_id, "attempt_id": "a-forged", "worker_id": "bob", "state": "completed",
+        "response": "forged"}}});
+    jetstream::new(h.bob.client.clone())
+        .publish("hub.pub.bob.inbox", forged.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    h.wait_inbox("bob", 1).await;
+    h.bob
+        .client
+        .publish_with_reply(
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob",
+            format!("channel.task.alice.{task_id}"),
+            r#"{"batch":1}"#.into(),
+        )
+        .await
+        .unwrap();
+    harness::wait_until_async("bob's DM delivered", support::DEADLINE, || async {
+        support::consumer_backlog(&h.admin, "HUB_INBOX", "inbox-bob")
+            .await
+            .1
+            == 1
+    })
+    .await
+    .unwrap();
+    // The tracker ignored it: the first final result it delivers is the real one, after alice
+    // cancels her task.
+    let snapshot: actors::tracker::TrackerSnapshot =
+        ractor::call!(tracker, actors::tracker::TrackerMsg::Snapshot)
+            .expect("the tracker still follows the task (it stops once it delivers a result)");
+    assert!(!snapshot.delivered, "a result was delivered: {snapshot:?}");
+    let (code, reply) = hub.task("alice", "cancel", &task_id).await;
+    assert_eq!(code, Some(0), "{reply}");
+    let result = tokio::time::timeout(support::DEADLINE, result)
+        .await
+        .expect("alice's result")
+        .unwrap();
+    assert_eq!(
+        (result.state, result.worker_id.as_str()),
+        (TaskState::Cancelled, "w1"),
+        "{result:?}"
+    );
+    hub.only_bob_refused();
+}
+
+/// A client of `who` on its rendered credentials.
+async fn h_client(hub: &TaskHub, who: &str) -> async_nats::Client {
+    hub.hub.rendered.connect(who).await.client
+}

@@ -227,7 +227,7 @@ async fn crash_after_journalling_the_result_before_publishing_republishes_withou
     .await;
 
     let spec = new_task("crash me", vec![]);
-    let attempt = format!("{}.attempt.{}", hub.worker_name(&id), spec.task_id);
+    let attempt = format!("{}.attempt.alice.{}", hub.worker_name(&id), spec.task_id);
     fault::arm(&attempt, FaultPoint::Handle, Fault::Panic, 1);
     let tracking = hub
         .track(&protocol::AgentId::new("alice").unwrap(), &spec.task_id)
@@ -441,7 +441,7 @@ async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_superviso
     // The tracker panics on the first task channel message it handles (the acceptance status),
     // so the rest of the channel is only found by its next incarnation.
     fault::arm(
-        &hub.tracker_name(&spec.task_id),
+        &hub.tracker_name(&support::agent("alice"), &spec.task_id),
         FaultPoint::Handle,
         Fault::Panic,
         1,
@@ -460,7 +460,10 @@ async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_superviso
     assert_eq!(result.task_id, spec.task_id);
     assert_eq!(result.state, TaskState::Completed);
     assert_eq!(
-        fault::remaining(&hub.tracker_name(&spec.task_id), FaultPoint::Handle),
+        fault::remaining(
+            &hub.tracker_name(&support::agent("alice"), &spec.task_id),
+            FaultPoint::Handle
+        ),
         0,
         "the fault fired"
     );

@@ -444,5 +444,31 @@ async fn a_task_id_another_agent_used_first_does_not_swallow_the_task() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}: alice's task was taken for a repeat of bob's"));
+    // One worker runs both at once (each its own task: not an alias of the other), and each
+    // delegator gets its own task's result on its own channel.
+    let bob_tracking = hub
+        .track(&support::agent("bob"), &spec.task_id)
+        .await
+        .unwrap();
+    let alice_tracking = hub.track(&alice(), &spec.task_id).await.unwrap();
+    let handler = Counting {
+        delay: Duration::from_millis(500),
+        ..Counting::default()
+    };
+    let journal = tempfile::tempdir().unwrap();
+    let h = Arc::new(handler.clone());
+    support::start_worker(&hub, "w-squat", &queue, 2, h, journal.path()).await;
+    for (tracking, text) in [
+        (alice_tracking, "alice's real task"),
+        (bob_tracking, "bob's"),
+    ] {
+        let result = tokio::time::timeout(DEADLINE, tracking.result)
+            .await
+            .unwrap_or_else(|_| panic!("no result for {text}"))
+            .unwrap();
+        assert_eq!(result.state, TaskState::Completed, "{result:?}");
+        assert_eq!(result.response.unwrap()["echo"], text);
+    }
+    assert_eq!(handler.runs(spec.task_id.as_str()), 2, "both ran");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -168,7 +168,7 @@ fn dying_after_result(
     spec: &protocol::task::TaskSpec,
 ) -> RuntimeProcess {
     let fault = format!(
-        "sys1/worker-{id}.attempt.{}@result_confirmed=exit",
+        "sys1/worker-{id}.attempt.alice.{}@result_confirmed=exit",
         spec.task_id
     );
     scene.worker_with(url, id, queue, &[], &[("RUNTIME_FAULTS", &fault)])

@@ -86,13 +86,10 @@ impl Worker {
             }
         };
         // Answers are routed by (task, attempt): the attempt running now, a parked one, or none.
-        let running = state.running.by_task(&answer.task_id).map(|r| {
-            (
-                r.actor.clone(),
-                r.attempt_id == answer.attempt_id,
-                r.delegator.clone(),
-            )
-        });
+        let running = state
+            .running
+            .by_attempt(&answer.task_id, &answer.attempt_id)
+            .map(|r| (r.actor.clone(), r.delegator.clone()));
         let parked = {
             let journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
             Parked::find(
@@ -103,7 +100,7 @@ impl Worker {
         };
         // Only the task's delegator answers it (answers carry no admin form).
         let delegator = match (&running, &parked) {
-            (Some((_, true, delegator)), _) => Some(delegator),
+            (Some((_, delegator)), _) => Some(delegator),
             (_, Some(parked)) => Some(&parked.delegator),
             _ => None,
         };
@@ -124,9 +121,17 @@ impl Worker {
             });
             return;
         }
-        match (running.map(|(actor, same, _)| (actor, same)), parked) {
-            (Some((actor, true)), _) => self.judge_running(state, actor, msg, answerer, answer),
-            (Some((_, false)), Some(_)) => {
+        // Another attempt of the parked attempt's task runs here now (its actor has the task's
+        // name).
+        let other_runs = parked.as_ref().is_some_and(|p| {
+            state
+                .running
+                .by_task(&p.delegator, &answer.task_id)
+                .is_some()
+        });
+        match (running.map(|(actor, _)| actor), parked) {
+            (Some(actor), _) => self.judge_running(state, actor, msg, answerer, answer),
+            (None, Some(_)) if other_runs => {
                 // Another attempt of the task runs here now (its actor has the task's name):
                 // the parked one is resumed once it is done.
                 let _ = msg.ack_with(AckKind::Nak(Some(ANSWER_RETRY_DELAY))).await;
@@ -293,8 +298,7 @@ impl Worker {
         // Routed by (task, attempt): the attempt running now, else the journal.
         let running = state
             .running
-            .by_task(&request.task_id)
-            .filter(|r| r.attempt_id == request.attempt_id)
+            .by_attempt(&request.task_id, &request.attempt_id)
             .map(|r| (r.actor.clone(), r.delegator.clone()));
         if let Some((_, delegator)) = &running {
             if !may_control(requester, Some(delegator)) {
@@ -331,7 +335,12 @@ impl Worker {
                 let mut status = protocol::task::cancel_status(task_state, true);
                 if status == protocol::task::CancelStatus::Requested {
                     match parked {
-                        Some(parked) if state.running.by_task(&request.task_id).is_none() => {
+                        Some(parked)
+                            if state
+                                .running
+                                .by_task(&parked.delegator, &request.task_id)
+                                .is_none() =>
+                        {
                             self.settle_parked(myself, state, parked, true).await;
                         }
                         // Another attempt of the task runs here now, or the work was

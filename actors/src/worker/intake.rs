@@ -53,7 +53,7 @@ impl Worker {
                 return;
             }
         };
-        if state.running.by_task(&task.task_id).is_some() {
+        if state.running.by_task(&delegator, &task.task_id).is_some() {
             state.counters.aliased.bump();
             tracing::info!(task_id = %task.task_id, input_seq = seq, "task id already running: input acked as an alias");
             state.requests.spawn(async move {
@@ -120,8 +120,9 @@ impl Worker {
         args: AttemptArgs,
     ) {
         let (input, ack_wait) = input.map_or((None, Duration::ZERO), |(i, w)| (Some(i), w));
+        let delegator = args.delegator().clone();
         let attempt = Attempt {
-            name: format!("{}.attempt.{task_id}", self.name),
+            name: format!("{}.attempt.{delegator}.{task_id}", self.name),
             client: self.client.clone(),
             worker_id: self.worker_id.clone(),
             journal: state.journal.clone(),
@@ -134,7 +135,6 @@ impl Worker {
             baseline: state.baseline.clone(),
         };
         let name = attempt.name.clone();
-        let delegator = args.delegator().clone();
         match Actor::spawn_linked(Some(name), attempt, args, myself.get_cell()).await {
             Ok((actor, _)) => {
                 state.counters.admitted.bump();

@@ -103,7 +103,7 @@ const HAND_BACK_MARGIN: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct Worker {
     /// Actor name, also the fault-injection key; attempts are named
-    /// `<name>.attempt.<task id>`.
+    /// `<name>.attempt.<delegator>.<task id>`.
     pub name: String,
     /// The connection.
     pub client: Client,

@@ -1,5 +1,6 @@
 //! The attempts running in a worker, with the indexes the worker looks them up by: the actor,
-//! the task id, and the input message each one holds (heartbeats and will ack).
+//! the task (its delegator and id: two identities' tasks may share an id), the attempt id, and
+//! the input message each one holds (heartbeats and will ack).
 
 use std::collections::HashMap;
 
@@ -34,12 +35,13 @@ pub(super) struct Running {
 #[derive(Default)]
 pub(super) struct RunningSet {
     by_actor: HashMap<ActorId, Running>,
-    by_task: HashMap<TaskId, ActorId>,
+    by_task: HashMap<(AgentId, TaskId), ActorId>,
+    by_attempt: HashMap<AttemptId, ActorId>,
     by_input: HashMap<Input, ActorId>,
 }
 
 impl RunningSet {
-    /// Adds an attempt (replacing nothing: a task id or input already running is the caller's
+    /// Adds an attempt (replacing nothing: a task or input already running is the caller's
     /// check).
     pub fn insert(
         &mut self,
@@ -50,7 +52,9 @@ impl RunningSet {
         input: Option<Input>,
     ) {
         let id = actor.get_id();
-        self.by_task.insert(task_id.clone(), id);
+        self.by_task
+            .insert((delegator.clone(), task_id.clone()), id);
+        self.by_attempt.insert(attempt_id.clone(), id);
         if let Some(input) = input {
             self.by_input.insert(input, id);
         }
@@ -69,8 +73,12 @@ impl RunningSet {
     /// Removes the attempt of actor `id`.
     pub fn remove(&mut self, id: ActorId) -> Option<Running> {
         let running = self.by_actor.remove(&id)?;
-        if self.by_task.get(&running.task_id) == Some(&id) {
-            self.by_task.remove(&running.task_id);
+        let task = (running.delegator.clone(), running.task_id.clone());
+        if self.by_task.get(&task) == Some(&id) {
+            self.by_task.remove(&task);
+        }
+        if self.by_attempt.get(&running.attempt_id) == Some(&id) {
+            self.by_attempt.remove(&running.attempt_id);
         }
         if let Some(input) = running.input {
             if self.by_input.get(&input) == Some(&id) {
@@ -80,10 +88,17 @@ impl RunningSet {
         Some(running)
     }
 
-    /// The attempt running `task_id` (one per task id: its actor is named after it).
-    pub fn by_task(&self, task_id: &TaskId) -> Option<&Running> {
-        let id = self.by_task.get(task_id)?;
+    /// The attempt running `delegator`'s task `task_id` (one per task: its actor is named
+    /// after it).
+    pub fn by_task(&self, delegator: &AgentId, task_id: &TaskId) -> Option<&Running> {
+        let id = self.by_task.get(&(delegator.clone(), task_id.clone()))?;
         self.by_actor.get(id)
+    }
+
+    /// The running attempt `attempt_id` of task `task_id`.
+    pub fn by_attempt(&self, task_id: &TaskId, attempt_id: &AttemptId) -> Option<&Running> {
+        let id = self.by_attempt.get(attempt_id)?;
+        self.by_actor.get(id).filter(|r| &r.task_id == task_id)
     }
 
     /// Whether an attempt holds `input`.

@@ -35,6 +35,8 @@ enum Finding {
         seq: u64,
         /// The journal key: task id.
         task_id: TaskId,
+        /// Who delegated the task.
+        delegator: protocol::AgentId,
         /// The attempt.
         attempt_id: AttemptId,
     },
@@ -68,11 +70,13 @@ impl Worker {
         state: &mut WorkerState,
         Found(found): Found,
     ) {
-        let task_id = match &found {
-            Finding::Settle(parked) => &parked.task.task_id,
-            Finding::Forget { task_id, .. } => task_id,
+        let (delegator, task_id) = match &found {
+            Finding::Settle(parked) => (&parked.delegator, &parked.task.task_id),
+            Finding::Forget {
+                delegator, task_id, ..
+            } => (delegator, task_id),
         };
-        if state.draining || state.running.by_task(task_id).is_some() {
+        if state.draining || state.running.by_task(delegator, task_id).is_some() {
             return;
         }
         match found {
@@ -81,6 +85,7 @@ impl Worker {
                 seq,
                 task_id,
                 attempt_id,
+                ..
             } => {
                 let mut journal = state.journal.lock().unwrap_or_else(|e| e.into_inner());
                 // Only the very attempt judged: the key may hold a newer admission now.
@@ -131,6 +136,7 @@ async fn judge(
         ChannelState::Finished | ChannelState::Parked => Some(Found(Finding::Forget {
             seq: record.input_seq,
             task_id,
+            delegator,
             attempt_id,
         })),
         _ if saved_final => parked.map(|p| Found(Finding::Settle(Box::new(p)))),

@@ -210,9 +210,9 @@ pub struct Tracking {
 }
 
 impl ActorSystem {
-    /// The actor name of the tracker of `task_id` (fault-injection key).
-    pub fn tracker_name(&self, task_id: &TaskId) -> String {
-        format!("{}/tracker-{task_id}", self.id)
+    /// The actor name of the tracker of `delegator`'s task `task_id` (fault-injection key).
+    pub fn tracker_name(&self, delegator: &AgentId, task_id: &TaskId) -> String {
+        format!("{}/tracker-{delegator}-{task_id}", self.id)
     }
 
     /// Starts a supervised tracker (transient: restarted after a crash, not after it delivered)
@@ -273,7 +273,7 @@ impl ActorSystem {
     ) -> Result<Tracking, SystemError> {
         use actors::supervision::{dynamic, ChildSpec, Restart};
         let (tracker, result, events) = actors::tracker::TaskTracker::new(
-            self.tracker_name(task_id),
+            self.tracker_name(delegator, task_id),
             self.client.clone(),
             delegator.clone(),
             task_id.clone(),
@@ -283,11 +283,11 @@ impl ActorSystem {
             tracker = tracker.fresh();
         }
         let supervisor = &self.trackers_supervisor().await?;
-        let child = ChildSpec::actor(self.tracker_name(task_id), tracker, || ())
+        let child = ChildSpec::actor(self.tracker_name(delegator, task_id), tracker, || ())
             .with_restart(Restart::Transient);
         dynamic::add_child(supervisor, child)
             .await
-            .map_err(|e| SystemError::spawn(&self.tracker_name(task_id), e))?;
+            .map_err(|e| SystemError::spawn(&self.tracker_name(delegator, task_id), e))?;
         Ok(Tracking { result, events })
     }
 

@@ -79,7 +79,8 @@ pub const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// and forgets it.
 #[derive(Clone)]
 pub(crate) struct Attempt {
-    /// Actor name (`<worker name>.attempt.<task id>`), also the fault-injection key.
+    /// Actor name (`<worker name>.attempt.<delegator>.<task id>`), also the fault-injection
+    /// key.
     pub name: String,
     /// The connection.
     pub client: async_nats::Client,

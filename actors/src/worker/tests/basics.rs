@@ -157,7 +157,7 @@ async fn crash_after_journalling_result_republishes_without_rerun() {
     let mut results = env.results().await;
     let worker = env.start("worker-crash", handler.clone(), 2).await;
     fault::arm(
-        "worker-crash.attempt.t-crash",
+        "worker-crash.attempt.delegator.t-crash",
         FaultPoint::Handle,
         Fault::Error,
         1,

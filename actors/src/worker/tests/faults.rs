@@ -454,7 +454,7 @@ async fn a_first_delivery_from_a_consumer_made_again_is_checked_and_not_run_twic
     let second_gate = Gate::new();
     let other = WorkerId::new("w-remade-other").unwrap();
     fault::arm(
-        "worker-remade-2.attempt.t-remade-t",
+        "worker-remade-2.attempt.delegator.t-remade-t",
         FaultPoint::ResultConfirmed,
         Fault::Error,
         1,

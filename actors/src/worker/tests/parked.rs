@@ -61,7 +61,7 @@ async fn a_cancel_of_a_parked_attempt_whose_first_publish_fails_is_published_on_
     env.wait_work_empty().await;
     wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
     // The settle's first try fails between saving the cancelled result and publishing it.
-    let attempt = format!("{name}.attempt.t-cancel");
+    let attempt = format!("{name}.attempt.delegator.t-cancel");
     fault::arm(&attempt, FaultPoint::Handle, Fault::Error, 1);
     let reply = env
         .control(
@@ -99,7 +99,7 @@ async fn a_resume_whose_answer_ack_is_lost_is_closed_by_the_redelivered_answer()
     wait_snapshot(&worker, "parked", |s| s.parked == 1 && s.running == 0).await;
     // The resume's final result is stored; then it fails before acking its answer.
     fault::arm(
-        &format!("{name}.attempt.t-dup"),
+        &format!("{name}.attempt.delegator.t-dup"),
         FaultPoint::ResultConfirmed,
         Fault::Error,
         1,
@@ -189,7 +189,7 @@ async fn a_result_in_the_ingress_not_routed_yet_is_not_run_again_by_another_work
     let handler = TestHandler::new(Duration::ZERO);
     let name = "worker-unrouted-1";
     fault::arm(
-        &format!("{name}.attempt.t-unrouted"),
+        &format!("{name}.attempt.delegator.t-unrouted"),
         FaultPoint::ResultConfirmed,
         Fault::Error,
         1,

@@ -86,6 +86,14 @@ pub enum ReadError {
         /// Why.
         reason: String,
     },
+    /// The last message of a task's channel still in the ingress holds no result (a status, a
+    /// refusal): an earlier message of the task there may hold one, which that read cannot
+    /// see, so nothing can be concluded until the router has caught up.
+    #[error("the last unrouted message of {subject} holds no result: read again once routed")]
+    Inconclusive {
+        /// The ingress filter read.
+        subject: String,
+    },
     /// The read took longer than [`READ_TIMEOUT`].
     #[error("reading {subject} took longer than {READ_TIMEOUT:?}")]
     Timeout {
@@ -168,10 +176,13 @@ pub async fn read(
 /// (`$JS.API.DIRECT.GET.<ingress>.hub.pub.*.task.<delegator>.<key>`): that is the form a
 /// worker's grant allows (`…hub.pub.*.task.>`), so a worker reads task channel messages in the
 /// ingress and never a DM waiting there. An attempt's last message is its latest state change
-/// (its result, or its bundle with the result), which is what the caller needs.
+/// (its result, or its bundle with the result), which is what the caller needs; when the last
+/// message holds no result (a status or a refusal came after), an earlier one may, unseen, so
+/// the read is [`ReadError::Inconclusive`].
 ///
 /// # Errors
 /// As [`read`]; the ingress must allow direct gets (the router provisions it so).
+/// [`ReadError::Inconclusive`] as above.
 pub async fn unrouted(
     js: &jetstream::Context,
     ingress: &str,
@@ -194,12 +205,19 @@ pub async fn unrouted(
         Some(Err(_)) => Vec::new(),
         None => vec![env.body],
     };
-    Ok(bodies
+    let bodies: Vec<TaskChannelBody> = bodies
         .into_iter()
         .filter_map(|b| serde_json::from_value::<TaskChannelBody>(b).ok())
         .filter(|b| b.task_id() == task_id)
         .filter(|b| b.is_from(sender.as_ref().map(|s| s.as_str())))
-        .collect())
+        .collect();
+    if !bodies
+        .iter()
+        .any(|b| matches!(b, TaskChannelBody::Result(_)))
+    {
+        return Err(ReadError::Inconclusive { subject });
+    }
+    Ok(bodies)
 }
 
 /// Every message of `me`'s own task channel `channel` from sequence `from` on, read through a
@@ -397,4 +415,60 @@ pub async fn view(
     Ok(ChannelView::of(
         stored.iter().filter_map(|s| s.body.as_ref()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Publishes a task channel body of `t1` (delegated by `d`) as worker `w1` would, into an
+    /// ingress stream no router drains.
+    async fn unrouted_publish(js: &jetstream::Context, id: &str, body: serde_json::Value) {
+        let env = serde_json::json!({"meta": {"id": id}, "body": body});
+        js.publish("hub.pub.w1.task.d.t1", env.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_unrouted_result_is_found_and_a_later_message_without_one_is_inconclusive() {
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        js.create_stream(jetstream::stream::Config {
+            name: "INGRESS".into(),
+            subjects: vec!["hub.pub.>".into()],
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let (d, t1) = (AgentId::new("d").unwrap(), TaskId::new("t1").unwrap());
+        assert!(unrouted(&js, "INGRESS", &d, &t1).await.unwrap().is_empty());
+        let ids = serde_json::json!({"task_id": "t1", "attempt_id": "a1", "worker_id": "w1"});
+        let mut result = ids.clone();
+        result["state"] = "completed".into();
+        unrouted_publish(&js, "r1", serde_json::json!({ "result": result })).await;
+        let found = unrouted(&js, "INGRESS", &d, &t1).await.unwrap();
+        assert!(
+            matches!(found.as_slice(), [TaskChannelBody::Result(r)] if r.state.is_final()),
+            "{found:?}"
+        );
+        // A refusal published after it hides it from a last-message read: inconclusive.
+        let mut refusal = ids;
+        refusal["answer_id"] = "ans-late".into();
+        refusal["error"] = serde_json::json!({"kind": "unknown_task_attempt", "detail": "x"});
+        unrouted_publish(&js, "f1", serde_json::json!({ "answer_refused": refusal })).await;
+        assert!(matches!(
+            unrouted(&js, "INGRESS", &d, &t1).await,
+            Err(ReadError::Inconclusive { .. })
+        ));
+        // Another delegator's task of the same id is another channel.
+        let other = AgentId::new("e").unwrap();
+        assert!(unrouted(&js, "INGRESS", &other, &t1)
+            .await
+            .unwrap()
+            .is_empty());
+    }
 }

@@ -78,8 +78,13 @@ impl Index {
                 from,
             } => {
                 let key = (seq, task_id.clone());
-                if self.attempts.contains_key(&key) {
-                    tracing::warn!(seq, %task_id, "journal admits an open input twice; keeping the first");
+                if let Some(existing) = self.attempts.get_mut(&key) {
+                    if existing.delegator.is_none() && from.is_some() {
+                        // A record of an earlier version learns its delegator.
+                        existing.delegator = from;
+                    } else {
+                        tracing::warn!(seq, %task_id, "journal admits an open input twice; keeping the first");
+                    }
                     return;
                 }
                 self.by_task.entry(task_id.clone()).or_default().insert(seq);

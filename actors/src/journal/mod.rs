@@ -239,11 +239,23 @@ impl Journal {
         delegator: Option<&str>,
     ) -> Result<Admission, JournalError> {
         if let Some(existing) = self.index.get(input_seq, task_id) {
-            return Ok(Admission {
+            let admission = Admission {
                 attempt_id: existing.attempt_id.clone(),
                 new: false,
                 result: existing.result.clone(),
-            });
+            };
+            // A record of an earlier version, which did not journal the delegator: the input
+            // brought it back, so the record learns it (a second `admitted` record fills in a
+            // missing delegator, and changes nothing else).
+            if existing.delegator.is_none() && delegator.is_some() {
+                self.write_lazy(Record::Admitted {
+                    seq: input_seq,
+                    task_id: task_id.to_owned(),
+                    attempt_id: admission.attempt_id.clone(),
+                    from: delegator.map(str::to_owned),
+                })?;
+            }
+            return Ok(admission);
         }
         let stale: Vec<String> = self
             .index

@@ -69,6 +69,42 @@ fn journal_admission_survives_reopen_and_is_idempotent() {
 }
 
 #[test]
+fn the_delegator_is_journalled_and_a_record_without_one_learns_it_from_its_input() {
+    let tmp = TempDir::new("delegator");
+    {
+        let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
+        journal.admit(1, "task-a", "att-1", Some("alice")).unwrap();
+        // What an earlier version wrote: no delegator.
+        journal.admit(2, "task-b", "att-2", None).unwrap();
+    }
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
+    let delegator = |j: &Journal, seq, task| j.lookup(seq, task).unwrap().delegator.clone();
+    assert_eq!(delegator(&journal, 1, "task-a").as_deref(), Some("alice"));
+    assert_eq!(delegator(&journal, 2, "task-b"), None);
+    // Its input comes back (stamped): the same attempt, and now its delegator.
+    let admission = journal.admit(2, "task-b", "att-new", Some("bob")).unwrap();
+    assert_eq!(
+        (admission.attempt_id.as_str(), admission.new),
+        ("att-2", false)
+    );
+    assert_eq!(delegator(&journal, 2, "task-b").as_deref(), Some("bob"));
+    // A delegator once journalled is never replaced.
+    journal
+        .admit(1, "task-a", "att-x", Some("mallory"))
+        .unwrap();
+    assert_eq!(delegator(&journal, 1, "task-a").as_deref(), Some("alice"));
+    drop(journal);
+    // Kept across a reopen, and across a compaction.
+    let mut journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
+    assert_eq!(delegator(&journal, 2, "task-b").as_deref(), Some("bob"));
+    journal.compact().unwrap();
+    drop(journal);
+    let journal = Journal::open_when_free(tmp.path(), "w-1").unwrap();
+    assert_eq!(delegator(&journal, 1, "task-a").as_deref(), Some("alice"));
+    assert_eq!(delegator(&journal, 2, "task-b").as_deref(), Some("bob"));
+}
+
+#[test]
 fn journal_saved_result_survives_crash() {
     let tmp = TempDir::new("result");
     {

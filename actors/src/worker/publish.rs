@@ -108,8 +108,12 @@ pub async fn publish_refusal(
     owner: &AgentId,
     refusal: AnswerRefusal,
 ) -> Result<bool, PublishError> {
-    let msg_id =
-        protocol::task::refusal_msg_id(&refusal.task_id, &refusal.worker_id, &refusal.answer_id);
+    let msg_id = protocol::task::refusal_msg_id(
+        &refusal.task_id,
+        &refusal.worker_id,
+        owner,
+        &refusal.answer_id,
+    );
     let worker = refusal.worker_id.clone();
     let channel = TaskChannel::of(owner, &refusal.task_id);
     publish_task_channel(

@@ -163,14 +163,17 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 allow_responses: true,
             }
         }
+        // An admin may also delegate and follow its own tasks as an agent does.
         Role::Admin => Grants {
             publish: vec![
                 own_ingress,
                 api(">"),
                 "hub.admin.>".to_owned(),
                 "hub.ctl.>".to_owned(),
+                subjects::hub_info_request(&identity.name),
+                subjects::task_read_request(&identity.name),
             ],
-            subscribe: vec![reply],
+            subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             allow_responses: false,
         },
     }

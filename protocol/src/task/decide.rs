@@ -407,11 +407,17 @@ pub fn bundle_msg_id(
     format!("{BUNDLE_MSG_ID_PREFIX}{task_id}:{attempt_id}:{seq}{suffix}")
 }
 
-/// The `Nats-Msg-Id` of the error result of the refused answer `answer_id` (to `worker`, on
-/// `task_id`): `hub-refusal:<task_id>:<worker>:<answer_id>`, so a redelivered answer refused
-/// again is stored once.
-pub fn refusal_msg_id(task_id: &TaskId, worker: &WorkerId, answer_id: &MessageId) -> String {
-    format!("{REFUSAL_MSG_ID_PREFIX}{task_id}:{worker}:{answer_id}")
+/// The `Nats-Msg-Id` of the error result of the refused answer `answer_id` of `answerer` (to
+/// `worker`, on `task_id`): `hub-refusal:<task_id>:<worker>:<answerer>:<answer_id>`, so a
+/// redelivered answer refused again is stored once, and a refusal on one answerer's channel
+/// never stands for another's.
+pub fn refusal_msg_id(
+    task_id: &TaskId,
+    worker: &WorkerId,
+    answerer: &AgentId,
+    answer_id: &MessageId,
+) -> String {
+    format!("{REFUSAL_MSG_ID_PREFIX}{task_id}:{worker}:{answerer}:{answer_id}")
 }
 
 /// The `Nats-Msg-Id` of a status event: `hub-status:<event_id>`.

@@ -471,4 +471,50 @@ mod tests {
             .unwrap()
             .is_empty());
     }
+
+    /// Stores `body` on `d`'s channel of `t1` in `TASKS`, stamped `from` (as the router stamps
+    /// the sender, or as someone writing there directly claims).
+    async fn stored(js: &jetstream::Context, id: &str, from: &str, body: serde_json::Value) {
+        let env = serde_json::json!({"meta": {"id": id, "from": from}, "body": body});
+        js.publish("channel.task.d.t1", env.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_whereabouts_of_a_task_come_only_from_bodies_stamped_by_the_worker_they_name() {
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        js.create_stream(jetstream::stream::Config {
+            name: "TASKS".into(),
+            subjects: vec!["channel.task.>".into()],
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let waiting = |attempt: &str, worker: &str| {
+            serde_json::json!({"result": {"task_id": "t1", "attempt_id": attempt,
+                "worker_id": worker, "state": "waiting",
+                "suspend": {"question": "?", "tool_call_id": "q1"},
+                "answer_route": format!("answer.{worker}")}})
+        };
+        stored(&js, "r1", "w1", waiting("a1", "w1")).await;
+        // Later, a body naming another worker than its stamp: a forgery, which would send the
+        // answer (and a cancel) to `evil`.
+        stored(&js, "r2", "bob", waiting("a2", "evil")).await;
+        let reader = Reader::Direct("TASKS".into());
+        let (d, t1) = (AgentId::new("d").unwrap(), TaskId::new("t1").unwrap());
+        let view = view(&js, &reader, &d, &t1).await.unwrap();
+        let at = view.latest.as_ref().unwrap();
+        assert_eq!((at.worker_id.as_str(), at.attempt_id.as_str()), ("w1", "a1"));
+        assert_eq!(view.waiting().unwrap().worker_id.as_str(), "w1");
+        let read = read(&js, &reader, &d, &t1, 1).await.unwrap();
+        assert_eq!(
+            read.iter().map(|s| s.unstamped).collect::<Vec<_>>(),
+            [false, true]
+        );
+    }
 }

@@ -509,7 +509,10 @@ mod tests {
         let (d, t1) = (AgentId::new("d").unwrap(), TaskId::new("t1").unwrap());
         let view = view(&js, &reader, &d, &t1).await.unwrap();
         let at = view.latest.as_ref().unwrap();
-        assert_eq!((at.worker_id.as_str(), at.attempt_id.as_str()), ("w1", "a1"));
+        assert_eq!(
+            (at.worker_id.as_str(), at.attempt_id.as_str()),
+            ("w1", "a1")
+        );
         assert_eq!(view.waiting().unwrap().worker_id.as_str(), "w1");
         let read = read(&js, &reader, &d, &t1, 1).await.unwrap();
         assert_eq!(

@@ -2,6 +2,9 @@
 
 /// JetStream publish dedupe id.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// Per-message TTL of a stored message, in seconds (nats-server 2.11+, on streams that allow
+/// it): the broker removes the message when it runs out.
+pub const NATS_TTL: &str = "Nats-TTL";
 /// W3C trace context: the parent span.
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C trace context: vendor state.

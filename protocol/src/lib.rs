@@ -49,6 +49,7 @@ pub mod attach;
 pub mod config;
 pub mod dedupe;
 pub mod envelope;
+pub mod expiry;
 pub mod headers;
 pub mod ids;
 pub mod rejection;

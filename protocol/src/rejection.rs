@@ -182,6 +182,7 @@ mod tests {
             payload,
             ingress_seq: 1,
             status: None,
+            now_ms: 0,
         });
         let RouteDecision::Store { payload, .. } = decision else {
             panic!("{decision:?}")

@@ -29,6 +29,9 @@ crate::counters! {
         duplicates,
         /// Stored messages that do not decode (terminated).
         malformed,
+        /// DMs whose `meta.expires_at` had come before they could be handed over (terminated,
+        /// never handed to the handler).
+        expired,
         /// Pulls re-issued after a missed heartbeat or a pull error.
         repulls,
     }
@@ -89,6 +92,7 @@ enum Verdict {
     Handle(Delivery),
     Duplicate,
     Malformed,
+    Expired,
 }
 
 impl InboxPump {
@@ -164,7 +168,7 @@ impl InboxPump {
                     AckKind::Ack
                 }
                 Verdict::Duplicate => AckKind::Ack,
-                Verdict::Malformed => AckKind::Term,
+                Verdict::Malformed | Verdict::Expired => AckKind::Term,
             };
             if let Err(e) = msg.ack_with(ack).await {
                 tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
@@ -209,6 +213,17 @@ impl InboxPump {
             self.counters.malformed.bump();
             return Verdict::Malformed;
         };
+        // Checked against this process's clock right before the handoff: a DM that expired
+        // while it waited (stored, fetched, or queued behind a slow handler) is never handed
+        // over.
+        let now = protocol::expiry::now_ms();
+        if protocol::expiry::expiry(envelope.meta.expires_at(), now)
+            == protocol::expiry::Expiry::Expired
+        {
+            self.counters.expired.bump();
+            tracing::info!(id = %envelope.meta.id, expires_at = envelope.meta.expires_at(), now, "expired DM terminated, not handed over");
+            return Verdict::Expired;
+        }
         if !seen.first_time(envelope.meta.from.as_ref(), &envelope.meta.id) {
             self.counters.duplicates.bump();
             return Verdict::Duplicate;

@@ -200,6 +200,7 @@ impl DurablePump {
                     msg_id,
                     payload,
                     codec,
+                    ttl_secs,
                     ..
                 } => {
                     // A task (a work subject; parsed only then, DMs pay one prefix test).
@@ -212,6 +213,10 @@ impl DurablePump {
                         }
                     }
                     let mut headers = routed_headers(Some(&msg_id), codec);
+                    if let Some(ttl) = ttl_secs {
+                        // The broker frees it at its deadline (`meta.expires_at`).
+                        headers.insert(protocol::headers::NATS_TTL, ttl.to_string().as_str());
+                    }
                     if task.is_some() && self.flags_check(msg, seq, broker) {
                         self.counters.flagged.bump();
                         headers.insert(protocol::headers::HUB_CHECK, "1");

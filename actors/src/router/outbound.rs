@@ -20,7 +20,7 @@ pub fn header_pairs(headers: Option<&HeaderMap>) -> Vec<(&str, &str)> {
     out
 }
 
-/// Builds the routing view of one incoming message.
+/// Builds the routing view of one incoming message, at the router's clock now.
 pub fn view<'a>(
     subject: &'a str,
     pairs: &'a [(&'a str, &'a str)],
@@ -34,6 +34,7 @@ pub fn view<'a>(
         payload,
         ingress_seq,
         status: status.map(|s| s.as_u16()),
+        now_ms: protocol::expiry::now_ms(),
     }
 }
 

@@ -1,9 +1,10 @@
 //! The envelope every agent message travels in, and its two codecs.
 //!
 //! An envelope is `{"meta": {...}, "body": ...}`. The hub reads `meta.id`,
-//! `meta.from` and `meta.to`; every other field, in `meta` or at the top
-//! level, is kept in an `extra` map and written back untouched, so a router
-//! republishes what it does not understand.
+//! `meta.from`, `meta.to` and `meta.expires_at` (validated, kept in `meta.extra`:
+//! [`Meta::expires_at`]); every other field, in `meta` or at the top level, is kept in an
+//! `extra` map and written back untouched, so a router republishes what it does not
+//! understand.
 //!
 //! ```
 //! use protocol::envelope::{decode, encode, Codec};
@@ -90,6 +91,9 @@ impl Envelope {
     }
 }
 
+/// The `meta` field of an envelope's expiry, in unix milliseconds ([`Meta::expires_at`]).
+pub const EXPIRES_AT_FIELD: &str = "expires_at";
+
 impl Meta {
     /// Metadata with only an id.
     pub fn new(id: MessageId) -> Meta {
@@ -99,6 +103,20 @@ impl Meta {
             to: None,
             extra: Map::new(),
         }
+    }
+
+    /// When the message stops being worth delivering, in unix milliseconds (`meta.expires_at`;
+    /// [`decode`] checked it is an unsigned integer).
+    pub fn expires_at(&self) -> Option<u64> {
+        self.extra.get(EXPIRES_AT_FIELD).and_then(Value::as_u64)
+    }
+
+    /// Sets (or clears) `meta.expires_at`.
+    pub fn set_expires_at(&mut self, at_ms: Option<u64>) {
+        match at_ms {
+            Some(at) => self.extra.insert(EXPIRES_AT_FIELD.to_owned(), at.into()),
+            None => self.extra.remove(EXPIRES_AT_FIELD),
+        };
     }
 }
 
@@ -113,6 +131,18 @@ impl TryFrom<Value> for Envelope {
         let id = id_field(id, "meta.id", MessageId::new)?;
         let from = optional(meta.remove("from"), "meta.from")?;
         let to = optional(meta.remove("to"), "meta.to")?;
+        match meta.get(EXPIRES_AT_FIELD) {
+            None | Some(Value::Null) => {
+                meta.remove(EXPIRES_AT_FIELD);
+            }
+            Some(at) if at.as_u64().is_some() => {}
+            Some(_) => {
+                return Err(EnvelopeError::WrongType {
+                    field: "meta.expires_at",
+                    expected: "an unsigned integer (unix milliseconds)",
+                })
+            }
+        }
         let body = top
             .remove("body")
             .ok_or(EnvelopeError::MissingField { field: "body" })?;

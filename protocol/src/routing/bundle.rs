@@ -89,6 +89,7 @@ mod tests {
             payload: &payload,
             ingress_seq: 3,
             status: None,
+            now_ms: 0,
         })
     }
 
@@ -195,6 +196,7 @@ mod tests {
             payload: &payload,
             ingress_seq: 1,
             status: None,
+            now_ms: 0,
         });
         assert!(
             matches!(decision, RouteDecision::Store { .. }),

@@ -28,6 +28,7 @@
 //!     payload: br#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#,
 //!     ingress_seq: 1,
 //!     status: None,
+//!     now_ms: 0,
 //! };
 //! let RouteDecision::Store { subject, msg_id, .. } = route(&view) else { panic!() };
 //! assert_eq!(subject, "channel.inbox.bob");
@@ -39,6 +40,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::{decode, encode, Codec, EnvelopeError, MAX_ENVELOPE_BYTES};
+use crate::expiry::{expiry, Expiry};
 use crate::headers::{self, CONTENT_TYPE, NATS_MSG_ID};
 use crate::ids::{AgentId, MessageId, QueueName, WorkerId};
 use crate::subjects::{self, Channel};
@@ -50,6 +52,9 @@ pub use bundle::{bundle_body, bundle_items, StoredItem, BUNDLE_KEY, MAX_BUNDLE_I
 
 /// Detail of the rejection of a direct message without `meta.to`.
 pub const MISSING_RECIPIENT_DETAIL: &str = "a direct message needs meta.to";
+/// The detail of the rejection of a message whose `meta.expires_at` had come when it was
+/// routed.
+pub const EXPIRED_DETAIL: &str = "the message expired before it was routed (meta.expires_at)";
 
 /// One ingress message as the router sees it.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +74,9 @@ pub struct IngressView<'a> {
     /// The NATS status of a status message (a JetStream pull's `404 No Messages`, `408`,
     /// `409`): no client publishes one, so one in the ingress is an API reply aimed there.
     pub status: Option<u16>,
+    /// The router's clock, unix milliseconds: a DM or broadcast whose `meta.expires_at` has
+    /// come is refused ([`crate::expiry`]).
+    pub now_ms: u64,
 }
 
 /// What the router does with one ingress message.
@@ -89,6 +97,9 @@ pub enum RouteDecision {
         from: AgentId,
         /// `meta.id` of the envelope.
         id: MessageId,
+        /// The `Nats-TTL` to store it with: the seconds left before its `meta.expires_at`
+        /// (DMs only).
+        ttl_secs: Option<u64>,
     },
     /// Store several messages, in order, on one task channel (a [bundle](bundle_items)); the
     /// ingress message is acked once all are stored.
@@ -243,6 +254,15 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         rejected_id: Some(id.clone()),
         error,
     };
+    // A DM or broadcast past its deadline is never delivered (tasks carry their own
+    // `expires_at`, which the worker checks).
+    let ttl_secs = match (&target, expiry(env.meta.expires_at(), view.now_ms)) {
+        (Target::Channel(Channel::Inbox | Channel::Broadcast(_)), Expiry::Expired) => {
+            return refuse(WireError::new(WireErrorKind::Expired, EXPIRED_DETAIL))
+        }
+        (Target::Channel(Channel::Inbox), Expiry::Live { ttl_secs }) => Some(ttl_secs),
+        _ => None,
+    };
     // (destination subject, stored?, stable Nats-Msg-Id)
     let (subject, stored, msg_id) = match &target {
         Target::Channel(Channel::Inbox) => match &env.meta.to {
@@ -339,6 +359,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             codec,
             from,
             id,
+            ttl_secs,
         }
     } else {
         RouteDecision::Broadcast {

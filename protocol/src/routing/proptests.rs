@@ -85,7 +85,7 @@ proptest! {
         let headers = [(CONTENT_TYPE, codec.content_type())];
         let subject = subjects::ingress(&from, &Channel::Inbox);
         let decision = run(&subject, &headers, &bytes);
-        let RouteDecision::Store { subject, msg_id, payload, codec: out, from: sender, id: out_id } =
+        let RouteDecision::Store { subject, msg_id, payload, codec: out, from: sender, id: out_id, .. } =
             decision else { return Err(TestCaseError::fail("not stored")) };
         prop_assert_eq!(subject, subjects::inbox(&to));
         prop_assert_eq!(msg_id, subjects::router_msg_id(&from, &id));
@@ -137,7 +137,7 @@ proptest! {
                     prop_assert_eq!(Some(sender), parsed.as_ref().map(|(from, _)| from));
                 }
             }
-            RouteDecision::Store { subject, msg_id, payload, codec, from, id } => {
+            RouteDecision::Store { subject, msg_id, payload, codec, from, id, .. } => {
                 prop_assert!(subjects::parse_inbox(subject).is_ok()
                     || subjects::parse_task(subject).is_ok());
                 prop_assert_eq!(msg_id, &subjects::router_msg_id(from, id));

@@ -23,6 +23,7 @@ pub(super) fn run(subject: &str, headers: &[(&str, &str)], payload: &[u8]) -> Ro
         payload,
         ingress_seq: 7,
         status: None,
+        now_ms: 0,
     })
 }
 
@@ -53,6 +54,7 @@ fn plain_json_dm_is_stored_in_the_recipient_inbox() {
             codec,
             from,
             id,
+            ttl_secs: None,
         } = run("hub.pub.alice.inbox", &[], payload.as_bytes())
         else {
             panic!("not stored: {payload}");
@@ -368,6 +370,7 @@ fn a_valid_task_is_stored_in_the_work_stream_under_its_task_id() {
             payload: body.as_bytes(),
             ingress_seq: 1,
             status: None,
+            now_ms: 0,
         });
         match decision {
             RouteDecision::Store {
@@ -394,6 +397,7 @@ fn an_invalid_task_is_rejected_to_its_sender() {
         payload: body.as_bytes(),
         ingress_seq: 1,
         status: None,
+        now_ms: 0,
     });
     assert!(
         matches!(decision, RouteDecision::Reject { ref sender, .. } if sender.as_str() == "alice"),
@@ -415,6 +419,7 @@ fn an_answer_is_stored_for_its_worker_only() {
         payload: ok.as_bytes(),
         ingress_seq: 1,
         status: None,
+        now_ms: 0,
     });
     assert_eq!(decision.subject(), Some("answer.w1"));
     let wrong = answer("w2");
@@ -424,6 +429,7 @@ fn an_answer_is_stored_for_its_worker_only() {
         payload: wrong.as_bytes(),
         ingress_seq: 1,
         status: None,
+        now_ms: 0,
     });
     assert!(
         matches!(decision, RouteDecision::Reject { .. }),
@@ -474,6 +480,7 @@ fn a_status_message_in_the_ingress_is_an_api_reply_and_dropped() {
         payload: b"",
         ingress_seq: 1,
         status: Some(404),
+        now_ms: 0,
     };
     assert_eq!(
         route(&view),
@@ -569,4 +576,61 @@ fn a_task_id_reused_by_another_sender_is_not_a_repeat_of_the_first() {
         msg_id("bob"),
         "another sender's is its own task"
     );
+}
+
+fn run_at(subject: &str, payload: &str, now_ms: u64) -> RouteDecision {
+    route(&IngressView {
+        subject,
+        headers: &[],
+        payload: payload.as_bytes(),
+        ingress_seq: 7,
+        status: None,
+        now_ms,
+    })
+}
+
+#[test]
+fn a_dm_or_broadcast_past_its_deadline_is_refused_as_expired() {
+    let dm = r#"{"meta":{"id":"m1","to":"bob","expires_at":5000},"body":"hi"}"#;
+    for now in [5_000, 9_999] {
+        let (sender, id, kind) = rejected(run_at("hub.pub.alice.inbox", dm, now));
+        assert_eq!(
+            (sender, id, kind),
+            (agent("alice"), Some(mid("m1")), WireErrorKind::Expired)
+        );
+    }
+    let news = r#"{"meta":{"id":"n1","expires_at":5000},"body":"hi"}"#;
+    let (_, _, kind) = rejected(run_at("hub.pub.alice.news", news, 6_000));
+    assert_eq!(kind, WireErrorKind::Expired);
+}
+
+#[test]
+fn a_live_dm_is_stored_with_the_seconds_it_has_left() {
+    let dm = r#"{"meta":{"id":"m1","to":"bob","expires_at":5000},"body":"hi"}"#;
+    let RouteDecision::Store {
+        ttl_secs, payload, ..
+    } = run_at("hub.pub.alice.inbox", dm, 1_500)
+    else {
+        panic!("not stored")
+    };
+    assert_eq!(ttl_secs, Some(4));
+    // The deadline travels with the stored envelope, for the inbox consumer's own check.
+    assert_eq!(
+        decoded(&payload, Codec::Json).meta.expires_at(),
+        Some(5_000)
+    );
+    let RouteDecision::Store { ttl_secs, .. } = run_at("hub.pub.alice.inbox", PLAIN_DM, 1_500)
+    else {
+        panic!("not stored")
+    };
+    assert_eq!(ttl_secs, None, "no deadline, no TTL");
+}
+
+#[test]
+fn an_expires_at_that_is_not_an_unsigned_integer_is_malformed() {
+    for bad in [r#""soon""#, "-1", "1.5", "{}"] {
+        let dm = format!(r#"{{"meta":{{"id":"m1","to":"bob","expires_at":{bad}}},"body":"hi"}}"#);
+        let (_, _, kind) = rejected(run_at("hub.pub.alice.inbox", &dm, 0));
+        assert_eq!(kind, WireErrorKind::Malformed, "{bad}");
+    }
 }

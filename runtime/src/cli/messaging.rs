@@ -84,6 +84,10 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
     // router's `route` span and the recipient's handler span join this trace.
     let span = tracing::info_span!("send", from = %from, to = %to, id = %id);
     let mut meta = Meta::new(id);
+    meta.set_expires_at(
+        args.expires_in_secs
+            .map(|secs| protocol::expiry::now_ms().saturating_add(secs.saturating_mul(1000))),
+    );
     meta.to = Some(to);
     let envelope = Envelope {
         meta,

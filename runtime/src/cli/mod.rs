@@ -292,6 +292,11 @@ pub struct SendArgs {
     #[arg(long)]
     pub id: Option<String>,
 
+    /// The message expires this many seconds from now (`meta.expires_at`): it is never
+    /// delivered after that, and the broker frees it then.
+    #[arg(long, value_name = "SECS")]
+    pub expires_in_secs: Option<u64>,
+
     /// Where the hub keeps its streams.
     #[command(flatten)]
     pub hub: HubArgs,

@@ -1,0 +1,145 @@
+//! Message expiry (`meta.expires_at`, issue 10 §1) against a real nats-server: the router
+//! refuses a DM past its deadline and stores a live one with `Nats-TTL`, the broker frees it at
+//! its deadline, and an inbox never hands a DM past its deadline to its handler.
+
+mod support;
+
+use protocol::attach::DurableInboxMode;
+use protocol::subjects::{self, Channel};
+use protocol::{AgentId, Envelope, MessageId, Meta, WireErrorKind};
+use runtime::ActorSystem;
+
+/// A DM from the caller to `to` with id `id`, expiring at `expires_at` (unix ms) if any.
+fn dm(to: &AgentId, id: &str, expires_at: Option<u64>) -> Envelope {
+    let mut meta = Meta::new(MessageId::new(id).unwrap());
+    meta.to = Some(to.clone());
+    meta.set_expires_at(expires_at);
+    Envelope {
+        meta,
+        body: serde_json::json!(id),
+        extra: Default::default(),
+    }
+}
+
+async fn send(hub: &ActorSystem, from: &AgentId, env: &Envelope) {
+    hub.send_envelope(from, &Channel::Inbox, env).await.unwrap();
+}
+
+/// `id`'s attach request, answered: the router makes `inbox-<id>`, which nobody reads yet.
+async fn make_consumer(hub: &ActorSystem, id: &AgentId) {
+    let reply = hub
+        .client()
+        .request(subjects::attach_request(id), "{}".into())
+        .await
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply.payload).into_owned();
+    assert!(reply.contains(&format!("inbox-{id}")), "{reply}");
+}
+
+fn ids(seen: &support::Seen) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|d| d.envelope.meta.id.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live_ones() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    // Bob's consumer exists (his attach request), and nobody reads it: he is offline.
+    make_consumer(&hub, &bob).await;
+    let soon = protocol::expiry::now_ms() + 1_500;
+    for (id, expires_at) in [
+        ("m1", Some(soon)),
+        ("m2", None),
+        ("m3", Some(soon)),
+        ("m4", Some(soon + 3_600_000)),
+        ("m5", Some(soon)),
+    ] {
+        send(&hub, &alice, &dm(&bob, id, expires_at)).await;
+    }
+    let js = support::js(&server).await;
+    let inbox = subjects::inbox(&bob);
+    harness::wait_until_async("5 DMs stored", support::DEADLINE, || async {
+        support::count_on(&js, "HUB_INBOX", &inbox).await == 5
+    })
+    .await
+    .unwrap();
+    // The broker frees the 3 at their deadline (their Nats-TTL), with nobody reading.
+    harness::wait_until_async("the expired DMs freed", support::DEADLINE, || async {
+        support::count_on(&js, "HUB_INBOX", &inbox).await == 2
+    })
+    .await
+    .unwrap();
+    // Back online: only the live ones, in order.
+    let seen = support::attach_collect(&hub, &bob).await;
+    support::wait_for(&seen, 2).await;
+    harness::wait_until_async("nothing more pending", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(ids(&seen), ["m2", "m4"]);
+    hub.shutdown(std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_past_its_deadline_is_refused_with_a_notice_of_kind_expired() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let late = protocol::expiry::now_ms() - 1;
+    send(&hub, &alice, &dm(&bob, "m-late", Some(late))).await;
+    // Its rejection reaches alice; nothing reaches bob's inbox.
+    support::wait_for(&alices, 1).await;
+    let notice = alices.lock().unwrap()[0].envelope.clone();
+    let rejection = protocol::rejection::parse_rejection(&notice).expect("a rejection notice");
+    assert_eq!(rejection.error.kind, WireErrorKind::Expired);
+    assert_eq!(rejection.rejected_id.unwrap().as_str(), "m-late");
+    let js = support::js(&server).await;
+    assert_eq!(
+        support::count_on(&js, "HUB_INBOX", &subjects::inbox(&bob)).await,
+        0
+    );
+    hub.shutdown(std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_never_hands_over_a_dm_past_its_deadline() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let bob = support::agent("bob");
+    let js = support::js(&server).await;
+    // Stored as the router stores, but without a TTL (say, by a router whose clock was behind):
+    // only the inbox's own check stands between it and the handler.
+    make_consumer(&hub, &bob).await;
+    let past = protocol::expiry::now_ms() - 1;
+    for env in [dm(&bob, "m-dead", Some(past)), dm(&bob, "m-live", None)] {
+        let mut env = env;
+        env.meta.from = Some(support::agent("alice"));
+        let payload = protocol::encode(&env, protocol::Codec::Json).unwrap();
+        let msg_id = format!("hub-router:alice:{}", env.meta.id);
+        support::js_publish(&js, &subjects::inbox(&bob), &msg_id, payload).await;
+    }
+    let seen = support::attach_collect(&hub, &bob).await;
+    support::wait_for(&seen, 1).await;
+    harness::wait_until_async("both settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(ids(&seen), ["m-live"]);
+    let snapshot = hub.inbox_snapshot(&bob).await.unwrap();
+    assert_eq!(snapshot.counters.expired, 1, "{snapshot:?}");
+    hub.shutdown(std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+}

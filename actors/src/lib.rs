@@ -27,6 +27,7 @@ pub mod consumers;
 pub mod counters;
 mod decode;
 mod epoch;
+pub mod expiry;
 pub mod fault;
 pub mod inbox;
 pub mod journal;

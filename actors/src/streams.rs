@@ -84,10 +84,15 @@ pub struct StreamReport {
 /// - inbox (`channel.inbox.>`): limits retention with the configured limits.
 /// - tasks (`channel.task.>`): limits retention with the configured limits.
 /// - work (`work.>`) and answers (`answer.>`): work-queue retention, max age of the tasks.
+/// - schedules (`hub.sched.>`): the DMs' deadline checks, as nats-server message schedules
+///   (`allow_msg_schedules`; nats-server 2.12+) and what they fire; work-queue retention, max
+///   age of the inbox.
+/// - advisories (the broker's termination advisories of inbox deliveries): work-queue
+///   retention, max age of the ingress.
 ///
 /// Every stream gets the configured duplicate window; inbox and tasks allow per-message TTL.
 /// An unlimited max age (`-1`) is JetStream's 0.
-pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 5] {
+pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 7] {
     let dup = cfg.duplicate_window();
     let ingress = Config {
         name: cfg.ingress.name.clone(),
@@ -151,7 +156,26 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 5] {
         subjects: vec![subjects::ANSWERS_FILTER.to_string()],
         ..work.clone()
     };
-    [ingress, inbox, tasks, work, answers]
+    let schedules = Config {
+        name: subjects::SCHEDULES_STREAM.to_string(),
+        subjects: vec![subjects::SCHEDULES_FILTER.to_string()],
+        retention: RetentionPolicy::WorkQueue,
+        max_age: cfg.inbox.max_age().unwrap_or_default(),
+        storage: StorageType::File,
+        duplicate_window: dup,
+        allow_message_schedules: true,
+        ..Default::default()
+    };
+    let advisories = Config {
+        name: subjects::ADVISORIES_STREAM.to_string(),
+        subjects: vec![subjects::terminated_advisories(&cfg.inbox.name)],
+        retention: RetentionPolicy::WorkQueue,
+        max_age: cfg.ingress.max_age().unwrap_or_default(),
+        storage: StorageType::File,
+        duplicate_window: dup,
+        ..Default::default()
+    };
+    [ingress, inbox, tasks, work, answers, schedules, advisories]
 }
 
 /// Creates each stream of [`stream_configs`] or updates it to the configured limits.
@@ -167,7 +191,7 @@ pub async fn ensure_streams(
     js: &Context,
     cfg: &DeliveryConfig,
 ) -> Result<Vec<StreamReport>, StreamError> {
-    let mut out = Vec::with_capacity(5);
+    let mut out = Vec::with_capacity(7);
     for config in stream_configs(cfg) {
         out.push(ensure_stream(js, config).await?);
     }
@@ -321,7 +345,9 @@ mod tests {
                 "HUB_INBOX",
                 "HUB_TASKS",
                 "HUB_WORK",
-                "HUB_ANSWERS"
+                "HUB_ANSWERS",
+                "HUB_SCHEDULES",
+                "HUB_ADVISORIES"
             ]
         );
 

@@ -88,6 +88,61 @@ pub fn rejection(
     (subjects::inbox(sender), rejection_msg_id(ingress_seq), env)
 }
 
+/// The `body.kind` of the notice that a DM expired before its recipient read it.
+pub const EXPIRED_KIND: &str = "expired";
+
+/// A notice about a DM the hub could not deliver, as a client reads it back
+/// ([`parse_notice`]): `{"kind": "expired", "message_id", "to", "inbox_seq"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// Why: [`EXPIRED_KIND`].
+    pub kind: String,
+    /// The `meta.id` of the DM.
+    pub message_id: MessageId,
+    /// Its recipient.
+    pub to: AgentId,
+    /// Its sequence in the inbox stream.
+    pub inbox_seq: u64,
+}
+
+/// Builds the notice telling `sender` that its DM `message_id` to `to` (stored at `inbox_seq`)
+/// expired before `to` read it: `(subject, msg_id, envelope)` as [`rejection`], stored under
+/// `hub-system:expired:<inbox_seq>` (so the two places that may tell it store it once within
+/// the duplicate window), `meta.id` `hub-expired-<inbox_seq>`.
+pub fn expired_notice(
+    sender: &AgentId,
+    to: &AgentId,
+    message_id: &MessageId,
+    inbox_seq: u64,
+) -> (String, String, Envelope) {
+    let id = MessageId::new(format!("hub-expired-{inbox_seq}"))
+        .expect("`hub-expired-<u64>` is a valid id");
+    let body = json!({
+        "kind": EXPIRED_KIND,
+        "message_id": message_id,
+        "to": to,
+        "inbox_seq": inbox_seq,
+    });
+    let mut env = Envelope::new(id, body);
+    env.meta.to = Some(sender.clone());
+    env.meta
+        .extra
+        .insert(SYSTEM_FIELD.into(), Value::Bool(true));
+    (
+        subjects::inbox(sender),
+        format!("{SYSTEM_MSG_ID_PREFIX}expired:{inbox_seq}"),
+        env,
+    )
+}
+
+/// Reads a notice back; `None` when `env` is not a system envelope whose body is one.
+pub fn parse_notice(env: &Envelope) -> Option<Notice> {
+    if !is_system(env) || env.body.get("kind") != Some(&json!(EXPIRED_KIND)) {
+        return None;
+    }
+    serde_json::from_value(env.body.clone()).ok()
+}
+
 /// Whether `env` is a system envelope: `meta.system` is `true` and there is
 /// no `meta.from` (routed envelopes always have one).
 pub fn is_system(env: &Envelope) -> bool {
@@ -143,6 +198,29 @@ mod tests {
         assert_eq!(env.meta.id.as_str(), format!("hub-reject-{}", u64::MAX));
         assert_eq!(env.body["rejected_id"], Value::Null);
         assert_eq!(env.body["ingress_seq"], json!(u64::MAX));
+    }
+
+    #[test]
+    fn an_expired_notice_has_the_documented_shape() {
+        let id = MessageId::new("m1").unwrap();
+        let (subject, msg_id, env) = expired_notice(&agent("alice"), &agent("bob"), &id, 9);
+        assert_eq!(subject, "channel.inbox.alice");
+        assert_eq!(msg_id, "hub-system:expired:9");
+        assert!(subjects::is_router_msg_id(&msg_id));
+        let wire: Value = serde_json::from_slice(&encode(&env, Codec::Json).unwrap()).unwrap();
+        assert_eq!(
+            wire,
+            json!({
+                "meta": {"id": "hub-expired-9", "to": "alice", "system": true},
+                "body": {"kind": "expired", "message_id": "m1", "to": "bob", "inbox_seq": 9},
+            })
+        );
+        let notice = parse_notice(&env).unwrap();
+        assert_eq!((notice.message_id, notice.inbox_seq), (id, 9));
+        assert_eq!(parse_rejection(&env), None);
+        let mut forged = env;
+        forged.meta.from = Some(agent("mallory"));
+        assert_eq!(parse_notice(&forged), None);
     }
 
     #[test]

@@ -27,12 +27,17 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// A URL where nothing listens (port 1 is never a nats-server in these tests).
 const DEAD_URL: &str = "nats://127.0.0.1:1";
 /// The streams a durable router provisions, with their subject filters, in provisioning order.
-const STREAMS: [(&str, &str); 5] = [
+const STREAMS: [(&str, &str); 7] = [
     ("HUB_INGRESS", "hub.pub.>"),
     ("HUB_INBOX", "channel.inbox.>"),
     ("HUB_TASKS", "channel.task.>"),
     ("HUB_WORK", "work.>"),
     ("HUB_ANSWERS", "answer.>"),
+    ("HUB_SCHEDULES", "hub.sched.>"),
+    (
+        "HUB_ADVISORIES",
+        "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.HUB_INBOX.*",
+    ),
 ];
 
 // ---------------------------------------------------------------------------------------------
@@ -191,7 +196,13 @@ async fn durable_router_creates_streams_and_answers_status() {
         let info = stream_info(&js, name).await;
         assert_eq!(info.config.subjects, vec![subject.to_string()], "{name}");
     }
-    for name in ["HUB_INGRESS", "HUB_WORK", "HUB_ANSWERS"] {
+    for name in [
+        "HUB_INGRESS",
+        "HUB_WORK",
+        "HUB_ANSWERS",
+        "HUB_SCHEDULES",
+        "HUB_ADVISORIES",
+    ] {
         assert_eq!(
             stream_info(&js, name).await.config.retention,
             stream::RetentionPolicy::WorkQueue,

@@ -1,6 +1,8 @@
 //! Message expiry (`meta.expires_at`, issue 10 §1) against a real nats-server: the router
-//! refuses a DM past its deadline and stores a live one with `Nats-TTL`, the broker frees it at
-//! its deadline, and an inbox never hands a DM past its deadline to its handler.
+//! refuses a DM past its deadline and stores a live one with `Nats-TTL`, the broker frees it
+//! after its deadline, an inbox never hands a DM past its deadline to its handler, and the
+//! sender of a DM that expired unread gets a notice of kind `expired`, whether its recipient was
+//! offline (the deadline check) or online (the inbox's termination).
 
 mod support;
 
@@ -19,6 +21,27 @@ fn dm(to: &AgentId, id: &str, expires_at: Option<u64>) -> Envelope {
         body: serde_json::json!(id),
         extra: Default::default(),
     }
+}
+
+/// The `message_id`s of the `expired` notices `seen` (in order).
+fn expired_notices(seen: &support::Seen) -> Vec<String> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter_map(|d| protocol::rejection::parse_notice(&d.envelope))
+        .map(|n| n.message_id.to_string())
+        .collect()
+}
+
+/// A hub whose DMs stay a second past their deadline (the grace), so a test waits little.
+async fn hub(server: &harness::NatsServer) -> ActorSystem {
+    let delivery = protocol::config::DeliveryConfig {
+        expiry_grace_secs: 1,
+        ..support::delivery()
+    };
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    hub
 }
 
 async fn send(hub: &ActorSystem, from: &AgentId, env: &Envelope) {
@@ -47,8 +70,9 @@ fn ids(seen: &support::Seen) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live_ones() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let hub = hub(&server).await;
     let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
     // Bob's consumer exists (his attach request), and nobody reads it: he is offline.
     make_consumer(&hub, &bob).await;
     let soon = protocol::expiry::now_ms() + 1_500;
@@ -68,7 +92,12 @@ async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live
     })
     .await
     .unwrap();
-    // The broker frees the 3 at their deadline (their Nats-TTL), with nobody reading.
+    // At their deadline alice is told, once each; the broker frees them after their grace
+    // (their Nats-TTL), with nobody reading.
+    support::wait_for(&alices, 3).await;
+    let mut told = expired_notices(&alices);
+    told.sort();
+    assert_eq!(told, ["m1", "m3", "m5"]);
     harness::wait_until_async("the expired DMs freed", support::DEADLINE, || async {
         support::count_on(&js, "HUB_INBOX", &inbox).await == 2
     })
@@ -83,6 +112,7 @@ async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live
     .await
     .unwrap();
     assert_eq!(ids(&seen), ["m2", "m4"]);
+    assert_eq!(alices.lock().unwrap().len(), 3, "one notice each, no more");
     hub.shutdown(std::time::Duration::from_secs(10))
         .await
         .unwrap();
@@ -91,7 +121,7 @@ async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dm_past_its_deadline_is_refused_with_a_notice_of_kind_expired() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let hub = hub(&server).await;
     let (alice, bob) = (support::agent("alice"), support::agent("bob"));
     let alices = support::attach_collect(&hub, &alice).await;
     let late = protocol::expiry::now_ms() - 1;
@@ -115,8 +145,9 @@ async fn a_dm_past_its_deadline_is_refused_with_a_notice_of_kind_expired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inbox_never_hands_over_a_dm_past_its_deadline() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
-    let bob = support::agent("bob");
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
     let js = support::js(&server).await;
     // Stored as the router stores, but without a TTL (say, by a router whose clock was behind):
     // only the inbox's own check stands between it and the handler.
@@ -124,7 +155,7 @@ async fn an_inbox_never_hands_over_a_dm_past_its_deadline() {
     let past = protocol::expiry::now_ms() - 1;
     for env in [dm(&bob, "m-dead", Some(past)), dm(&bob, "m-live", None)] {
         let mut env = env;
-        env.meta.from = Some(support::agent("alice"));
+        env.meta.from = Some(alice.clone());
         let payload = protocol::encode(&env, protocol::Codec::Json).unwrap();
         let msg_id = format!("hub-router:alice:{}", env.meta.id);
         support::js_publish(&js, &subjects::inbox(&bob), &msg_id, payload).await;
@@ -139,6 +170,9 @@ async fn an_inbox_never_hands_over_a_dm_past_its_deadline() {
     assert_eq!(ids(&seen), ["m-live"]);
     let snapshot = hub.inbox_snapshot(&bob).await.unwrap();
     assert_eq!(snapshot.counters.expired, 1, "{snapshot:?}");
+    // Bob's inbox terminated it as expired: alice is told, from the broker's advisory.
+    support::wait_for(&alices, 1).await;
+    assert_eq!(expired_notices(&alices), ["m-dead"]);
     hub.shutdown(std::time::Duration::from_secs(10))
         .await
         .unwrap();

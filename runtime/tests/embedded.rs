@@ -29,7 +29,9 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
             "HUB_INBOX",
             "HUB_TASKS",
             "HUB_WORK",
-            "HUB_ANSWERS"
+            "HUB_ANSWERS",
+            "HUB_SCHEDULES",
+            "HUB_ADVISORIES"
         ]
     );
     let sup = snapshot
@@ -37,8 +39,8 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
         .values()
         .next()
         .expect("router supervisor");
-    // The router and the attach actor, both running, neither restarted.
-    assert_eq!(sup.children.len(), 2);
+    // The router, the attach actor and the expiry actor, all running, none restarted.
+    assert_eq!(sup.children.len(), 3);
     assert!(sup.children.iter().all(|c| c.running && c.restarts == 0));
 
     // The same snapshot is served over NATS to `runtime status`.

@@ -168,7 +168,15 @@ impl InboxPump {
                     AckKind::Ack
                 }
                 Verdict::Duplicate => AckKind::Ack,
-                Verdict::Malformed | Verdict::Expired => AckKind::Term,
+                Verdict::Malformed => AckKind::Term,
+                Verdict::Expired => {
+                    // Terminated with its reason: the broker's termination advisory names it,
+                    // and the router tells the sender (`crate::expiry`).
+                    if let Err(e) = self.term_expired(&msg).await {
+                        tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
+                    }
+                    continue;
+                }
             };
             if let Err(e) = msg.ack_with(ack).await {
                 tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
@@ -199,6 +207,17 @@ impl InboxPump {
                 self.deliver(delivery, msg.headers.as_ref()).await?;
             }
         }
+    }
+
+    /// Terminates `msg` with the reason [`protocol::expiry::TERM_REASON`] (`+TERM expired`).
+    async fn term_expired(&self, msg: &jetstream::Message) -> Result<(), async_nats::Error> {
+        let reply = msg
+            .reply
+            .clone()
+            .ok_or("a JetStream message without an ack subject")?;
+        let body = format!("+TERM {}", protocol::expiry::TERM_REASON);
+        self.client.publish(reply, body.into()).await?;
+        Ok(())
     }
 
     fn judge(

@@ -26,6 +26,11 @@ crate::counters! {
         flagged,
         /// Status requests ignored because their reply subject is not under the inbox prefix.
         replies_refused,
+        /// Deadline checks scheduled for DMs with a `meta.expires_at`.
+        expiry_checks_scheduled,
+        /// Deadline checks the broker refused to schedule (the DM is stored; its sender may
+        /// not be told should it expire unread).
+        expiry_checks_failed,
     }
 }
 

@@ -56,7 +56,12 @@ pub struct DurablePump {
 /// The outcome of one envelope, resolved in pull order.
 enum Done {
     /// Store (or rejection notice) acked by the stream: ack (or terminate) the ingress message.
-    Stored { duplicate: bool, terminate: bool },
+    /// `seq` is the stored message's stream sequence (the original's, for a duplicate).
+    Stored {
+        duplicate: bool,
+        terminate: bool,
+        seq: u64,
+    },
     /// Every item of a bundle acked by the stream (`duplicates` of them were duplicates).
     StoredAll { stored: u64, duplicates: u64 },
     /// Nothing to wait for: ack or terminate now.
@@ -201,7 +206,9 @@ impl DurablePump {
                     payload,
                     codec,
                     ttl_secs,
-                    ..
+                    expires_at,
+                    from,
+                    id,
                 } => {
                     // A task (a work subject; parsed only then, DMs pay one prefix test).
                     let task = protocol::subjects::is_work(&subject)
@@ -214,8 +221,25 @@ impl DurablePump {
                     }
                     let mut headers = routed_headers(Some(&msg_id), codec);
                     if let Some(ttl) = ttl_secs {
-                        // The broker frees it at its deadline (`meta.expires_at`).
+                        // The broker frees it after its deadline (`meta.expires_at`) and the
+                        // grace that lets an inbox which terminates it have its sender told.
+                        let ttl = ttl.saturating_add(self.delivery.expiry_grace_secs);
                         headers.insert(protocol::headers::NATS_TTL, ttl.to_string().as_str());
+                    }
+                    if let (Some(expires_at), Ok(to)) =
+                        (expires_at, protocol::subjects::parse_inbox(&subject))
+                    {
+                        let check = PlannedCheck {
+                            from,
+                            to,
+                            id,
+                            expires_at,
+                        };
+                        let stored = send_store(js, subject, headers, payload, false).await;
+                        return match stored {
+                            Ok(ack) => self.then_schedule(js, ack, check),
+                            Err(reason) => ready(Done::Failed(reason)),
+                        };
                     }
                     if task.is_some() && self.flags_check(msg, seq, broker) {
                         self.counters.flagged.bump();
@@ -376,6 +400,7 @@ impl DurablePump {
             Done::Stored {
                 duplicate,
                 terminate,
+                ..
             } => {
                 if terminate {
                     self.counters.rejections_sent.bump();
@@ -438,6 +463,81 @@ fn ready(done: Done) -> Pending {
 /// Publishes to a stream and returns the future of its store ack (bounded by
 /// [`PUBLISH_ACK_TIMEOUT`]); the publish itself is sent before this returns, which keeps the
 /// store order equal to the pull order.
+/// What the deadline check of a DM will name, before its inbox sequence is known.
+struct PlannedCheck {
+    from: protocol::AgentId,
+    to: protocol::AgentId,
+    id: protocol::MessageId,
+    expires_at: u64,
+}
+
+impl DurablePump {
+    /// Once the DM is stored (`stored`), schedules its deadline check
+    /// ([`protocol::expiry::ExpiryCheck`], fired at its deadline on
+    /// [`protocol::subjects::EXPIRY_DUE_SUBJECT`]) before the ingress message is acked: a
+    /// router that dies in between has the ingress message redelivered, the store deduplicated
+    /// (its ack names the stored sequence again) and the schedule made again under the same id.
+    fn then_schedule(
+        &self,
+        js: &jetstream::Context,
+        stored: Pending,
+        check: PlannedCheck,
+    ) -> Pending {
+        let js = js.clone();
+        let counters = self.counters.clone();
+        Box::pin(async move {
+            // The duplicate ack of a re-stored DM names the original's sequence too.
+            let (duplicate, seq) = match stored.await {
+                Done::Stored { duplicate, seq, .. } => (duplicate, seq),
+                other => return other,
+            };
+            let body = protocol::expiry::ExpiryCheck {
+                from: check.from,
+                to: check.to,
+                id: check.id,
+                inbox_seq: seq,
+                expires_at: check.expires_at,
+            };
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                protocol::headers::NATS_MSG_ID,
+                format!("hub-sched:expiry:{seq}").as_str(),
+            );
+            headers.insert(
+                "Nats-Schedule",
+                format!("@at {}", protocol::expiry::rfc3339_utc(check.expires_at)).as_str(),
+            );
+            headers.insert(
+                "Nats-Schedule-Target",
+                protocol::subjects::EXPIRY_DUE_SUBJECT,
+            );
+            let payload = serde_json::to_vec(&body).expect("an expiry check serializes");
+            let subject = protocol::subjects::expiry_schedule(seq);
+            let sent = js
+                .publish_with_headers(subject, headers, payload.into())
+                .await;
+            let acked = match sent {
+                Ok(ack) => tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack.into_future()).await,
+                Err(e) => return Done::Failed(format!("expiry check not sent: {e}")),
+            };
+            match acked {
+                Ok(Ok(_)) => counters.expiry_checks_scheduled.bump(),
+                // Refused: retrying cannot help; the DM is stored and is delivered as usual.
+                Ok(Err(e)) => {
+                    counters.expiry_checks_failed.bump();
+                    tracing::warn!(error = %e, inbox_seq = seq, "the broker refused a DM's expiry check; its sender may not be told should it expire unread");
+                }
+                Err(_) => return Done::Failed("no ack of the expiry check in time".into()),
+            }
+            Done::Stored {
+                duplicate,
+                terminate: false,
+                seq,
+            }
+        })
+    }
+}
+
 async fn store(
     js: &jetstream::Context,
     subject: String,
@@ -469,6 +569,7 @@ async fn send_store(
             Ok(Ok(ack)) => Done::Stored {
                 duplicate: ack.duplicate,
                 terminate,
+                seq: ack.sequence,
             },
             Ok(Err(e)) => Done::Failed(e.to_string()),
             Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),

@@ -64,6 +64,9 @@ pub struct DeliveryConfig {
     pub inbox_max_ack_pending: i64,
     /// Removes an inbox consumer nobody read for this long; `-1` never.
     pub inbox_inactive_secs: i64,
+    /// How long a DM is kept past its `meta.expires_at` (its `Nats-TTL` is the time left plus
+    /// this): long enough for the inbox that terminates it as expired to have its sender told.
+    pub expiry_grace_secs: u64,
 }
 
 /// The ingress stream.
@@ -146,6 +149,7 @@ impl Default for DeliveryConfig {
             router_max_ack_pending: 1000,
             inbox_max_ack_pending: 256,
             inbox_inactive_secs: WEEK_SECS,
+            expiry_grace_secs: 60,
         }
     }
 }

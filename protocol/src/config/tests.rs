@@ -49,6 +49,7 @@ fn default_matches_the_design() {
         router_max_ack_pending: 1000,
         inbox_max_ack_pending: 256,
         inbox_inactive_secs: 604_800,
+        expiry_grace_secs: 60,
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -85,6 +86,7 @@ fn full_fixture_sets_every_key() {
         router_max_ack_pending: 500,
         inbox_max_ack_pending: 64,
         inbox_inactive_secs: 86_400,
+        expiry_grace_secs: 30,
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.

@@ -53,6 +53,7 @@ impl DeliveryConfig {
         for (key, value) in [
             ("duplicate_window_secs", self.duplicate_window_secs),
             ("ack_wait_secs", self.ack_wait_secs),
+            ("expiry_grace_secs", self.expiry_grace_secs),
         ] {
             check_finite_duration(key, value)?;
         }

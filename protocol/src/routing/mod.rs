@@ -98,8 +98,10 @@ pub enum RouteDecision {
         /// `meta.id` of the envelope.
         id: MessageId,
         /// The `Nats-TTL` to store it with: the seconds left before its `meta.expires_at`
-        /// (DMs only).
+        /// (DMs only; the router adds its grace, `expiry_grace_secs`).
         ttl_secs: Option<u64>,
+        /// Its `meta.expires_at` (DMs only): the router schedules its deadline check.
+        expires_at: Option<u64>,
     },
     /// Store several messages, in order, on one task channel (a [bundle](bundle_items)); the
     /// ingress message is acked once all are stored.
@@ -263,6 +265,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         (Target::Channel(Channel::Inbox), Expiry::Live { ttl_secs }) => Some(ttl_secs),
         _ => None,
     };
+    let expires_at = ttl_secs.and(env.meta.expires_at());
     // (destination subject, stored?, stable Nats-Msg-Id)
     let (subject, stored, msg_id) = match &target {
         Target::Channel(Channel::Inbox) => match &env.meta.to {
@@ -360,6 +363,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             from,
             id,
             ttl_secs,
+            expires_at,
         }
     } else {
         RouteDecision::Broadcast {

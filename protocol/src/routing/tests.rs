@@ -55,6 +55,7 @@ fn plain_json_dm_is_stored_in_the_recipient_inbox() {
             from,
             id,
             ttl_secs: None,
+            expires_at: None,
         } = run("hub.pub.alice.inbox", &[], payload.as_bytes())
         else {
             panic!("not stored: {payload}");
@@ -608,12 +609,15 @@ fn a_dm_or_broadcast_past_its_deadline_is_refused_as_expired() {
 fn a_live_dm_is_stored_with_the_seconds_it_has_left() {
     let dm = r#"{"meta":{"id":"m1","to":"bob","expires_at":5000},"body":"hi"}"#;
     let RouteDecision::Store {
-        ttl_secs, payload, ..
+        ttl_secs,
+        expires_at,
+        payload,
+        ..
     } = run_at("hub.pub.alice.inbox", dm, 1_500)
     else {
         panic!("not stored")
     };
-    assert_eq!(ttl_secs, Some(4));
+    assert_eq!((ttl_secs, expires_at), (Some(4), Some(5_000)));
     // The deadline travels with the stored envelope, for the inbox consumer's own check.
     assert_eq!(
         decoded(&payload, Codec::Json).meta.expires_at(),

@@ -150,6 +150,17 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 "answer.>".to_owned(),
             ];
             publish.extend(acks(&delivery.ingress.name, &delivery.router_consumer));
+            // DM deadlines: their checks scheduled and taken, the inbox's termination
+            // advisories taken, an expired DM read back by sequence for its notice.
+            publish.push("hub.sched.>".to_owned());
+            for (stream, consumer) in [
+                (subjects::SCHEDULES_STREAM, subjects::EXPIRY_CONSUMER),
+                (subjects::ADVISORIES_STREAM, subjects::ADVISORIES_CONSUMER),
+            ] {
+                publish.push(api(&format!("CONSUMER.MSG.NEXT.{stream}.{consumer}")));
+                publish.extend(acks(stream, consumer));
+            }
+            publish.push(api(&format!("DIRECT.GET.{}", delivery.inbox.name)));
             Grants {
                 publish,
                 subscribe: vec![

@@ -80,6 +80,34 @@ pub const WORKER_STATUS_SUBJECT: &str = "hub.admin.workers";
 /// not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox` would be stored
 /// as `<other>`'s message.
 pub const DEFAULT_REPLY_PREFIX: &str = "_INBOX";
+/// The stream of the hub's scheduled checks (nats-server message schedules): a schedule on
+/// `hub.sched.expiry.<inbox seq>` (one per DM with a deadline) fires at the DM's deadline as a
+/// message on [`EXPIRY_DUE_SUBJECT`], which the routers' expiry consumer takes.
+pub const SCHEDULES_STREAM: &str = "HUB_SCHEDULES";
+/// The subjects of [`SCHEDULES_STREAM`].
+pub const SCHEDULES_FILTER: &str = "hub.sched.>";
+/// Where an expiry schedule fires (in [`SCHEDULES_STREAM`]).
+pub const EXPIRY_DUE_SUBJECT: &str = "hub.sched.due.expiry";
+/// The durable name of the routers' shared consumer of [`EXPIRY_DUE_SUBJECT`].
+pub const EXPIRY_CONSUMER: &str = "expiry";
+/// The stream capturing the broker's advisories about inbox deliveries the hub acts on (a DM
+/// an inbox terminated as expired).
+pub const ADVISORIES_STREAM: &str = "HUB_ADVISORIES";
+/// The durable name of the routers' shared consumer of [`ADVISORIES_STREAM`].
+pub const ADVISORIES_CONSUMER: &str = "advisories";
+
+/// The schedule subject of the expiry check of the DM stored at `inbox_seq`:
+/// `hub.sched.expiry.<inbox seq>` (one schedule per subject, so one per DM).
+pub fn expiry_schedule(inbox_seq: u64) -> String {
+    format!("hub.sched.expiry.{inbox_seq}")
+}
+
+/// The advisories of terminated deliveries of every consumer of `inbox_stream`:
+/// `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<inbox stream>.*`.
+pub fn terminated_advisories(inbox_stream: &str) -> String {
+    format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{inbox_stream}.*")
+}
+
 /// The KV bucket of task idempotency keys (see [`crate::task::idempotency`]).
 pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
 

@@ -349,6 +349,11 @@ impl ActorSystem {
         format!("{}/attach", self.id)
     }
 
+    /// The actor name of the expiry actor (durable mode).
+    pub fn expiry_name(&self) -> String {
+        format!("{}/expiry", self.id)
+    }
+
     /// The actor name of `id`'s inbox consumer.
     pub fn inbox_name(&self, id: &AgentId) -> String {
         format!("{}/inbox-{id}", self.id)
@@ -391,6 +396,12 @@ impl ActorSystem {
                 reply_prefix: self.reply_prefix.clone(),
             };
             spec = spec.child(ChildSpec::actor(self.attach_name(), attach, || ()));
+            let expiry = actors::expiry::Expiry {
+                name: self.expiry_name(),
+                client: self.client.clone(),
+                delivery: self.delivery.clone(),
+            };
+            spec = spec.child(ChildSpec::actor(self.expiry_name(), expiry, || ()));
         }
         self.spawn_tree(format!("{}/router-sup", self.id), spec)
             .await?;

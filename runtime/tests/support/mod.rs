@@ -37,10 +37,20 @@ pub fn delivery() -> DeliveryConfig {
 
 /// A system connected to `url`, durable or core, with the given inbox mode.
 pub async fn system(url: String, durable: bool, mode: DurableInboxMode) -> ActorSystem {
+    system_with(url, durable, mode, delivery()).await
+}
+
+/// [`system`] with `delivery` as its delivery config.
+pub async fn system_with(
+    url: String,
+    durable: bool,
+    mode: DurableInboxMode,
+    delivery: DeliveryConfig,
+) -> ActorSystem {
     ActorSystem::builder()
         .nats(NatsSettings::new(url))
         .durable(durable)
-        .delivery_config(delivery())
+        .delivery_config(delivery)
         .inbox_mode(mode)
         .build()
         .await

@@ -1,0 +1,454 @@
+//! The expiry actor (router side, durable mode): tells a DM's sender when the DM expired before
+//! its recipient read it, with a system notice of kind `expired` in the sender's inbox
+//! ([`protocol::rejection::expired_notice`]).
+//!
+//! Two places can know it, and exactly one of them does for each DM
+//! ([`protocol::expiry::notify_at_deadline`]):
+//!
+//! - **the deadline check.** When the router stores a DM with a `meta.expires_at`, it schedules
+//!   a check at that deadline (a nats-server message schedule in `HUB_SCHEDULES`); the broker
+//!   fires it on `hub.sched.due.expiry`, and this actor's `due` pump takes it. A DM the
+//!   recipient's inbox consumer never fetched (its last delivered sequence is below the DM's,
+//!   or it has no consumer: an agent offline all along) expired unread: the sender is told. The
+//!   broker frees the DM itself a grace period later (its `Nats-TTL`).
+//! - **the inbox.** A DM the inbox consumer fetched but whose deadline came before it could be
+//!   handed over is terminated with the reason `expired`; the broker's termination advisory is
+//!   captured in `HUB_ADVISORIES`, and this actor's `advisories` pump reads the DM (still
+//!   stored, within its grace) and tells its sender.
+//!
+//! Both take their messages from durable consumers shared by every router, and ack each only
+//! once the notice is stored: a router that dies in between has it redelivered, and the
+//! notice's `Nats-Msg-Id` (`hub-system:expired:<inbox seq>`) stores it once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull, AckKind};
+use async_nats::Client;
+use futures::StreamExt;
+use protocol::config::DeliveryConfig;
+use protocol::expiry::{notify_at_deadline, ExpiryCheck, TERM_REASON};
+use protocol::subjects;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::watch;
+
+use crate::background::{Owned, PumpFailure};
+use crate::fault::{self, FaultPoint};
+
+/// The delay before a check or advisory that could not be handled is tried again.
+pub const RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Expiry actor configuration.
+#[derive(Clone)]
+pub struct Expiry {
+    /// Actor name, also the fault-injection key.
+    pub name: String,
+    /// The shared connection.
+    pub client: Client,
+    /// Stream names.
+    pub delivery: Arc<DeliveryConfig>,
+}
+
+/// Messages of the expiry actor.
+pub enum ExpiryMsg {
+    /// Snapshot for a local caller.
+    Snapshot(RpcReplyPort<ExpirySnapshot>),
+    /// A pump stopped with an error: fail, so that the supervisor restarts the actor.
+    PumpFailed(PumpFailure),
+}
+
+crate::counters! {
+    /// Counters of the expiry actor.
+    pub struct ExpiryCounters => ExpirySnapshot {
+        /// Deadline checks taken.
+        checks,
+        /// Notices stored: the DM expired unread.
+        notices,
+        /// Deadline checks of DMs the recipient's inbox had fetched (the inbox decides).
+        fetched,
+        /// Termination advisories taken (every reason).
+        advisories,
+        /// Expired DMs whose notice could not be built: the DM was already gone.
+        notices_lost,
+        /// Checks or advisories that do not decode (terminated).
+        malformed,
+        /// Checks or advisories tried again later (a broker request failed).
+        retries,
+    }
+}
+
+/// State of one incarnation.
+pub struct ExpiryState {
+    counters: Arc<ExpiryCounters>,
+    stop: watch::Sender<bool>,
+    pumps: Vec<Owned>,
+}
+
+/// Expiry actor failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpiryError {
+    /// A consumer could not be created or pulled from.
+    #[error("cannot pull {consumer} of stream {stream}: {source}")]
+    Consumer {
+        /// The stream.
+        stream: String,
+        /// The consumer.
+        consumer: String,
+        /// Why.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// A pump's message stream ended.
+    #[error("the pull of {consumer} ended")]
+    Ended {
+        /// The consumer.
+        consumer: String,
+    },
+    /// A pump failed.
+    #[error("expiry pump failed: {0}")]
+    Pump(#[source] PumpFailure),
+}
+
+#[ractor::async_trait]
+impl Actor for Expiry {
+    type Msg = ExpiryMsg;
+    type State = ExpiryState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ExpiryMsg>,
+        _: (),
+    ) -> Result<ExpiryState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let counters = Arc::new(ExpiryCounters::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let js = jetstream::new(self.client.clone());
+        let pump = ExpiryPump {
+            js: js.clone(),
+            delivery: self.delivery.clone(),
+            counters: counters.clone(),
+        };
+        let due = pull_of(
+            &js,
+            subjects::SCHEDULES_STREAM,
+            subjects::EXPIRY_CONSUMER,
+            subjects::EXPIRY_DUE_SUBJECT,
+            self.delivery.ack_wait(),
+        )
+        .await?;
+        let advisories = pull_of(
+            &js,
+            subjects::ADVISORIES_STREAM,
+            subjects::ADVISORIES_CONSUMER,
+            "",
+            self.delivery.ack_wait(),
+        )
+        .await?;
+        let on_fail = |myself: ActorRef<ExpiryMsg>| {
+            move |e| {
+                let _ = myself.cast(ExpiryMsg::PumpFailed(e));
+            }
+        };
+        let pumps = vec![
+            crate::background::spawn_pump(
+                pump.clone().due(due, stop_rx.clone()),
+                on_fail(myself.clone()),
+            ),
+            crate::background::spawn_pump(pump.advisories(advisories, stop_rx), on_fail(myself)),
+        ];
+        Ok(ExpiryState {
+            counters,
+            stop,
+            pumps,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<ExpiryMsg>,
+        state: &mut ExpiryState,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = state.stop.send(true);
+        for pump in state.pumps.drain(..) {
+            pump.join_within(Duration::from_secs(2)).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<ExpiryMsg>,
+        msg: ExpiryMsg,
+        state: &mut ExpiryState,
+    ) -> Result<(), ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::Handle)?;
+        match msg {
+            ExpiryMsg::Snapshot(port) => {
+                let _ = port.send(state.counters.snapshot());
+            }
+            ExpiryMsg::PumpFailed(e) => return Err(ExpiryError::Pump(e).into()),
+        }
+        Ok(())
+    }
+}
+
+/// Creates (or updates) the pull consumer `name` of `stream` with `filter` (none when empty)
+/// and opens its message stream.
+async fn pull_of(
+    js: &jetstream::Context,
+    stream: &str,
+    name: &str,
+    filter: &str,
+    ack_wait: Duration,
+) -> Result<jetstream::consumer::pull::Stream, ExpiryError> {
+    let failed = |source: async_nats::Error| ExpiryError::Consumer {
+        stream: stream.to_owned(),
+        consumer: name.to_owned(),
+        source,
+    };
+    let consumer: jetstream::consumer::PullConsumer = js
+        .create_consumer_on_stream(
+            pull::Config {
+                durable_name: Some(name.to_owned()),
+                filter_subject: filter.to_owned(),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait,
+                ..Default::default()
+            },
+            stream,
+        )
+        .await
+        .map_err(|e| failed(e.into()))?;
+    consumer
+        .stream()
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+        .map_err(|e| failed(e.into()))
+}
+
+/// What the pumps need.
+#[derive(Clone)]
+struct ExpiryPump {
+    js: jetstream::Context,
+    delivery: Arc<DeliveryConfig>,
+    counters: Arc<ExpiryCounters>,
+}
+
+/// What became of one check or advisory.
+enum Handled {
+    /// Done (a notice stored, or nothing to tell): ack.
+    Done,
+    /// It will never decode: terminate.
+    Malformed,
+    /// A broker request failed: nak with a delay, tried again.
+    Retry,
+}
+
+impl ExpiryPump {
+    async fn due(
+        self,
+        mut messages: jetstream::consumer::pull::Stream,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), ExpiryError> {
+        loop {
+            let msg = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                next = messages.next() => next,
+            };
+            let msg = match msg {
+                Some(Ok(msg)) => msg,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "expiry check pull error; pulling again");
+                    continue;
+                }
+                None => {
+                    return Err(ExpiryError::Ended {
+                        consumer: subjects::EXPIRY_CONSUMER.into(),
+                    })
+                }
+            };
+            let handled = match serde_json::from_slice::<ExpiryCheck>(&msg.payload) {
+                Ok(check) => self.check(check).await,
+                Err(_) => Handled::Malformed,
+            };
+            self.settle(&msg, handled).await;
+        }
+    }
+
+    /// The deadline of `check` has come: tells its sender unless the inbox fetched the DM.
+    async fn check(&self, check: ExpiryCheck) -> Handled {
+        self.counters.checks.bump();
+        let consumer = subjects::inbox_consumer(&check.to);
+        let delivered = match self
+            .js
+            .get_consumer_from_stream::<pull::Config, _, _>(&consumer, &self.delivery.inbox.name)
+            .await
+        {
+            Ok(mut c) => match c.info().await {
+                Ok(info) => Some(info.delivered.stream_sequence),
+                Err(e) => {
+                    tracing::warn!(error = %e, %consumer, "expiry check: no consumer info; tried again");
+                    return Handled::Retry;
+                }
+            },
+            Err(e)
+                if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(err)
+                    if err.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND) =>
+            {
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, %consumer, "expiry check: consumer lookup failed; tried again");
+                return Handled::Retry;
+            }
+        };
+        if !notify_at_deadline(check.inbox_seq, delivered) {
+            self.counters.fetched.bump();
+            return Handled::Done;
+        }
+        self.notify(&check.from, &check.to, &check.id, check.inbox_seq)
+            .await
+    }
+
+    async fn advisories(
+        self,
+        mut messages: jetstream::consumer::pull::Stream,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), ExpiryError> {
+        loop {
+            let msg = tokio::select! {
+                biased;
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                next = messages.next() => next,
+            };
+            let msg = match msg {
+                Some(Ok(msg)) => msg,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "advisory pull error; pulling again");
+                    continue;
+                }
+                None => {
+                    return Err(ExpiryError::Ended {
+                        consumer: subjects::ADVISORIES_CONSUMER.into(),
+                    })
+                }
+            };
+            self.counters.advisories.bump();
+            let handled = match serde_json::from_slice::<Terminated>(&msg.payload) {
+                Ok(t) if t.stream == self.delivery.inbox.name && t.reason == TERM_REASON => {
+                    self.expired_in_inbox(t.stream_seq).await
+                }
+                // Other terminations (malformed DMs, ...) are not the expiry actor's.
+                Ok(_) => Handled::Done,
+                Err(_) => Handled::Malformed,
+            };
+            self.settle(&msg, handled).await;
+        }
+    }
+
+    /// An inbox terminated the DM at `inbox_seq` as expired: tells its sender.
+    async fn expired_in_inbox(&self, inbox_seq: u64) -> Handled {
+        let stream = match self.js.get_stream_no_info(&self.delivery.inbox.name).await {
+            Ok(stream) => stream,
+            Err(_) => return Handled::Retry,
+        };
+        let stored = match stream.direct_get(inbox_seq).await {
+            Ok(stored) => stored,
+            Err(e) if e.kind() == jetstream::stream::DirectGetErrorKind::NotFound => {
+                self.counters.notices_lost.bump();
+                tracing::warn!(
+                    inbox_seq,
+                    "an expired DM is gone before its sender could be told"
+                );
+                return Handled::Done;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, inbox_seq, "cannot read an expired DM; tried again");
+                return Handled::Retry;
+            }
+        };
+        let env = crate::decode::envelope(Some(&stored.headers), &stored.payload);
+        let (Ok(env), Ok(to)) = (env, subjects::parse_inbox(&stored.subject)) else {
+            return Handled::Malformed;
+        };
+        let Some(from) = env.meta.from else {
+            // A system notice has no sender to tell.
+            return Handled::Done;
+        };
+        self.notify(&from, &to, &env.meta.id, inbox_seq).await
+    }
+
+    /// Stores the notice that `from`'s DM `id` to `to` expired unread.
+    async fn notify(
+        &self,
+        from: &protocol::AgentId,
+        to: &protocol::AgentId,
+        id: &protocol::MessageId,
+        inbox_seq: u64,
+    ) -> Handled {
+        let (subject, msg_id, notice) =
+            protocol::rejection::expired_notice(from, to, id, inbox_seq);
+        let Ok(payload) = protocol::encode(&notice, protocol::Codec::Json) else {
+            return Handled::Malformed;
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
+        let sent = self
+            .js
+            .publish_with_headers(subject, headers, payload.into())
+            .await;
+        let acked = match sent {
+            Ok(ack) => tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, ack).await,
+            Err(_) => return Handled::Retry,
+        };
+        match acked {
+            Ok(Ok(_)) => {
+                self.counters.notices.bump();
+                tracing::info!(%from, %to, %id, inbox_seq, "expired DM: its sender was told");
+                Handled::Done
+            }
+            _ => Handled::Retry,
+        }
+    }
+
+    async fn settle(&self, msg: &jetstream::Message, handled: Handled) {
+        let kind = match handled {
+            Handled::Done => AckKind::Ack,
+            Handled::Malformed => {
+                self.counters.malformed.bump();
+                AckKind::Term
+            }
+            Handled::Retry => {
+                self.counters.retries.bump();
+                AckKind::Nak(Some(RETRY_DELAY))
+            }
+        };
+        if let Err(e) = msg.ack_with(kind).await {
+            tracing::warn!(error = %e, "expiry: ack failed; redelivered later");
+        }
+    }
+}
+
+/// The fields of a termination advisory
+/// (`io.nats.jetstream.advisory.v1.terminated`) the actor reads.
+#[derive(serde::Deserialize)]
+struct Terminated {
+    stream: String,
+    stream_seq: u64,
+    #[serde(default)]
+    reason: String,
+}

@@ -216,7 +216,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
         batch: 16,
         handler: Arc::new(move |_| {
             seen.fetch_add(1, Ordering::SeqCst);
-            Box::pin(async {})
+            Box::pin(async { actors::inbox::Handled::Done })
         }),
     };
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, inbox, || ()));

@@ -52,6 +52,7 @@ pub mod envelope;
 pub mod expiry;
 pub mod headers;
 pub mod ids;
+pub mod ordering;
 pub mod rejection;
 pub mod routing;
 pub mod security;

@@ -739,6 +739,17 @@ async fn send_and_inbox_commands_deliver_a_dm_in_order_with_the_senders_identity
         .collect();
     assert_eq!(bodies, ["first", "second"]);
     assert!(envelopes.iter().all(|e| e["meta"]["from"] == "alice"));
+    // Beside each envelope, where it stands in the inbox.
+    let seqs: Vec<u64> = envelopes
+        .iter()
+        .map(|e| e["delivery"]["stream_seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs[0] < seqs[1], "{seqs:?}");
+    assert!(envelopes
+        .iter()
+        .all(|e| e["delivery"]["redelivered"] == false
+            && e["delivery"]["out_of_order"] == false
+            && e["delivery"]["delivered"] == 1));
 
     // Acked: a second read finds nothing new.
     let out = run_cli(&[

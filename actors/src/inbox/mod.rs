@@ -39,10 +39,35 @@ pub struct Delivery {
     pub stream_seq: Option<u64>,
     /// How many times the server delivered it (1 = first time; durable mode).
     pub delivered: u64,
+    /// It was delivered before (`delivered > 1`): a retry the handler asked for, or a
+    /// redelivery after a lost ack.
+    pub redelivered: bool,
+    /// Its stream sequence is below that of a DM this inbox handed over before it (a late
+    /// redelivery; [`protocol::ordering`]).
+    pub out_of_order: bool,
 }
 
-/// The handler: called once per DM, sequentially; the DM is acked when the future completes.
-pub type InboxHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, ()> + Send + Sync>;
+/// What a handler made of a DM (a handler returning `()` is done with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// Done: the DM is acked.
+    Done,
+    /// Not now: the DM is nak'd with this delay, and handed over again after it (flagged
+    /// `redelivered`, and `out_of_order` when later DMs were handed over meanwhile).
+    Retry(std::time::Duration),
+    /// Never: the DM is terminated at once with this reason (one line).
+    Reject(String),
+}
+
+impl From<()> for Handled {
+    fn from((): ()) -> Handled {
+        Handled::Done
+    }
+}
+
+/// The handler: called once per DM, sequentially; the DM is settled as the outcome says when
+/// the future completes.
+pub type InboxHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, Handled> + Send + Sync>;
 
 /// Inbox consumer configuration.
 #[derive(Clone)]

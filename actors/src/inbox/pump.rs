@@ -8,6 +8,8 @@ use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
+
+use super::Handled;
 use protocol::{subjects, AgentId};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -32,6 +34,12 @@ crate::counters! {
         /// DMs whose `meta.expires_at` had come before they could be handed over (terminated,
         /// never handed to the handler).
         expired,
+        /// DMs the handler asked to see again later (nak'd with its delay).
+        retried,
+        /// DMs the handler rejected (terminated with its reason).
+        rejected,
+        /// DMs handed over flagged `out_of_order`.
+        out_of_order,
         /// Pulls re-issued after a missed heartbeat or a pull error.
         repulls,
     }
@@ -129,6 +137,8 @@ impl InboxPump {
             .await
             .map_err(|e| pull(e.into()))?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
+        // The highest stream sequence handed over by this incarnation.
+        let mut last_handed: Option<u64> = None;
         loop {
             let next = tokio::select! {
                 biased;
@@ -161,18 +171,39 @@ impl InboxPump {
                 .info()
                 .map(|i| (Some(i.stream_sequence), i.delivered as u64))
                 .unwrap_or((None, 1));
-            let verdict = self.judge(&msg.message, stream_seq, delivered, &mut seen);
+            let verdict = self.judge(&msg.message, stream_seq, delivered, last_handed, &seen);
             let ack = match verdict {
                 Verdict::Handle(delivery) => {
-                    self.deliver(delivery, msg.headers.as_ref()).await?;
-                    AckKind::Ack
+                    let key = (
+                        delivery.envelope.meta.from.clone(),
+                        delivery.envelope.meta.id.clone(),
+                    );
+                    last_handed = last_handed.max(stream_seq);
+                    match self.deliver(delivery, msg.headers.as_ref()).await? {
+                        Handled::Done => {
+                            seen.first_time(key.0.as_ref(), &key.1);
+                            AckKind::Ack
+                        }
+                        Handled::Retry(delay) => {
+                            self.counters.retried.bump();
+                            AckKind::Nak(Some(delay))
+                        }
+                        Handled::Reject(reason) => {
+                            self.counters.rejected.bump();
+                            seen.first_time(key.0.as_ref(), &key.1);
+                            if let Err(e) = self.term_with(&msg, &reject_reason(&reason)).await {
+                                tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
+                            }
+                            continue;
+                        }
+                    }
                 }
                 Verdict::Duplicate => AckKind::Ack,
                 Verdict::Malformed => AckKind::Term,
                 Verdict::Expired => {
                     // Terminated with its reason: the broker's termination advisory names it,
                     // and the router tells the sender (`crate::expiry`).
-                    if let Err(e) = self.term_expired(&msg).await {
+                    if let Err(e) = self.term_with(&msg, protocol::expiry::TERM_REASON).await {
                         tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
                     }
                     continue;
@@ -203,20 +234,39 @@ impl InboxPump {
                 }
                 next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
-            if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, &mut seen) {
-                self.deliver(delivery, msg.headers.as_ref()).await?;
+            if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, None, &seen) {
+                let key = (
+                    delivery.envelope.meta.from.clone(),
+                    delivery.envelope.meta.id.clone(),
+                );
+                // Nothing is redelivered in core mode: whatever the handler says, the DM is
+                // gone once handed over.
+                let handled = self.deliver(delivery, msg.headers.as_ref()).await?;
+                if handled != Handled::Done {
+                    tracing::warn!(
+                        ?handled,
+                        "core mode cannot redeliver or dead-letter a DM; it is dropped"
+                    );
+                }
+                seen.first_time(key.0.as_ref(), &key.1);
             }
         }
     }
 
-    /// Terminates `msg` with the reason [`protocol::expiry::TERM_REASON`] (`+TERM expired`).
-    async fn term_expired(&self, msg: &jetstream::Message) -> Result<(), async_nats::Error> {
+    /// Terminates `msg` with `reason` (`+TERM <reason>`): the broker's termination advisory
+    /// carries it.
+    async fn term_with(
+        &self,
+        msg: &jetstream::Message,
+        reason: &str,
+    ) -> Result<(), async_nats::Error> {
         let reply = msg
             .reply
             .clone()
             .ok_or("a JetStream message without an ack subject")?;
-        let body = format!("+TERM {}", protocol::expiry::TERM_REASON);
-        self.client.publish(reply, body.into()).await?;
+        self.client
+            .publish(reply, format!("+TERM {reason}").into())
+            .await?;
         Ok(())
     }
 
@@ -225,7 +275,8 @@ impl InboxPump {
         msg: &async_nats::Message,
         stream_seq: Option<u64>,
         delivered: u64,
-        seen: &mut SeenSet,
+        last_handed: Option<u64>,
+        seen: &SeenSet,
     ) -> Verdict {
         let envelope = crate::decode::envelope(msg.headers.as_ref(), &msg.payload).ok();
         let Some(envelope) = envelope else {
@@ -243,14 +294,22 @@ impl InboxPump {
             tracing::info!(id = %envelope.meta.id, expires_at = envelope.meta.expires_at(), now, "expired DM terminated, not handed over");
             return Verdict::Expired;
         }
-        if !seen.first_time(envelope.meta.from.as_ref(), &envelope.meta.id) {
+        // Only what a handler was done with is a duplicate: a DM it asked to see again is
+        // handed over again.
+        if seen.contains(envelope.meta.from.as_ref(), &envelope.meta.id) {
             self.counters.duplicates.bump();
             return Verdict::Duplicate;
+        }
+        let flags = protocol::ordering::handoff_flags(stream_seq, delivered, last_handed);
+        if flags.out_of_order {
+            self.counters.out_of_order.bump();
         }
         Verdict::Handle(Delivery {
             envelope,
             stream_seq,
             delivered,
+            redelivered: flags.redelivered,
+            out_of_order: flags.out_of_order,
         })
     }
 
@@ -258,7 +317,7 @@ impl InboxPump {
         &self,
         delivery: Delivery,
         headers: Option<&async_nats::HeaderMap>,
-    ) -> Result<(), PumpError> {
+    ) -> Result<Handled, PumpError> {
         // Crash tests: a fault armed for this inbox fires before the DM is handed over, so the
         // DM stays unacked and must come back.
         fault::check(&self.fault_name, FaultPoint::Handle)?;
@@ -269,8 +328,26 @@ impl InboxPump {
             stream_seq = delivery.stream_seq
         );
         crate::trace_context::set_parent_from(&span, headers);
-        (self.handler)(delivery).instrument(span).await;
+        let handled = (self.handler)(delivery).instrument(span).await;
         self.counters.delivered.bump();
-        Ok(())
+        Ok(handled)
     }
+}
+
+/// A handler's rejection reason as one `+TERM` line: `rejected: <reason>`, control characters
+/// replaced, at most 200 bytes.
+fn reject_reason(reason: &str) -> String {
+    let clean: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut line = format!("rejected: {clean}");
+    if line.len() > 200 {
+        let mut end = 200;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+    }
+    line
 }

@@ -103,8 +103,9 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
     Ok(receipt)
 }
 
-/// `runtime inbox --as bob [--follow] [--json]`: prints each DM on stdout; without `--follow`
-/// exits once no DM arrived for `--idle-secs`.
+/// `runtime inbox --as bob [--follow] [--json]`: prints each DM on stdout (with `--json`, the
+/// envelope with a `delivery` object beside it: `stream_seq`, `delivered`, `redelivered`,
+/// `out_of_order`); without `--follow` exits once no DM arrived for `--idle-secs`.
 ///
 /// # Errors
 /// [`SystemError::InvalidSetting`] for an invalid identity or mode; connection and bind errors.
@@ -131,7 +132,15 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
     system
         .attach_inbox(&id, move |d| {
             let line = if json {
-                serde_json::to_string(&d.envelope).unwrap_or_default()
+                // The envelope, and beside it where it stands in the inbox (`delivery`).
+                let mut line = serde_json::to_value(&d.envelope).unwrap_or_default();
+                line["delivery"] = serde_json::json!({
+                    "stream_seq": d.stream_seq,
+                    "delivered": d.delivered,
+                    "redelivered": d.redelivered,
+                    "out_of_order": d.out_of_order,
+                });
+                line.to_string()
             } else {
                 let from = d
                     .envelope

@@ -3,10 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use actors::inbox::{Delivery, InboxConsumer, InboxHandler};
+use actors::inbox::{Delivery, Handled, InboxConsumer, InboxHandler};
 use actors::supervision::{ChildSpec, Strategy, SupervisorSpec};
 use async_nats::HeaderMap;
-use futures::future::BoxFuture;
 use protocol::subjects::{self, Channel};
 use protocol::{headers, AgentId, ChannelName, Codec, Envelope, MessageId, Meta};
 use serde::{Deserialize, Serialize};
@@ -136,11 +135,16 @@ impl ActorSystem {
     /// # Errors
     /// [`SystemError::Spawn`] when the supervisor cannot be spawned, [`SystemError::Timeout`]
     /// when the inbox does not bind within 30 s (it keeps trying under its supervisor).
-    pub async fn attach_inbox<F>(&self, id: &AgentId, handler: F) -> Result<(), SystemError>
+    pub async fn attach_inbox<F, Fut, R>(&self, id: &AgentId, handler: F) -> Result<(), SystemError>
     where
-        F: Fn(Delivery) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+        F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = R> + Send + 'static,
+        R: Into<Handled> + 'static,
     {
-        let handler: InboxHandler = std::sync::Arc::new(handler);
+        let handler: InboxHandler = std::sync::Arc::new(move |d| {
+            let done = handler(d);
+            Box::pin(async move { done.await.into() })
+        });
         let inbox = InboxConsumer {
             name: self.inbox_name(id),
             client: self.client.clone(),

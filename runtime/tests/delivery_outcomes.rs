@@ -1,0 +1,134 @@
+//! What an inbox handler makes of a DM (issue 10 §2 and §5) against a real nats-server: done
+//! (acked), retry after a delay (nak'd, handed over again flagged `redelivered` and, behind
+//! later DMs, `out_of_order`), or reject (terminated at once, never handed over again).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actors::inbox::{Delivery, Handled};
+use protocol::attach::DurableInboxMode;
+use runtime::ActorSystem;
+
+/// One handoff as the handler saw it: (id, stream seq, redelivered, out_of_order).
+type Handoff = (String, u64, bool, bool);
+
+/// Attaches `bob`'s inbox with a handler that records each handoff and answers `decide` of it.
+async fn attach(
+    hub: &ActorSystem,
+    decide: impl Fn(&Delivery) -> Handled + Send + Sync + 'static,
+) -> Arc<Mutex<Vec<Handoff>>> {
+    let seen: Arc<Mutex<Vec<Handoff>>> = Arc::default();
+    let sink = seen.clone();
+    hub.attach_inbox(&support::agent("bob"), move |d| {
+        sink.lock().unwrap().push((
+            d.envelope.meta.id.to_string(),
+            d.stream_seq.unwrap_or(0),
+            d.redelivered,
+            d.out_of_order,
+        ));
+        let handled = decide(&d);
+        async move { handled }
+    })
+    .await
+    .unwrap();
+    seen
+}
+
+async fn wait_handoffs(seen: &Arc<Mutex<Vec<Handoff>>>, n: usize) {
+    harness::wait_until(&format!("{n} handoffs"), support::DEADLINE, || {
+        seen.lock().unwrap().len() >= n
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", seen.lock().unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_dm_comes_back_after_later_ones_flagged_redelivered_and_out_of_order() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let alice = support::agent("alice");
+    let seen = attach(&hub, |d| {
+        if d.envelope.meta.id.as_str() == "m1" && !d.redelivered {
+            Handled::Retry(Duration::from_millis(500))
+        } else {
+            Handled::Done
+        }
+    })
+    .await;
+    for id in ["m1", "m2", "m3"] {
+        let mut meta = protocol::Meta::new(protocol::MessageId::new(id).unwrap());
+        meta.to = Some(support::agent("bob"));
+        let env = protocol::Envelope {
+            meta,
+            body: serde_json::json!(id),
+            extra: Default::default(),
+        };
+        hub.send_envelope(&alice, &protocol::Channel::Inbox, &env)
+            .await
+            .unwrap();
+    }
+    wait_handoffs(&seen, 4).await;
+    let js = support::js(&server).await;
+    harness::wait_until_async("all settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    let handoffs = seen.lock().unwrap().clone();
+    assert_eq!(handoffs.len(), 4, "{handoffs:?}");
+    // In stream order first, m1 not yet redelivered...
+    assert_eq!(
+        handoffs[..3]
+            .iter()
+            .map(|h| (h.0.as_str(), h.2, h.3))
+            .collect::<Vec<_>>(),
+        [
+            ("m1", false, false),
+            ("m2", false, false),
+            ("m3", false, false)
+        ]
+    );
+    // ...then m1 again, behind them: redelivered, out of order.
+    let (id, seq, redelivered, out_of_order) = &handoffs[3];
+    assert_eq!(
+        (id.as_str(), *seq, *redelivered, *out_of_order),
+        ("m1", handoffs[0].1, true, true)
+    );
+    let snapshot = hub.inbox_snapshot(&support::agent("bob")).await.unwrap();
+    assert_eq!(
+        (snapshot.counters.retried, snapshot.counters.out_of_order),
+        (1, 1),
+        "{snapshot:?}"
+    );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_dm_is_terminated_at_once_and_never_handed_over_again() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let seen = attach(&hub, |d| match d.envelope.meta.id.as_str() {
+        "m-bad" => Handled::Reject("cannot parse this\nat all".into()),
+        _ => Handled::Done,
+    })
+    .await;
+    let client = hub.client().clone();
+    support::send_dm(&client, "alice", "bob", "m-bad").await;
+    support::send_dm(&client, "alice", "bob", "m-good").await;
+    wait_handoffs(&seen, 2).await;
+    let js = support::js(&server).await;
+    harness::wait_until_async("both settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    // Nothing pending and nothing awaiting an ack: the rejected DM was terminated, not left to
+    // come back after the ack wait.
+    let ids: Vec<String> = seen.lock().unwrap().iter().map(|h| h.0.clone()).collect();
+    assert_eq!(ids, ["m-bad", "m-good"]);
+    let snapshot = hub.inbox_snapshot(&support::agent("bob")).await.unwrap();
+    assert_eq!(snapshot.counters.rejected, 1, "{snapshot:?}");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

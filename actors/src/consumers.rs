@@ -27,7 +27,8 @@ pub fn router_consumer(cfg: &DeliveryConfig) -> pull::Config {
 
 /// The inbox consumer `inbox-<id>` created on attach: pull, explicit ack, deliver all, filter
 /// `channel.inbox.<id>`, `max_ack_pending` = `inbox_max_ack_pending`, inactive threshold =
-/// `inbox_inactive_secs` (none when -1).
+/// `inbox_inactive_secs` (none when -1), `max_deliver` = `inbox_max_deliver` and backoff =
+/// `inbox_backoff_secs` (a DM whose deliveries ran out is dead-lettered).
 pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
     pull::Config {
         durable_name: Some(subjects::inbox_consumer(id)),
@@ -35,7 +36,8 @@ pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
         deliver_policy: DeliverPolicy::All,
         ack_policy: AckPolicy::Explicit,
         ack_wait: cfg.ack_wait(),
-        max_deliver: -1,
+        max_deliver: cfg.inbox_max_deliver,
+        backoff: cfg.inbox_backoff(),
         filter_subject: subjects::inbox(id),
         max_ack_pending: cfg.inbox_max_ack_pending,
         inactive_threshold: cfg.inbox_inactive().unwrap_or(Duration::ZERO),

@@ -62,8 +62,10 @@ crate::counters! {
     pub struct ExpiryCounters => ExpirySnapshot {
         /// Deadline checks taken.
         checks,
-        /// Notices stored: the DM expired unread.
+        /// Notices stored: a DM expired unread, or was dead-lettered.
         notices,
+        /// DMs copied to the dead-letter stream (deliveries ran out, or rejected).
+        dead_lettered,
         /// Deadline checks of DMs the recipient's inbox had fetched (the inbox decides).
         fetched,
         /// Termination advisories taken (every reason).
@@ -348,11 +350,18 @@ impl ExpiryPump {
                 }
             };
             self.counters.advisories.bump();
-            let handled = match serde_json::from_slice::<Terminated>(&msg.payload) {
-                Ok(t) if t.stream == self.delivery.inbox.name && t.reason == TERM_REASON => {
-                    self.expired_in_inbox(t.stream_seq).await
+            let handled = match serde_json::from_slice::<Advisory>(&msg.payload) {
+                Ok(a) if a.stream != self.delivery.inbox.name => Handled::Done,
+                Ok(a) if a.kind == MAX_DELIVER_ADVISORY => {
+                    self.dead_letter(a.stream_seq, "max_deliver", a.deliveries)
+                        .await
                 }
-                // Other terminations (malformed DMs, ...) are not the expiry actor's.
+                Ok(a) if a.reason == TERM_REASON => self.expired_in_inbox(a.stream_seq).await,
+                Ok(a) if a.reason.starts_with(REJECTED_PREFIX) => {
+                    self.dead_letter(a.stream_seq, &a.reason, a.deliveries)
+                        .await
+                }
+                // Other terminations (a malformed DM, ...) are counted by the inbox.
                 Ok(_) => Handled::Done,
                 Err(_) => Handled::Malformed,
             };
@@ -360,36 +369,108 @@ impl ExpiryPump {
         }
     }
 
-    /// An inbox terminated the DM at `inbox_seq` as expired: tells its sender.
-    async fn expired_in_inbox(&self, inbox_seq: u64) -> Handled {
-        let stream = match self.js.get_stream_no_info(&self.delivery.inbox.name).await {
-            Ok(stream) => stream,
-            Err(_) => return Handled::Retry,
-        };
+    /// The DM stored at `inbox_seq`, with its recipient and envelope: `Err` is what to do with
+    /// the advisory when it cannot be read (gone: nothing; a failed request: retry).
+    async fn read_dm(
+        &self,
+        inbox_seq: u64,
+    ) -> Result<
+        (
+            jetstream::message::StreamMessage,
+            protocol::AgentId,
+            protocol::Envelope,
+        ),
+        Handled,
+    > {
+        let stream = self
+            .js
+            .get_stream_no_info(&self.delivery.inbox.name)
+            .await
+            .map_err(|_| Handled::Retry)?;
         let stored = match stream.direct_get(inbox_seq).await {
             Ok(stored) => stored,
             Err(e) if e.kind() == jetstream::stream::DirectGetErrorKind::NotFound => {
                 self.counters.notices_lost.bump();
                 tracing::warn!(
                     inbox_seq,
-                    "an expired DM is gone before its sender could be told"
+                    "an undelivered DM is gone before its sender could be told"
                 );
-                return Handled::Done;
+                return Err(Handled::Done);
             }
             Err(e) => {
-                tracing::warn!(error = %e, inbox_seq, "cannot read an expired DM; tried again");
-                return Handled::Retry;
+                tracing::warn!(error = %e, inbox_seq, "cannot read an undelivered DM; tried again");
+                return Err(Handled::Retry);
             }
         };
         let env = crate::decode::envelope(Some(&stored.headers), &stored.payload);
         let (Ok(env), Ok(to)) = (env, subjects::parse_inbox(&stored.subject)) else {
-            return Handled::Malformed;
+            return Err(Handled::Malformed);
+        };
+        Ok((stored, to, env))
+    }
+
+    /// An inbox terminated the DM at `inbox_seq` as expired: tells its sender.
+    async fn expired_in_inbox(&self, inbox_seq: u64) -> Handled {
+        let (_, to, env) = match self.read_dm(inbox_seq).await {
+            Ok(dm) => dm,
+            Err(handled) => return handled,
         };
         let Some(from) = env.meta.from else {
             // A system notice has no sender to tell.
             return Handled::Done;
         };
         self.notify(&from, &to, &env.meta.id, inbox_seq).await
+    }
+
+    /// The DM at `inbox_seq` cannot be delivered (`reason`: its deliveries ran out, or its
+    /// handler rejected it): copies it to the dead-letter stream (`dlq.<recipient>`, with its
+    /// original subject, sequence, reason and delivery count), then tells its sender. The copy
+    /// is stored under `hub-dlq:<inbox seq>`, so a retry after a crash stores it once.
+    async fn dead_letter(&self, inbox_seq: u64, reason: &str, deliveries: u64) -> Handled {
+        let (stored, to, env) = match self.read_dm(inbox_seq).await {
+            Ok(dm) => dm,
+            Err(handled) => return handled,
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            protocol::headers::NATS_MSG_ID,
+            format!("hub-dlq:{inbox_seq}").as_str(),
+        );
+        headers.insert(
+            protocol::headers::DLQ_ORIGINAL_SUBJECT,
+            stored.subject.as_str(),
+        );
+        headers.insert(
+            protocol::headers::DLQ_ORIGINAL_SEQ,
+            inbox_seq.to_string().as_str(),
+        );
+        headers.insert(protocol::headers::DLQ_REASON, reason);
+        headers.insert(
+            protocol::headers::DLQ_DELIVERIES,
+            deliveries.to_string().as_str(),
+        );
+        if let Some(ct) = stored.headers.get(protocol::headers::CONTENT_TYPE) {
+            headers.insert(protocol::headers::CONTENT_TYPE, ct.as_str());
+        }
+        let sent = self
+            .js
+            .publish_with_headers(subjects::dlq(&to), headers, stored.payload.clone())
+            .await;
+        let acked = match sent {
+            Ok(ack) => tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, ack).await,
+            Err(_) => return Handled::Retry,
+        };
+        if !matches!(acked, Ok(Ok(_))) {
+            return Handled::Retry;
+        }
+        self.counters.dead_lettered.bump();
+        tracing::warn!(%to, id = %env.meta.id, inbox_seq, reason, deliveries, "DM dead-lettered");
+        let Some(from) = env.meta.from else {
+            return Handled::Done;
+        };
+        let (subject, msg_id, notice) =
+            protocol::rejection::undeliverable_notice(&from, &to, &env.meta.id, inbox_seq, reason);
+        self.store_notice(subject, msg_id, &notice).await
     }
 
     /// Stores the notice that `from`'s DM `id` to `to` expired unread.
@@ -402,7 +483,21 @@ impl ExpiryPump {
     ) -> Handled {
         let (subject, msg_id, notice) =
             protocol::rejection::expired_notice(from, to, id, inbox_seq);
-        let Ok(payload) = protocol::encode(&notice, protocol::Codec::Json) else {
+        let handled = self.store_notice(subject, msg_id, &notice).await;
+        if matches!(handled, Handled::Done) {
+            tracing::info!(%from, %to, %id, inbox_seq, "expired DM: its sender was told");
+        }
+        handled
+    }
+
+    /// Stores a system notice in its recipient's inbox under `msg_id`.
+    async fn store_notice(
+        &self,
+        subject: String,
+        msg_id: String,
+        notice: &protocol::Envelope,
+    ) -> Handled {
+        let Ok(payload) = protocol::encode(notice, protocol::Codec::Json) else {
             return Handled::Malformed;
         };
         let mut headers = async_nats::HeaderMap::new();
@@ -418,7 +513,6 @@ impl ExpiryPump {
         match acked {
             Ok(Ok(_)) => {
                 self.counters.notices.bump();
-                tracing::info!(%from, %to, %id, inbox_seq, "expired DM: its sender was told");
                 Handled::Done
             }
             _ => Handled::Retry,
@@ -443,12 +537,21 @@ impl ExpiryPump {
     }
 }
 
-/// The fields of a termination advisory
-/// (`io.nats.jetstream.advisory.v1.terminated`) the actor reads.
+/// The `type` of a max-deliveries advisory.
+const MAX_DELIVER_ADVISORY: &str = "io.nats.jetstream.advisory.v1.max_deliver";
+/// How an inbox's rejection reason starts (`rejected: <the handler's reason>`).
+const REJECTED_PREFIX: &str = "rejected";
+
+/// The fields of a termination (`io.nats.jetstream.advisory.v1.terminated`) or max-deliveries
+/// advisory the actor reads.
 #[derive(serde::Deserialize)]
-struct Terminated {
+struct Advisory {
+    #[serde(rename = "type")]
+    kind: String,
     stream: String,
     stream_seq: u64,
+    #[serde(default)]
+    deliveries: u64,
     #[serde(default)]
     reason: String,
 }

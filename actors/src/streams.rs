@@ -87,12 +87,13 @@ pub struct StreamReport {
 /// - schedules (`hub.sched.>`): the DMs' deadline checks, as nats-server message schedules
 ///   (`allow_msg_schedules`; nats-server 2.12+) and what they fire; work-queue retention, max
 ///   age of the inbox.
-/// - advisories (the broker's termination advisories of inbox deliveries): work-queue
-///   retention, max age of the ingress.
+/// - advisories (the broker's termination and max-deliveries advisories of inbox deliveries):
+///   work-queue retention, max age of the ingress.
+/// - dead letters (`dlq.>`): limits retention, max age of the inbox.
 ///
 /// Every stream gets the configured duplicate window; inbox and tasks allow per-message TTL.
 /// An unlimited max age (`-1`) is JetStream's 0.
-pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 7] {
+pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
     let dup = cfg.duplicate_window();
     let ingress = Config {
         name: cfg.ingress.name.clone(),
@@ -168,14 +169,29 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 7] {
     };
     let advisories = Config {
         name: subjects::ADVISORIES_STREAM.to_string(),
-        subjects: vec![subjects::terminated_advisories(&cfg.inbox.name)],
+        subjects: vec![
+            subjects::terminated_advisories(&cfg.inbox.name),
+            subjects::max_deliveries_advisories(&cfg.inbox.name),
+        ],
         retention: RetentionPolicy::WorkQueue,
         max_age: cfg.ingress.max_age().unwrap_or_default(),
         storage: StorageType::File,
         duplicate_window: dup,
         ..Default::default()
     };
-    [ingress, inbox, tasks, work, answers, schedules, advisories]
+    let dlq = Config {
+        name: subjects::DLQ_STREAM.to_string(),
+        subjects: vec![subjects::DLQ_FILTER.to_string()],
+        retention: RetentionPolicy::Limits,
+        max_age: cfg.inbox.max_age().unwrap_or_default(),
+        storage: StorageType::File,
+        duplicate_window: dup,
+        allow_direct: true,
+        ..Default::default()
+    };
+    [
+        ingress, inbox, tasks, work, answers, schedules, advisories, dlq,
+    ]
 }
 
 /// Creates each stream of [`stream_configs`] or updates it to the configured limits.
@@ -191,7 +207,7 @@ pub async fn ensure_streams(
     js: &Context,
     cfg: &DeliveryConfig,
 ) -> Result<Vec<StreamReport>, StreamError> {
-    let mut out = Vec::with_capacity(7);
+    let mut out = Vec::with_capacity(8);
     for config in stream_configs(cfg) {
         out.push(ensure_stream(js, config).await?);
     }
@@ -347,7 +363,8 @@ mod tests {
                 "HUB_WORK",
                 "HUB_ANSWERS",
                 "HUB_SCHEDULES",
-                "HUB_ADVISORIES"
+                "HUB_ADVISORIES",
+                "HUB_DLQ"
             ]
         );
 

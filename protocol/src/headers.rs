@@ -2,6 +2,14 @@
 
 /// JetStream publish dedupe id.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// A dead letter's original subject (`channel.inbox.<to>`).
+pub const DLQ_ORIGINAL_SUBJECT: &str = "Hub-Original-Subject";
+/// A dead letter's sequence in the inbox stream.
+pub const DLQ_ORIGINAL_SEQ: &str = "Hub-Original-Seq";
+/// Why a DM was dead-lettered: `max_deliver`, or `rejected: <the handler's reason>`.
+pub const DLQ_REASON: &str = "Hub-Reason";
+/// How many times the DM was delivered before it was dead-lettered.
+pub const DLQ_DELIVERIES: &str = "Hub-Deliveries";
 /// Per-message TTL of a stored message, in seconds (nats-server 2.11+, on streams that allow
 /// it): the broker removes the message when it runs out.
 pub const NATS_TTL: &str = "Nats-TTL";

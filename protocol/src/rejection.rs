@@ -91,11 +91,15 @@ pub fn rejection(
 /// The `body.kind` of the notice that a DM expired before its recipient read it.
 pub const EXPIRED_KIND: &str = "expired";
 
+/// The `body.kind` of the notice that a DM was dead-lettered.
+pub const UNDELIVERABLE_KIND: &str = "undeliverable";
+
 /// A notice about a DM the hub could not deliver, as a client reads it back
-/// ([`parse_notice`]): `{"kind": "expired", "message_id", "to", "inbox_seq"}`.
+/// ([`parse_notice`]): `{"kind": "expired" | "undeliverable", "message_id", "to", "inbox_seq",
+/// "reason"?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Notice {
-    /// Why: [`EXPIRED_KIND`].
+    /// Why: [`EXPIRED_KIND`] or [`UNDELIVERABLE_KIND`].
     pub kind: String,
     /// The `meta.id` of the DM.
     pub message_id: MessageId,
@@ -103,6 +107,9 @@ pub struct Notice {
     pub to: AgentId,
     /// Its sequence in the inbox stream.
     pub inbox_seq: u64,
+    /// Why it was dead-lettered (`max_deliver`, or the handler's `rejected: <reason>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Builds the notice telling `sender` that its DM `message_id` to `to` (stored at `inbox_seq`)
@@ -135,9 +142,41 @@ pub fn expired_notice(
     )
 }
 
+/// Builds the notice telling `sender` that its DM `message_id` to `to` (stored at `inbox_seq`)
+/// was dead-lettered for `reason`: as [`expired_notice`], kind [`UNDELIVERABLE_KIND`], stored
+/// under `hub-system:undeliverable:<inbox_seq>`, `meta.id` `hub-undeliverable-<inbox_seq>`.
+pub fn undeliverable_notice(
+    sender: &AgentId,
+    to: &AgentId,
+    message_id: &MessageId,
+    inbox_seq: u64,
+    reason: &str,
+) -> (String, String, Envelope) {
+    let id = MessageId::new(format!("hub-undeliverable-{inbox_seq}"))
+        .expect("`hub-undeliverable-<u64>` is a valid id");
+    let body = json!({
+        "kind": UNDELIVERABLE_KIND,
+        "message_id": message_id,
+        "to": to,
+        "inbox_seq": inbox_seq,
+        "reason": reason,
+    });
+    let mut env = Envelope::new(id, body);
+    env.meta.to = Some(sender.clone());
+    env.meta
+        .extra
+        .insert(SYSTEM_FIELD.into(), Value::Bool(true));
+    (
+        subjects::inbox(sender),
+        format!("{SYSTEM_MSG_ID_PREFIX}undeliverable:{inbox_seq}"),
+        env,
+    )
+}
+
 /// Reads a notice back; `None` when `env` is not a system envelope whose body is one.
 pub fn parse_notice(env: &Envelope) -> Option<Notice> {
-    if !is_system(env) || env.body.get("kind") != Some(&json!(EXPIRED_KIND)) {
+    let kind = env.body.get("kind")?;
+    if !is_system(env) || (kind != &json!(EXPIRED_KIND) && kind != &json!(UNDELIVERABLE_KIND)) {
         return None;
     }
     serde_json::from_value(env.body.clone()).ok()

@@ -1,6 +1,7 @@
 //! What an inbox handler makes of a DM (issue 10 §2 and §5) against a real nats-server: done
 //! (acked), retry after a delay (nak'd, handed over again flagged `redelivered` and, behind
-//! later DMs, `out_of_order`), or reject (terminated at once, never handed over again).
+//! later DMs, `out_of_order`), or reject (terminated at once, never handed over again); a DM
+//! rejected, or whose deliveries ran out, is dead-lettered and its sender told.
 
 mod support;
 
@@ -10,6 +11,37 @@ use std::time::Duration;
 use actors::inbox::{Delivery, Handled};
 use protocol::attach::DurableInboxMode;
 use runtime::ActorSystem;
+
+/// A hub whose inbox consumers deliver a DM at most 3 times, with no backoff.
+async fn hub_with_max_deliver(server: &harness::NatsServer) -> ActorSystem {
+    let delivery = protocol::config::DeliveryConfig {
+        inbox_max_deliver: 3,
+        ..support::delivery()
+    };
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    hub
+}
+
+/// The dead letters stored for `to`: (reason, deliveries, original seq, envelope).
+async fn dead_letters(
+    js: &async_nats::jetstream::Context,
+    to: &str,
+) -> Vec<(String, u64, u64, protocol::Envelope)> {
+    support::stored_on(js, "HUB_DLQ", &format!("dlq.{to}"))
+        .await
+        .into_iter()
+        .map(|m| {
+            let header = |name: &str| m.headers.get(name).unwrap().as_str().to_owned();
+            (
+                header(protocol::headers::DLQ_REASON),
+                header(protocol::headers::DLQ_DELIVERIES).parse().unwrap(),
+                header(protocol::headers::DLQ_ORIGINAL_SEQ).parse().unwrap(),
+                protocol::decode(&m.payload, protocol::Codec::Json).unwrap(),
+            )
+        })
+        .collect()
+}
 
 /// One handoff as the handler saw it: (id, stream seq, redelivered, out_of_order).
 type Handoff = (String, u64, bool, bool);
@@ -108,7 +140,8 @@ async fn a_retried_dm_comes_back_after_later_ones_flagged_redelivered_and_out_of
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_dm_is_terminated_at_once_and_never_handed_over_again() {
     let server = harness::run_server().await.unwrap();
-    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let hub = hub_with_max_deliver(&server).await;
+    let alices = support::attach_collect(&hub, &support::agent("alice")).await;
     let seen = attach(&hub, |d| match d.envelope.meta.id.as_str() {
         "m-bad" => Handled::Reject("cannot parse this\nat all".into()),
         _ => Handled::Done,
@@ -130,5 +163,67 @@ async fn a_rejected_dm_is_terminated_at_once_and_never_handed_over_again() {
     assert_eq!(ids, ["m-bad", "m-good"]);
     let snapshot = hub.inbox_snapshot(&support::agent("bob")).await.unwrap();
     assert_eq!(snapshot.counters.rejected, 1, "{snapshot:?}");
+    // Dead-lettered with the handler's reason (one line), and alice is told.
+    support::wait_for(&alices, 1).await;
+    let notice = protocol::rejection::parse_notice(&alices.lock().unwrap()[0].envelope).unwrap();
+    assert_eq!(
+        (notice.kind.as_str(), notice.message_id.as_str()),
+        ("undeliverable", "m-bad")
+    );
+    assert_eq!(
+        notice.reason.as_deref(),
+        Some("rejected: cannot parse this at all")
+    );
+    let dlq = dead_letters(&js, "bob").await;
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    let (reason, deliveries, _, env) = &dlq[0];
+    assert_eq!(
+        (reason.as_str(), *deliveries),
+        ("rejected: cannot parse this at all", 1)
+    );
+    assert_eq!(env.meta.id.as_str(), "m-bad");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_whose_deliveries_run_out_is_dead_lettered_and_its_sender_told() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub_with_max_deliver(&server).await;
+    let alices = support::attach_collect(&hub, &support::agent("alice")).await;
+    // Bob's handler never gets past m-stuck.
+    let seen = attach(&hub, |d| match d.envelope.meta.id.as_str() {
+        "m-stuck" => Handled::Retry(Duration::from_millis(50)),
+        _ => Handled::Done,
+    })
+    .await;
+    let client = hub.client().clone();
+    support::send_dm(&client, "alice", "bob", "m-stuck").await;
+    support::send_dm(&client, "alice", "bob", "m-after").await;
+    support::wait_for(&alices, 1).await;
+    let notice = protocol::rejection::parse_notice(&alices.lock().unwrap()[0].envelope).unwrap();
+    assert_eq!(
+        (
+            notice.kind.as_str(),
+            notice.message_id.as_str(),
+            notice.reason.as_deref()
+        ),
+        ("undeliverable", "m-stuck", Some("max_deliver"))
+    );
+    let js = support::js(&server).await;
+    let dlq = dead_letters(&js, "bob").await;
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    let (reason, deliveries, seq, env) = &dlq[0];
+    assert_eq!((reason.as_str(), *deliveries), ("max_deliver", 3));
+    assert_eq!(*seq, notice.inbox_seq);
+    assert_eq!(env.meta.id.as_str(), "m-stuck");
+    // It was handed over exactly 3 times, and the next DM went on being delivered.
+    wait_handoffs(&seen, 4).await;
+    let stuck = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.0 == "m-stuck")
+        .count();
+    assert_eq!(stuck, 3);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -31,7 +31,8 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
             "HUB_WORK",
             "HUB_ANSWERS",
             "HUB_SCHEDULES",
-            "HUB_ADVISORIES"
+            "HUB_ADVISORIES",
+            "HUB_DLQ"
         ]
     );
     let sup = snapshot

@@ -67,6 +67,11 @@ pub struct DeliveryConfig {
     /// How long a DM is kept past its `meta.expires_at` (its `Nats-TTL` is the time left plus
     /// this): long enough for the inbox that terminates it as expired to have its sender told.
     pub expiry_grace_secs: u64,
+    /// Deliveries of one DM to its inbox before it is dead-lettered; `-1` unlimited.
+    pub inbox_max_deliver: i64,
+    /// The waits before each redelivery of a DM whose ack did not come (the inbox consumer's
+    /// backoff; the last one repeats); empty: the ack wait.
+    pub inbox_backoff_secs: Vec<u64>,
 }
 
 /// The ingress stream.
@@ -150,6 +155,8 @@ impl Default for DeliveryConfig {
             inbox_max_ack_pending: 256,
             inbox_inactive_secs: WEEK_SECS,
             expiry_grace_secs: 60,
+            inbox_max_deliver: 6,
+            inbox_backoff_secs: vec![5, 15, 60, 300, 900],
         }
     }
 }
@@ -192,6 +199,14 @@ impl DeliveryConfig {
     /// The `Nats-Msg-Id` dedupe window.
     pub fn duplicate_window(&self) -> Duration {
         Duration::from_secs(self.duplicate_window_secs)
+    }
+
+    /// The inbox consumer's backoff ([`inbox_backoff_secs`](Self::inbox_backoff_secs)).
+    pub fn inbox_backoff(&self) -> Vec<Duration> {
+        self.inbox_backoff_secs
+            .iter()
+            .map(|s| Duration::from_secs(*s))
+            .collect()
     }
 
     /// The consumer ack wait.

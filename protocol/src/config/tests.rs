@@ -50,6 +50,8 @@ fn default_matches_the_design() {
         inbox_max_ack_pending: 256,
         inbox_inactive_secs: 604_800,
         expiry_grace_secs: 60,
+        inbox_max_deliver: 6,
+        inbox_backoff_secs: vec![5, 15, 60, 300, 900],
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -87,6 +89,8 @@ fn full_fixture_sets_every_key() {
         inbox_max_ack_pending: 64,
         inbox_inactive_secs: 86_400,
         expiry_grace_secs: 30,
+        inbox_max_deliver: 4,
+        inbox_backoff_secs: vec![1, 2],
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.

@@ -66,6 +66,29 @@ impl DeliveryConfig {
             }
         }
 
+        if self.inbox_max_deliver == 0 || self.inbox_max_deliver < -1 {
+            return Err(invalid(
+                "inbox_max_deliver",
+                format!(
+                    "must be -1 (unlimited) or at least 1, got {}",
+                    self.inbox_max_deliver
+                ),
+            ));
+        }
+        for secs in &self.inbox_backoff_secs {
+            check_finite_duration("inbox_backoff_secs", *secs)?;
+        }
+        let backoffs = i64::try_from(self.inbox_backoff_secs.len()).unwrap_or(i64::MAX);
+        if self.inbox_max_deliver != -1 && backoffs >= self.inbox_max_deliver {
+            return Err(invalid(
+                "inbox_backoff_secs",
+                format!(
+                    "holds {backoffs} waits: it must be shorter than `inbox_max_deliver` ({})",
+                    self.inbox_max_deliver
+                ),
+            ));
+        }
+
         if !REPLICAS.contains(&self.inbox.replicas) {
             return Err(invalid(
                 "inbox.replicas",

@@ -153,6 +153,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             // DM deadlines: their checks scheduled and taken, the inbox's termination
             // advisories taken, an expired DM read back by sequence for its notice.
             publish.push("hub.sched.>".to_owned());
+            // Dead letters: the copies of DMs their inbox could not take.
+            publish.push(subjects::DLQ_FILTER.to_owned());
             for (stream, consumer) in [
                 (subjects::SCHEDULES_STREAM, subjects::EXPIRY_CONSUMER),
                 (subjects::ADVISORIES_STREAM, subjects::ADVISORIES_CONSUMER),

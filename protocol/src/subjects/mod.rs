@@ -96,6 +96,23 @@ pub const ADVISORIES_STREAM: &str = "HUB_ADVISORIES";
 /// The durable name of the routers' shared consumer of [`ADVISORIES_STREAM`].
 pub const ADVISORIES_CONSUMER: &str = "advisories";
 
+/// The dead-letter stream: a copy of each DM its inbox could not take (its deliveries ran out,
+/// or its handler rejected it), on `dlq.<recipient>`.
+pub const DLQ_STREAM: &str = "HUB_DLQ";
+/// The subjects of [`DLQ_STREAM`].
+pub const DLQ_FILTER: &str = "dlq.>";
+
+/// The dead-letter subject of `to`'s DMs: `dlq.<to>`.
+pub fn dlq(to: &AgentId) -> String {
+    format!("dlq.{to}")
+}
+
+/// The advisories of DMs of `inbox_stream` whose deliveries ran out:
+/// `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<inbox stream>.*`.
+pub fn max_deliveries_advisories(inbox_stream: &str) -> String {
+    format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{inbox_stream}.*")
+}
+
 /// The schedule subject of the expiry check of the DM stored at `inbox_seq`:
 /// `hub.sched.expiry.<inbox seq>` (one schedule per subject, so one per DM).
 pub fn expiry_schedule(inbox_seq: u64) -> String {

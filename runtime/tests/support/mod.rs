@@ -27,10 +27,13 @@ pub const GRACE: Duration = Duration::from_secs(10);
 /// Every delivery a handler saw, in order.
 pub type Seen = Arc<Mutex<Vec<Delivery>>>;
 
-/// The delivery config of the tests: a 1 s ack wait, so redeliveries come back fast.
+/// The delivery config of the tests: a 1 s ack wait and no backoff, so redeliveries come back
+/// fast; no limit on an inbox's deliveries (the dead-letter tests set their own).
 pub fn delivery() -> DeliveryConfig {
     DeliveryConfig {
         ack_wait_secs: 1,
+        inbox_max_deliver: -1,
+        inbox_backoff_secs: Vec::new(),
         ..DeliveryConfig::default()
     }
 }

@@ -80,6 +80,9 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Task(args) => task(args).await,
         Command::Answer(args) => answer(args).await,
         Command::RenderConfig(args) => render_config(&args),
+        Command::Dlq(args) => cli::dlq::dlq(args, |line| println!("{line}"))
+            .await
+            .map_err(Into::into),
         Command::Delegate(args) => cli::tasks::delegate(args, |line| println!("{line}"))
             .await
             .map_err(|e| match e {

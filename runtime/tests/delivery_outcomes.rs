@@ -227,3 +227,77 @@ async fn a_dm_whose_deliveries_run_out_is_dead_lettered_and_its_sender_told() {
     assert_eq!(stuck, 3);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_dlq_lists_replays_and_discards_dead_letters() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let hub = hub_with_max_deliver(&server).await;
+    // Bob rejects m-once the first time it comes, and m-never always.
+    let rejected_once = Arc::new(Mutex::new(false));
+    let flag = rejected_once.clone();
+    let seen = attach(&hub, move |d| match d.envelope.meta.id.as_str() {
+        "m-once" if !std::mem::replace(&mut *flag.lock().unwrap(), true) => {
+            Handled::Reject("not today".into())
+        }
+        "m-never" => Handled::Reject("never".into()),
+        _ => Handled::Done,
+    })
+    .await;
+    let client = hub.client().clone();
+    support::send_dm(&client, "alice", "bob", "m-once").await;
+    support::send_dm(&client, "alice", "bob", "m-never").await;
+    let js = support::js(&server).await;
+    harness::wait_until_async("two dead letters", support::DEADLINE, || async {
+        dead_letters(&js, "bob").await.len() == 2
+    })
+    .await
+    .unwrap();
+    // `runtime dlq --nats-url <url> <args…>`.
+    let cli = |args: Vec<String>| {
+        let url = url.clone();
+        async move {
+            let mut all = vec!["dlq".to_owned(), "--nats-url".to_owned(), url];
+            all.extend(args);
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            support::oneshot::run_cli(&all).await
+        }
+    };
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let listed = |out: &std::process::Output| -> Vec<serde_json::Value> {
+        support::oneshot::stdout(out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let out = cli(args(&["list", "--agent", "bob", "--json"])).await;
+    support::oneshot::assert_exit(&out, 0, "dlq list");
+    let letters = listed(&out);
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert_eq!(letters[0]["message_id"], "m-once");
+    assert_eq!(letters[0]["reason"], "rejected: not today");
+    assert_eq!(letters[0]["from"], "alice");
+    assert_eq!(letters[1]["message_id"], "m-never");
+    let (once, never) = (
+        letters[0]["id"].as_u64().unwrap().to_string(),
+        letters[1]["id"].as_u64().unwrap().to_string(),
+    );
+    // Replayed: bob gets m-once again (same meta.id), and takes it this time.
+    let out = cli(args(&["replay", &once])).await;
+    support::oneshot::assert_exit(&out, 0, "dlq replay");
+    wait_handoffs(&seen, 3).await;
+    let ids: Vec<String> = seen.lock().unwrap().iter().map(|h| h.0.clone()).collect();
+    assert_eq!(ids, ["m-once", "m-never", "m-once"]);
+    // Discarded: gone; and what is not there is a usage error.
+    let out = cli(args(&["discard", &never])).await;
+    support::oneshot::assert_exit(&out, 0, "dlq discard");
+    let out = cli(args(&["list", "--json"])).await;
+    assert!(
+        listed(&out).is_empty(),
+        "{}",
+        support::oneshot::stdout(&out)
+    );
+    let out = cli(args(&["discard", &never])).await;
+    support::oneshot::assert_exit(&out, 64, "discard of a dead letter that is not there");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -189,8 +189,9 @@ impl InboxPump {
                             AckKind::Nak(Some(delay))
                         }
                         Handled::Reject(reason) => {
+                            // Not remembered as seen: a replay of its dead letter (the same
+                            // `meta.id`) is handed over again.
                             self.counters.rejected.bump();
-                            seen.first_time(key.0.as_ref(), &key.1);
                             if let Err(e) = self.term_with(&msg, &reject_reason(&reason)).await {
                                 tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
                             }

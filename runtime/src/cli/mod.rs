@@ -5,6 +5,7 @@
 //! Usage errors exit with [`EXIT_USAGE`] (64) and one line saying what is wrong; see
 //! [`parse_args`].
 
+pub mod dlq;
 pub mod messaging;
 pub mod render;
 pub mod tasks;
@@ -82,6 +83,8 @@ pub enum Command {
     /// Write a nats-server configuration that binds every connection to its identity, with
     /// least-privilege grants per role, and each identity's credentials (docs/SECURITY.md).
     RenderConfig(RenderConfigArgs),
+    /// List, replay or discard the dead letters (DMs their inbox could not take).
+    Dlq(dlq::DlqArgs),
 }
 
 /// `runtime render-config`.

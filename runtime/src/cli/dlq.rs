@@ -1,0 +1,217 @@
+//! `runtime dlq list|replay|discard`: the dead letters in `HUB_DLQ` (docs/PROTOCOL.md, "Dead
+//! letters"). An operator's command: it reads and deletes with direct gets and message
+//! deletes on the dead-letter stream, which only admins are granted.
+
+use async_nats::jetstream::{self, stream::DirectGetErrorKind};
+use clap::{Args, Subcommand};
+use protocol::headers::{
+    CONTENT_TYPE, DLQ_DELIVERIES, DLQ_ORIGINAL_SEQ, DLQ_ORIGINAL_SUBJECT, DLQ_REASON,
+};
+use protocol::subjects;
+use runtime::SystemError;
+use serde::Serialize;
+
+use super::{HubArgs, NatsArgs};
+
+/// `runtime dlq`.
+#[derive(Debug, Args)]
+pub struct DlqArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: DlqAction,
+    /// Where the hub keeps its streams.
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// `runtime dlq list|replay|discard`.
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// List the dead letters, oldest first.
+    List {
+        /// Only those addressed to this agent.
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deliver a dead letter again: it is stored in its recipient's inbox once more (under a
+    /// fresh dedupe id, with its `meta.id` unchanged) and leaves the dead-letter stream.
+    Replay {
+        /// The dead letter's id (its sequence in the dead-letter stream, as `list` prints it).
+        id: u64,
+    },
+    /// Delete a dead letter for good.
+    Discard {
+        /// The dead letter's id.
+        id: u64,
+    },
+}
+
+/// One dead letter, as `list` prints it.
+#[derive(Debug, Serialize)]
+pub struct DeadLetter {
+    /// Its id: the sequence in the dead-letter stream.
+    pub id: u64,
+    /// Its recipient's inbox subject.
+    pub subject: String,
+    /// Its sender (the router's stamp).
+    pub from: Option<String>,
+    /// Its `meta.id`.
+    pub message_id: Option<String>,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// How many times it was delivered.
+    pub deliveries: u64,
+    /// Its sequence in the inbox stream.
+    pub original_seq: u64,
+}
+
+/// Runs `runtime dlq`, printing what it did on stdout.
+///
+/// # Errors
+/// [`SystemError::InvalidSetting`] for an invalid agent id or an unknown dead letter;
+/// connection and request errors.
+pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError> {
+    let _ = args.hub.delivery()?;
+    let client = args.nats.settings().connect("runtime-dlq").await?;
+    let js = jetstream::new(client.clone());
+    let stream = js
+        .get_stream_no_info(subjects::DLQ_STREAM)
+        .await
+        .map_err(|e| failed(subjects::DLQ_STREAM, e))?;
+    match args.action {
+        DlqAction::List { agent, json } => {
+            let filter = match agent {
+                Some(id) => subjects::dlq(
+                    &protocol::AgentId::new(id).map_err(|e| super::invalid("--agent", &e))?,
+                ),
+                None => subjects::DLQ_FILTER.to_owned(),
+            };
+            let mut next = 1;
+            loop {
+                let msg = match stream
+                    .direct_get_next_for_subject(&filter, Some(next))
+                    .await
+                {
+                    Ok(msg) => msg,
+                    Err(e) if e.kind() == DirectGetErrorKind::NotFound => break,
+                    Err(e) => return Err(failed(&filter, e)),
+                };
+                next = msg.sequence + 1;
+                let letter = dead_letter(&msg);
+                if json {
+                    print(&serde_json::to_string(&letter).unwrap_or_default());
+                } else {
+                    print(&format!(
+                        "{} {} -> {} {} ({}, {} deliveries)",
+                        letter.id,
+                        letter.from.as_deref().unwrap_or("?"),
+                        letter.subject,
+                        letter.message_id.as_deref().unwrap_or("?"),
+                        letter.reason,
+                        letter.deliveries
+                    ));
+                }
+            }
+        }
+        DlqAction::Replay { id } => {
+            let msg = get(&stream, id).await?;
+            let letter = dead_letter(&msg);
+            let subject = letter.subject.clone();
+            if subjects::parse_inbox(&subject).is_err() {
+                return Err(SystemError::InvalidSetting(format!(
+                    "dead letter {id} names no inbox ({subject:?})"
+                )));
+            }
+            // A fresh dedupe id: the original's may still be in the inbox's duplicate window.
+            let msg_id = format!(
+                "{}{}:{}:replay:{id}",
+                subjects::ROUTER_MSG_ID_PREFIX,
+                letter.from.as_deref().unwrap_or("unknown"),
+                letter.message_id.as_deref().unwrap_or("unknown"),
+            );
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
+            if let Some(ct) = msg.headers.get(CONTENT_TYPE) {
+                headers.insert(CONTENT_TYPE, ct.as_str());
+            }
+            let ack = js
+                .publish_with_headers(subject.clone(), headers, msg.payload.clone())
+                .await
+                .map_err(|e| failed(&subject, e))?
+                .await
+                .map_err(|e| failed(&subject, e))?;
+            delete(&stream, id).await?;
+            print(
+                &serde_json::json!({"replayed": id, "subject": subject, "inbox_seq": ack.sequence})
+                    .to_string(),
+            );
+        }
+        DlqAction::Discard { id } => {
+            get(&stream, id).await?;
+            delete(&stream, id).await?;
+            print(&serde_json::json!({ "discarded": id }).to_string());
+        }
+    }
+    Ok(())
+}
+
+fn failed(subject: &str, e: impl std::error::Error + Send + Sync + 'static) -> SystemError {
+    SystemError::Request {
+        subject: subject.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+/// Dead letter `id`, or [`SystemError::InvalidSetting`] when there is none.
+async fn get(
+    stream: &jetstream::stream::Stream<()>,
+    id: u64,
+) -> Result<jetstream::message::StreamMessage, SystemError> {
+    match stream.direct_get(id).await {
+        Ok(msg) if msg.subject.starts_with("dlq.") => Ok(msg),
+        Ok(_) => Err(SystemError::InvalidSetting(format!("no dead letter {id}"))),
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => {
+            Err(SystemError::InvalidSetting(format!("no dead letter {id}")))
+        }
+        Err(e) => Err(failed(subjects::DLQ_STREAM, e)),
+    }
+}
+
+async fn delete(stream: &jetstream::stream::Stream<()>, id: u64) -> Result<(), SystemError> {
+    stream
+        .delete_message(id)
+        .await
+        .map(|_| ())
+        .map_err(|e| failed(subjects::DLQ_STREAM, e))
+}
+
+fn dead_letter(msg: &jetstream::message::StreamMessage) -> DeadLetter {
+    let header = |name: &str| {
+        msg.headers
+            .get(name)
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default()
+    };
+    let env = protocol::decode_with_content_type(
+        &msg.payload,
+        msg.headers.get(CONTENT_TYPE).map(|v| v.as_str()),
+    )
+    .ok();
+    DeadLetter {
+        id: msg.sequence,
+        subject: header(DLQ_ORIGINAL_SUBJECT),
+        from: env
+            .as_ref()
+            .and_then(|e| e.meta.from.as_ref().map(|f| f.to_string())),
+        message_id: env.as_ref().map(|e| e.meta.id.to_string()),
+        reason: header(DLQ_REASON),
+        deliveries: header(DLQ_DELIVERIES).parse().unwrap_or(0),
+        original_seq: header(DLQ_ORIGINAL_SEQ).parse().unwrap_or(0),
+    }
+}

@@ -127,6 +127,7 @@ impl Actor for Expiry {
         let (stop, stop_rx) = watch::channel(false);
         let js = jetstream::new(self.client.clone());
         let pump = ExpiryPump {
+            name: self.name.clone(),
             js: js.clone(),
             delivery: self.delivery.clone(),
             counters: counters.clone(),
@@ -234,6 +235,8 @@ async fn pull_of(
 /// What the pumps need.
 #[derive(Clone)]
 struct ExpiryPump {
+    /// The actor's name (the fault-injection key).
+    name: String,
     js: jetstream::Context,
     delivery: Arc<DeliveryConfig>,
     counters: Arc<ExpiryCounters>,
@@ -427,6 +430,10 @@ impl ExpiryPump {
     /// original subject, sequence, reason and delivery count), then tells its sender. The copy
     /// is stored under `hub-dlq:<inbox seq>`, so a retry after a crash stores it once.
     async fn dead_letter(&self, inbox_seq: u64, reason: &str, deliveries: u64) -> Handled {
+        // Crash tests: dies (as with kill -9) with the advisory taken and nothing stored.
+        if fault::check(&self.name, FaultPoint::DeadLetter).is_err() {
+            return Handled::Retry;
+        }
         let (stored, to, env) = match self.read_dm(inbox_seq).await {
             Ok(dm) => dm,
             Err(handled) => return handled,

@@ -35,6 +35,9 @@ pub enum FaultPoint {
     /// In an attempt, right after the stream confirmed its result and before its input is
     /// acked: the result is stored, its ack is not (as when a broker crash loses the ack).
     ResultConfirmed,
+    /// In the expiry actor, once it took the advisory of a DM to dead-letter and before it
+    /// copies the DM: the advisory is taken, nothing is stored yet.
+    DeadLetter,
 }
 
 impl fmt::Display for FaultPoint {
@@ -43,6 +46,7 @@ impl fmt::Display for FaultPoint {
             FaultPoint::PreStart => "pre_start",
             FaultPoint::Handle => "handle",
             FaultPoint::ResultConfirmed => "result_confirmed",
+            FaultPoint::DeadLetter => "dead_letter",
         })
     }
 }
@@ -183,7 +187,8 @@ pub struct FaultSpecError {
 }
 
 /// Parses a fault spec: entries separated by `;`, each `<actor name>@<point>=<fault>` with an
-/// optional `*<times>` (default 1); points `pre_start`, `handle`, `result_confirmed`; faults
+/// optional `*<times>` (default 1); points `pre_start`, `handle`, `result_confirmed`,
+/// `dead_letter`; faults
 /// `panic`, `error`, `exit`. For example `sys1/worker-w1.attempt.alice.t1@result_confirmed=exit`.
 ///
 /// # Errors

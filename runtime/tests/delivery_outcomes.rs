@@ -301,3 +301,68 @@ async fn runtime_dlq_lists_replays_and_discards_dead_letters() {
     support::oneshot::assert_exit(&out, 64, "discard of a dead letter that is not there");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_killed_between_the_advisory_and_the_dead_letter_copy_loses_nothing() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = support::processes::Scene::new(0);
+    let router_args = |scene: &support::processes::Scene| {
+        vec![
+            "start".to_owned(),
+            "--role".into(),
+            "router".into(),
+            "--durable".into(),
+            "--nats-url".into(),
+            url.clone(),
+            "--delivery-config".into(),
+            scene.config(),
+        ]
+    };
+    // Router 1 dies (as with kill -9) once it took the advisory, before the copy.
+    let mut first = harness::RuntimeProcess::spawn(
+        router_args(&scene),
+        &[
+            ("RUST_LOG", "warn"),
+            ("RUNTIME_FAULTS", "sys1/expiry@dead_letter=exit"),
+        ],
+    )
+    .unwrap();
+    // Bob and alice in their own process, which runs no router.
+    let agents = support::system(url.clone(), true, DurableInboxMode::On).await;
+    support::wait_router_answers(agents.client()).await;
+    let alices = support::attach_collect(&agents, &support::agent("alice")).await;
+    let seen = attach(&agents, |_| Handled::Reject("no".into())).await;
+    support::send_dm(agents.client(), "alice", "bob", "m-bad").await;
+    wait_handoffs(&seen, 1).await;
+    first
+        .wait_exit(support::DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("router 1 did not die: {e}\n{}", first.log()));
+    let js = support::js(&server).await;
+    assert!(
+        dead_letters(&js, "bob").await.is_empty(),
+        "nothing copied yet"
+    );
+    // Router 2 takes the advisory again (its ack never came) and copies the dead letter.
+    let second =
+        harness::RuntimeProcess::spawn(router_args(&scene), &[("RUST_LOG", "warn")]).unwrap();
+    support::wait_for(&alices, 1).await;
+    harness::wait_until_async("the advisory settled", support::DEADLINE, || async {
+        support::stream_messages(&js, "HUB_ADVISORIES").await == 0
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", second.log()));
+    let dlq = dead_letters(&js, "bob").await;
+    assert_eq!(dlq.len(), 1, "{dlq:?}");
+    assert_eq!(dlq[0].3.meta.id.as_str(), "m-bad");
+    let notices: Vec<_> = alices
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|d| protocol::rejection::parse_notice(&d.envelope))
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].kind, "undeliverable");
+    agents.shutdown(Duration::from_secs(10)).await.unwrap();
+}

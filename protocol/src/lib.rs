@@ -53,6 +53,7 @@ pub mod expiry;
 pub mod headers;
 pub mod ids;
 pub mod ordering;
+pub mod receipt;
 pub mod rejection;
 pub mod routing;
 pub mod security;

@@ -366,3 +366,57 @@ async fn a_router_killed_between_the_advisory_and_the_dead_letter_copy_loses_not
     assert_eq!(notices[0].kind, "undeliverable");
     agents.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_that_requires_ack_gets_a_read_receipt_once_its_handler_is_done() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let seen = attach(&hub, |_| Handled::Done).await;
+    for (id, requires_ack) in [("m-plain", false), ("m-ack", true)] {
+        let mut meta = protocol::Meta::new(protocol::MessageId::new(id).unwrap());
+        meta.to = Some(bob.clone());
+        if requires_ack {
+            meta.extra.insert(
+                protocol::receipt::REQUIRES_ACK_FIELD.into(),
+                serde_json::Value::Bool(true),
+            );
+        }
+        let env = protocol::Envelope {
+            meta,
+            body: serde_json::json!(id),
+            extra: Default::default(),
+        };
+        hub.send_envelope(&alice, &protocol::Channel::Inbox, &env)
+            .await
+            .unwrap();
+    }
+    wait_handoffs(&seen, 2).await;
+    // Alice gets one receipt, from bob, for the DM that asked.
+    support::wait_for(&alices, 1).await;
+    let receipt = alices.lock().unwrap()[0].envelope.clone();
+    assert_eq!(
+        receipt.meta.from.as_ref().unwrap(),
+        &bob,
+        "stamped by the router"
+    );
+    assert_eq!(
+        receipt.body,
+        serde_json::json!({"receipt": {"kind": "read", "message_id": "m-ack"}})
+    );
+    let js = support::js(&server).await;
+    harness::wait_until_async("alice's inbox settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-alice").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        alices.lock().unwrap().len(),
+        1,
+        "no receipt for the plain DM"
+    );
+    let snapshot = hub.inbox_snapshot(&bob).await.unwrap();
+    assert_eq!(snapshot.counters.receipts, 1, "{snapshot:?}");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

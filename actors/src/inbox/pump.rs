@@ -40,6 +40,10 @@ crate::counters! {
         rejected,
         /// DMs handed over flagged `out_of_order`.
         out_of_order,
+        /// Read receipts sent (the sender set `meta.requires_ack`).
+        receipts,
+        /// Read receipts that could not be sent.
+        receipts_failed,
         /// Pulls re-issued after a missed heartbeat or a pull error.
         repulls,
     }
@@ -178,11 +182,19 @@ impl InboxPump {
                         delivery.envelope.meta.from.clone(),
                         delivery.envelope.meta.id.clone(),
                     );
+                    let receipt = protocol::receipt::read_receipt(&delivery.envelope);
                     last_handed = last_handed.max(stream_seq);
                     match self.deliver(delivery, msg.headers.as_ref()).await? {
                         Handled::Done => {
                             seen.first_time(key.0.as_ref(), &key.1);
-                            AckKind::Ack
+                            if let Err(e) = msg.ack().await {
+                                tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
+                            }
+                            // The second level: the sender asked to know it was read.
+                            if let Some(receipt) = receipt {
+                                self.send_receipt(&js, &receipt).await;
+                            }
+                            continue;
                         }
                         Handled::Retry(delay) => {
                             self.counters.retried.bump();
@@ -250,6 +262,33 @@ impl InboxPump {
                     );
                 }
                 seen.first_time(key.0.as_ref(), &key.1);
+            }
+        }
+    }
+
+    /// Sends a read receipt through this identity's ingress (`hub.pub.<me>.inbox`, dedupe id
+    /// `<me>:<receipt id>`), and waits for the ingress to store it. A receipt that could not
+    /// be sent is logged and counted (`receipts_failed`): the DM was handled and acked.
+    async fn send_receipt(&self, js: &jetstream::Context, receipt: &protocol::Envelope) {
+        let subject = subjects::ingress(&self.id, &protocol::Channel::Inbox);
+        let sent = async {
+            let payload = protocol::encode(receipt, protocol::Codec::Json)?;
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(
+                protocol::headers::NATS_MSG_ID,
+                format!("{}:{}", self.id, receipt.meta.id).as_str(),
+            );
+            let ack = js
+                .publish_with_headers(subject.clone(), headers, payload.into())
+                .await?;
+            tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, ack).await??;
+            Ok::<(), async_nats::Error>(())
+        };
+        match sent.await {
+            Ok(()) => self.counters.receipts.bump(),
+            Err(e) => {
+                self.counters.receipts_failed.bump();
+                tracing::warn!(error = %e, id = %receipt.meta.id, "read receipt not sent");
             }
         }
     }

@@ -16,9 +16,14 @@
 //!   captured in `HUB_ADVISORIES`, and this actor's `advisories` pump reads the DM (still
 //!   stored, within its grace) and tells its sender.
 //!
-//! Both take their messages from durable consumers shared by every router, and ack each only
-//! once the notice is stored: a router that dies in between has it redelivered, and the
-//! notice's `Nats-Msg-Id` (`hub-system:expired:<inbox seq>`) stores it once.
+//! The same advisories pump takes care of **dead letters**: a DM whose deliveries ran out (the
+//! broker's max-deliveries advisory) or that its handler rejected (terminated with
+//! `rejected: <reason>`) is copied to `HUB_DLQ` (`dlq.<recipient>`, under `hub-dlq:<inbox seq>`)
+//! and its sender gets a notice of kind `undeliverable`.
+//!
+//! Both pumps take their messages from durable consumers shared by every router, and ack each
+//! only once what it leads to is stored: a router that dies in between has it redelivered, and
+//! the `Nats-Msg-Id`s (`hub-system:<kind>:<inbox seq>`, `hub-dlq:<inbox seq>`) store each once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,35 +263,14 @@ impl ExpiryPump {
         mut messages: jetstream::consumer::pull::Stream,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), ExpiryError> {
-        loop {
-            let msg = tokio::select! {
-                biased;
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                next = messages.next() => next,
-            };
-            let msg = match msg {
-                Some(Ok(msg)) => msg,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "expiry check pull error; pulling again");
-                    continue;
-                }
-                None => {
-                    return Err(ExpiryError::Ended {
-                        consumer: subjects::EXPIRY_CONSUMER.into(),
-                    })
-                }
-            };
+        while let Some(msg) = next(&mut messages, &mut stop, subjects::EXPIRY_CONSUMER).await? {
             let handled = match serde_json::from_slice::<ExpiryCheck>(&msg.payload) {
                 Ok(check) => self.check(check).await,
                 Err(_) => Handled::Malformed,
             };
             self.settle(&msg, handled).await;
         }
+        Ok(())
     }
 
     /// The deadline of `check` has come: tells its sender unless the inbox fetched the DM.
@@ -329,29 +313,7 @@ impl ExpiryPump {
         mut messages: jetstream::consumer::pull::Stream,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), ExpiryError> {
-        loop {
-            let msg = tokio::select! {
-                biased;
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                next = messages.next() => next,
-            };
-            let msg = match msg {
-                Some(Ok(msg)) => msg,
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "advisory pull error; pulling again");
-                    continue;
-                }
-                None => {
-                    return Err(ExpiryError::Ended {
-                        consumer: subjects::ADVISORIES_CONSUMER.into(),
-                    })
-                }
-            };
+        while let Some(msg) = next(&mut messages, &mut stop, subjects::ADVISORIES_CONSUMER).await? {
             self.counters.advisories.bump();
             let handled = match serde_json::from_slice::<Advisory>(&msg.payload) {
                 Ok(a) if a.stream != self.delivery.inbox.name => Handled::Done,
@@ -370,6 +332,7 @@ impl ExpiryPump {
             };
             self.settle(&msg, handled).await;
         }
+        Ok(())
     }
 
     /// The DM stored at `inbox_seq`, with its recipient and envelope: `Err` is what to do with
@@ -540,6 +503,39 @@ impl ExpiryPump {
         };
         if let Err(e) = msg.ack_with(kind).await {
             tracing::warn!(error = %e, "expiry: ack failed; redelivered later");
+        }
+    }
+}
+
+/// The next message of a pump's consumer `consumer`; `None` once `stop` turns true. A pull
+/// error is logged and pulled past (the message stream re-issues its pulls).
+///
+/// # Errors
+/// [`ExpiryError::Ended`] when the message stream ends.
+async fn next(
+    messages: &mut jetstream::consumer::pull::Stream,
+    stop: &mut watch::Receiver<bool>,
+    consumer: &str,
+) -> Result<Option<jetstream::Message>, ExpiryError> {
+    loop {
+        tokio::select! {
+            biased;
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return Ok(None);
+                }
+            }
+            next = messages.next() => match next {
+                Some(Ok(msg)) => return Ok(Some(msg)),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, consumer, "pull error; pulling again");
+                }
+                None => {
+                    return Err(ExpiryError::Ended {
+                        consumer: consumer.to_owned(),
+                    })
+                }
+            },
         }
     }
 }

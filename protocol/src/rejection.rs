@@ -122,24 +122,7 @@ pub fn expired_notice(
     message_id: &MessageId,
     inbox_seq: u64,
 ) -> (String, String, Envelope) {
-    let id = MessageId::new(format!("hub-expired-{inbox_seq}"))
-        .expect("`hub-expired-<u64>` is a valid id");
-    let body = json!({
-        "kind": EXPIRED_KIND,
-        "message_id": message_id,
-        "to": to,
-        "inbox_seq": inbox_seq,
-    });
-    let mut env = Envelope::new(id, body);
-    env.meta.to = Some(sender.clone());
-    env.meta
-        .extra
-        .insert(SYSTEM_FIELD.into(), Value::Bool(true));
-    (
-        subjects::inbox(sender),
-        format!("{SYSTEM_MSG_ID_PREFIX}expired:{inbox_seq}"),
-        env,
-    )
+    notice(sender, EXPIRED_KIND, to, message_id, inbox_seq, None)
 }
 
 /// Builds the notice telling `sender` that its DM `message_id` to `to` (stored at `inbox_seq`)
@@ -152,15 +135,36 @@ pub fn undeliverable_notice(
     inbox_seq: u64,
     reason: &str,
 ) -> (String, String, Envelope) {
-    let id = MessageId::new(format!("hub-undeliverable-{inbox_seq}"))
-        .expect("`hub-undeliverable-<u64>` is a valid id");
-    let body = json!({
-        "kind": UNDELIVERABLE_KIND,
+    notice(
+        sender,
+        UNDELIVERABLE_KIND,
+        to,
+        message_id,
+        inbox_seq,
+        Some(reason),
+    )
+}
+
+/// A [`Notice`] of `kind` for `sender`, as `(subject, msg_id, envelope)`.
+fn notice(
+    sender: &AgentId,
+    kind: &str,
+    to: &AgentId,
+    message_id: &MessageId,
+    inbox_seq: u64,
+    reason: Option<&str>,
+) -> (String, String, Envelope) {
+    let id = MessageId::new(format!("hub-{kind}-{inbox_seq}"))
+        .expect("`hub-<kind>-<u64>` is a valid id");
+    let mut body = json!({
+        "kind": kind,
         "message_id": message_id,
         "to": to,
         "inbox_seq": inbox_seq,
-        "reason": reason,
     });
+    if let Some(reason) = reason {
+        body["reason"] = json!(reason);
+    }
     let mut env = Envelope::new(id, body);
     env.meta.to = Some(sender.clone());
     env.meta
@@ -168,7 +172,7 @@ pub fn undeliverable_notice(
         .insert(SYSTEM_FIELD.into(), Value::Bool(true));
     (
         subjects::inbox(sender),
-        format!("{SYSTEM_MSG_ID_PREFIX}undeliverable:{inbox_seq}"),
+        format!("{SYSTEM_MSG_ID_PREFIX}{kind}:{inbox_seq}"),
         env,
     )
 }

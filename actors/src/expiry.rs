@@ -42,6 +42,13 @@ use crate::fault::{self, FaultPoint};
 
 /// The delay before a check or advisory that could not be handled is tried again.
 pub const RETRY_DELAY: Duration = Duration::from_secs(2);
+/// How many times a check or advisory is delivered before it is given up (logged), so that
+/// none can loop for ever.
+pub const MAX_DELIVER: i64 = 20;
+/// How far another process's clock may be ahead of this one's when it says a DM expired.
+pub const CLOCK_SKEW_MS: u64 = 5_000;
+/// The longest dead-letter reason kept (one line).
+pub const MAX_REASON_BYTES: usize = 200;
 
 /// Expiry actor configuration.
 #[derive(Clone)]
@@ -81,6 +88,9 @@ crate::counters! {
         malformed,
         /// Checks or advisories tried again later (a broker request failed).
         retries,
+        /// Advisories ignored: about a DM of another inbox than the terminating consumer's, or
+        /// a termination as expired of a DM whose deadline has not come.
+        foreign,
     }
 }
 
@@ -222,6 +232,7 @@ async fn pull_of(
                 filter_subject: filter.to_owned(),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait,
+                max_deliver: MAX_DELIVER,
                 ..Default::default()
             },
             stream,
@@ -318,13 +329,12 @@ impl ExpiryPump {
             let handled = match serde_json::from_slice::<Advisory>(&msg.payload) {
                 Ok(a) if a.stream != self.delivery.inbox.name => Handled::Done,
                 Ok(a) if a.kind == MAX_DELIVER_ADVISORY => {
-                    self.dead_letter(a.stream_seq, "max_deliver", a.deliveries)
-                        .await
+                    self.dead_letter(&a, "max_deliver").await
                 }
-                Ok(a) if a.reason == TERM_REASON => self.expired_in_inbox(a.stream_seq).await,
+                Ok(a) if a.reason == TERM_REASON => self.expired_in_inbox(&a).await,
                 Ok(a) if a.reason.starts_with(REJECTED_PREFIX) => {
-                    self.dead_letter(a.stream_seq, &a.reason, a.deliveries)
-                        .await
+                    let reason = protocol::headers::one_line(&a.reason, MAX_REASON_BYTES);
+                    self.dead_letter(&a, &reason).await
                 }
                 // Other terminations (a malformed DM, ...) are counted by the inbox.
                 Ok(_) => Handled::Done,
@@ -335,11 +345,14 @@ impl ExpiryPump {
         Ok(())
     }
 
-    /// The DM stored at `inbox_seq`, with its recipient and envelope: `Err` is what to do with
-    /// the advisory when it cannot be read (gone: nothing; a failed request: retry).
+    /// The DM the advisory `a` is about, with its recipient and envelope: `Err` is what to do
+    /// with the advisory when it cannot be read (gone: nothing; a failed request: retry), or is
+    /// not the recipient's own consumer's (a client chooses the sequence in the ack subject it
+    /// terminates with, and nats-server does not check it: a termination by one identity's
+    /// consumer of another's DM is ignored).
     async fn read_dm(
         &self,
-        inbox_seq: u64,
+        a: &Advisory,
     ) -> Result<
         (
             jetstream::message::StreamMessage,
@@ -348,6 +361,7 @@ impl ExpiryPump {
         ),
         Handled,
     > {
+        let inbox_seq = a.stream_seq;
         let stream = self
             .js
             .get_stream_no_info(&self.delivery.inbox.name)
@@ -372,15 +386,28 @@ impl ExpiryPump {
         let (Ok(env), Ok(to)) = (env, subjects::parse_inbox(&stored.subject)) else {
             return Err(Handled::Malformed);
         };
+        if a.consumer != subjects::inbox_consumer(&to) {
+            self.counters.foreign.bump();
+            tracing::warn!(consumer = %a.consumer, %to, inbox_seq, "an advisory about a DM of another inbox than its consumer's is ignored");
+            return Err(Handled::Done);
+        }
         Ok((stored, to, env))
     }
 
-    /// An inbox terminated the DM at `inbox_seq` as expired: tells its sender.
-    async fn expired_in_inbox(&self, inbox_seq: u64) -> Handled {
-        let (_, to, env) = match self.read_dm(inbox_seq).await {
+    /// An inbox terminated the DM of advisory `a` as expired: tells its sender, when the DM's
+    /// deadline has come indeed (within [`CLOCK_SKEW_MS`]).
+    async fn expired_in_inbox(&self, a: &Advisory) -> Handled {
+        let inbox_seq = a.stream_seq;
+        let (_, to, env) = match self.read_dm(a).await {
             Ok(dm) => dm,
             Err(handled) => return handled,
         };
+        let now = protocol::expiry::now_ms().saturating_add(CLOCK_SKEW_MS);
+        if !env.meta.expires_at().is_some_and(|at| at <= now) {
+            self.counters.foreign.bump();
+            tracing::warn!(%to, inbox_seq, "a termination as expired of a DM whose deadline has not come is ignored");
+            return Handled::Done;
+        }
         let Some(from) = env.meta.from else {
             // A system notice has no sender to tell.
             return Handled::Done;
@@ -392,12 +419,13 @@ impl ExpiryPump {
     /// handler rejected it): copies it to the dead-letter stream (`dlq.<recipient>`, with its
     /// original subject, sequence, reason and delivery count), then tells its sender. The copy
     /// is stored under `hub-dlq:<inbox seq>`, so a retry after a crash stores it once.
-    async fn dead_letter(&self, inbox_seq: u64, reason: &str, deliveries: u64) -> Handled {
+    async fn dead_letter(&self, a: &Advisory, reason: &str) -> Handled {
+        let (inbox_seq, deliveries) = (a.stream_seq, a.deliveries);
         // Crash tests: dies (as with kill -9) with the advisory taken and nothing stored.
         if fault::check(&self.name, FaultPoint::DeadLetter).is_err() {
             return Handled::Retry;
         }
-        let (stored, to, env) = match self.read_dm(inbox_seq).await {
+        let (stored, to, env) = match self.read_dm(a).await {
             Ok(dm) => dm,
             Err(handled) => return handled,
         };
@@ -552,6 +580,8 @@ struct Advisory {
     #[serde(rename = "type")]
     kind: String,
     stream: String,
+    #[serde(default)]
+    consumer: String,
     stream_seq: u64,
     #[serde(default)]
     deliveries: u64,

@@ -2,6 +2,25 @@
 
 /// JetStream publish dedupe id.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// `text` as one header-safe line: control characters (newlines among them) replaced by
+/// spaces, trimmed, cut to at most `max` bytes (on a character boundary).
+pub fn one_line(text: &str, max: usize) -> String {
+    let mut line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned();
+    if line.len() > max {
+        let mut end = max;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+    }
+    line
+}
+
 /// A dead letter's original subject (`channel.inbox.<to>`).
 pub const DLQ_ORIGINAL_SUBJECT: &str = "Hub-Original-Subject";
 /// A dead letter's sequence in the inbox stream.

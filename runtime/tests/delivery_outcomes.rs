@@ -420,3 +420,100 @@ async fn a_dm_that_requires_ack_gets_a_read_receipt_once_its_handler_is_done() {
     assert_eq!(snapshot.counters.receipts, 1, "{snapshot:?}");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_handler_keeps_its_dm_with_heartbeats_and_it_is_not_redelivered() {
+    let server = harness::run_server().await.unwrap();
+    // A 1 s ack wait, and a backoff of 1 s: without heartbeats, a 3 s handler would see its DM
+    // come back and, after 3 deliveries, dead-lettered.
+    let delivery = protocol::config::DeliveryConfig {
+        inbox_max_deliver: 3,
+        inbox_backoff_secs: vec![1, 1],
+        ..support::delivery()
+    };
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    let seen: Arc<Mutex<Vec<Handoff>>> = Arc::default();
+    let sink = seen.clone();
+    hub.attach_inbox(&support::agent("bob"), move |d| {
+        sink.lock().unwrap().push((
+            d.envelope.meta.id.to_string(),
+            d.stream_seq.unwrap_or(0),
+            d.redelivered,
+            d.out_of_order,
+        ));
+        async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            Handled::Done
+        }
+    })
+    .await
+    .unwrap();
+    support::send_dm(hub.client(), "alice", "bob", "m-slow").await;
+    let js = support::js(&server).await;
+    wait_handoffs(&seen, 1).await;
+    harness::wait_until_async("the slow DM settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    let handoffs = seen.lock().unwrap().clone();
+    assert_eq!(handoffs.len(), 1, "{handoffs:?}");
+    assert!(!handoffs[0].2, "not a redelivery");
+    assert!(dead_letters(&js, "bob").await.is_empty());
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_termination_forged_on_another_inbox_s_dm_dead_letters_nothing() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub_with_max_deliver(&server).await;
+    let alices = support::attach_collect(&hub, &support::agent("alice")).await;
+    // Bob's DM, stored and read.
+    let seen = attach(&hub, |_| Handled::Done).await;
+    support::send_dm(hub.client(), "alice", "bob", "m-bobs").await;
+    wait_handoffs(&seen, 1).await;
+    let bobs_seq = seen.lock().unwrap()[0].1;
+    // Mallory, with a consumer of her own, terminates "her" delivery of bob's DM: the sequence
+    // in an ack subject is the client's to choose, and nats-server does not check it.
+    let reply = hub
+        .client()
+        .request(
+            protocol::subjects::attach_request(&support::agent("mallory")),
+            "{}".into(),
+        )
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&reply.payload).contains("inbox-mallory"));
+    let js = support::js(&server).await;
+    for reason in ["rejected: x", "expired"] {
+        hub.client()
+            .publish(
+                format!("$JS.ACK.HUB_INBOX.inbox-mallory.1.{bobs_seq}.1.0.0"),
+                format!("+TERM {reason}").into(),
+            )
+            .await
+            .unwrap();
+    }
+    hub.client().flush().await.unwrap();
+    // Both advisories captured and taken by the router's `advisories` consumer.
+    harness::wait_until_async("the advisories taken", support::DEADLINE, || async {
+        let stream = js.get_stream("HUB_ADVISORIES").await.unwrap();
+        let info = stream.consumer_info("advisories").await.unwrap();
+        info.delivered.stream_sequence >= 2 && info.num_pending == 0 && info.num_ack_pending == 0
+    })
+    .await
+    .unwrap();
+    // Nothing of bob's DM was dead-lettered, and alice was told nothing.
+    assert!(dead_letters(&js, "bob").await.is_empty());
+    harness::wait_until_async("alice's inbox settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-alice").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert!(
+        alices.lock().unwrap().is_empty(),
+        "alice was told something"
+    );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

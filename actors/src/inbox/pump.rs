@@ -132,6 +132,17 @@ impl InboxPump {
             .get_consumer_from_stream(&consumer, &stream)
             .await
             .map_err(|e| pull(e.into()))?;
+        // The consumer's real ack wait: its first backoff when it has one (nats-server then
+        // redelivers after it), else its ack wait; a DM being handled is heartbeated at a
+        // third of it, so a slow handler never has it redelivered.
+        let config = &pull_consumer.cached_info().config;
+        let ack_wait = config
+            .backoff
+            .first()
+            .copied()
+            .unwrap_or(config.ack_wait)
+            .min(config.ack_wait.max(Duration::from_millis(1)));
+        let beat = (ack_wait / 3).max(Duration::from_millis(100));
         let mut messages = pull_consumer
             .stream()
             .max_messages_per_batch(self.batch.max(1))
@@ -184,7 +195,21 @@ impl InboxPump {
                     );
                     let receipt = protocol::receipt::read_receipt(&delivery.envelope);
                     last_handed = last_handed.max(stream_seq);
-                    match self.deliver(delivery, msg.headers.as_ref()).await? {
+                    let handled = {
+                        let work = self.deliver(delivery, msg.headers.as_ref());
+                        tokio::pin!(work);
+                        let mut tick = tokio::time::interval(beat);
+                        tick.tick().await;
+                        loop {
+                            tokio::select! {
+                                done = &mut work => break done?,
+                                _ = tick.tick() => {
+                                    let _ = msg.ack_with(AckKind::Progress).await;
+                                }
+                            }
+                        }
+                    };
+                    match handled {
                         Handled::Done => {
                             seen.first_time(key.0.as_ref(), &key.1);
                             if let Err(e) = msg.ack().await {
@@ -323,6 +348,13 @@ impl InboxPump {
             self.counters.malformed.bump();
             return Verdict::Malformed;
         };
+        // Only what a handler was done with is a duplicate: a DM it asked to see again is
+        // handed over again. Checked first: a DM handled before its deadline whose ack was
+        // lost is acked as a duplicate, not terminated as expired.
+        if seen.contains(envelope.meta.from.as_ref(), &envelope.meta.id) {
+            self.counters.duplicates.bump();
+            return Verdict::Duplicate;
+        }
         // Checked against this process's clock right before the handoff: a DM that expired
         // while it waited (stored, fetched, or queued behind a slow handler) is never handed
         // over.
@@ -333,12 +365,6 @@ impl InboxPump {
             self.counters.expired.bump();
             tracing::info!(id = %envelope.meta.id, expires_at = envelope.meta.expires_at(), now, "expired DM terminated, not handed over");
             return Verdict::Expired;
-        }
-        // Only what a handler was done with is a duplicate: a DM it asked to see again is
-        // handed over again.
-        if seen.contains(envelope.meta.from.as_ref(), &envelope.meta.id) {
-            self.counters.duplicates.bump();
-            return Verdict::Duplicate;
         }
         let flags = protocol::ordering::handoff_flags(stream_seq, delivered, last_handed);
         if flags.out_of_order {
@@ -374,20 +400,8 @@ impl InboxPump {
     }
 }
 
-/// A handler's rejection reason as one `+TERM` line: `rejected: <reason>`, control characters
-/// replaced, at most 200 bytes.
+/// A handler's rejection reason as one `+TERM` line: `rejected: <reason>`, as one line of at
+/// most 200 bytes.
 fn reject_reason(reason: &str) -> String {
-    let clean: String = reason
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let mut line = format!("rejected: {clean}");
-    if line.len() > 200 {
-        let mut end = 200;
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        line.truncate(end);
-    }
-    line
+    protocol::headers::one_line(&format!("rejected: {reason}"), 200)
 }

@@ -522,6 +522,19 @@ impl DurablePump {
             };
             match acked {
                 Ok(Ok(_)) => counters.expiry_checks_scheduled.bump(),
+                // Lost on the way (no ack, a dropped connection, the stream not there yet):
+                // tried again with the ingress message.
+                Ok(Err(e))
+                    if matches!(
+                        e.kind(),
+                        jetstream::context::PublishErrorKind::TimedOut
+                            | jetstream::context::PublishErrorKind::BrokenPipe
+                            | jetstream::context::PublishErrorKind::StreamNotFound
+                            | jetstream::context::PublishErrorKind::MaxAckPending
+                    ) =>
+                {
+                    return Done::Failed(format!("expiry check not stored: {e}"));
+                }
                 // Refused: retrying cannot help; the DM is stored and is delivered as usual.
                 Ok(Err(e)) => {
                     counters.expiry_checks_failed.bump();

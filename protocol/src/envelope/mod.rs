@@ -1,8 +1,8 @@
 //! The envelope every agent message travels in, and its two codecs.
 //!
 //! An envelope is `{"meta": {...}, "body": ...}`. The hub reads `meta.id`,
-//! `meta.from`, `meta.to` and `meta.expires_at` (validated, kept in `meta.extra`:
-//! [`Meta::expires_at`]); every other field, in `meta` or at the top level, is kept in an
+//! `meta.from`, `meta.to` and `meta.expires_at` (kept in `meta.extra`: [`Meta::expires_at`];
+//! the router validates it on DMs and broadcasts); every other field, in `meta` or at the top level, is kept in an
 //! `extra` map and written back untouched, so a router republishes what it does not
 //! understand.
 //!
@@ -105,10 +105,18 @@ impl Meta {
         }
     }
 
-    /// When the message stops being worth delivering, in unix milliseconds (`meta.expires_at`;
-    /// [`decode`] checked it is an unsigned integer).
+    /// When the message stops being worth delivering, in unix milliseconds (`meta.expires_at`,
+    /// when it is an unsigned integer; the router refuses a DM or broadcast whose
+    /// `meta.expires_at` is anything else: [`Meta::has_invalid_expires_at`]).
     pub fn expires_at(&self) -> Option<u64> {
         self.extra.get(EXPIRES_AT_FIELD).and_then(Value::as_u64)
+    }
+
+    /// Whether `meta.expires_at` is present (and not `null`) but not an unsigned integer.
+    pub fn has_invalid_expires_at(&self) -> bool {
+        self.extra
+            .get(EXPIRES_AT_FIELD)
+            .is_some_and(|v| !v.is_null() && v.as_u64().is_none())
     }
 
     /// Sets (or clears) `meta.expires_at`.
@@ -131,18 +139,7 @@ impl TryFrom<Value> for Envelope {
         let id = id_field(id, "meta.id", MessageId::new)?;
         let from = optional(meta.remove("from"), "meta.from")?;
         let to = optional(meta.remove("to"), "meta.to")?;
-        match meta.get(EXPIRES_AT_FIELD) {
-            None | Some(Value::Null) => {
-                meta.remove(EXPIRES_AT_FIELD);
-            }
-            Some(at) if at.as_u64().is_some() => {}
-            Some(_) => {
-                return Err(EnvelopeError::WrongType {
-                    field: "meta.expires_at",
-                    expected: "an unsigned integer (unix milliseconds)",
-                })
-            }
-        }
+
         let body = top
             .remove("body")
             .ok_or(EnvelopeError::MissingField { field: "body" })?;

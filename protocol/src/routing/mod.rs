@@ -257,7 +257,17 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         error,
     };
     // A DM or broadcast past its deadline is never delivered (tasks carry their own
-    // `expires_at`, which the worker checks).
+    // `expires_at`, which the worker checks; other envelopes' `meta.expires_at` is theirs).
+    let timed = matches!(
+        &target,
+        Target::Channel(Channel::Inbox | Channel::Broadcast(_))
+    );
+    if timed && env.meta.has_invalid_expires_at() {
+        return refuse(WireError::new(
+            WireErrorKind::Malformed,
+            "envelope field `meta.expires_at` must be an unsigned integer (unix milliseconds)",
+        ));
+    }
     let ttl_secs = match (&target, expiry(env.meta.expires_at(), view.now_ms)) {
         (Target::Channel(Channel::Inbox | Channel::Broadcast(_)), Expiry::Expired) => {
             return refuse(WireError::new(WireErrorKind::Expired, EXPIRED_DETAIL))

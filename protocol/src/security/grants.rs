@@ -185,6 +185,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 "hub.ctl.>".to_owned(),
                 subjects::hub_info_request(&identity.name),
                 subjects::task_read_request(&identity.name),
+                // `runtime dlq replay`: a dead letter stored in its recipient's inbox again.
+                format!("{}*", "channel.inbox."),
             ],
             subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             allow_responses: false,

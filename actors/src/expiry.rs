@@ -403,7 +403,7 @@ impl ExpiryPump {
             Err(handled) => return handled,
         };
         let now = protocol::expiry::now_ms().saturating_add(CLOCK_SKEW_MS);
-        if !env.meta.expires_at().is_some_and(|at| at <= now) {
+        if env.meta.expires_at().is_none_or(|at| at > now) {
             self.counters.foreign.bump();
             tracing::warn!(%to, inbox_seq, "a termination as expired of a DM whose deadline has not come is ignored");
             return Handled::Done;

@@ -198,8 +198,10 @@ impl InboxPump {
                     let handled = {
                         let work = self.deliver(delivery, msg.headers.as_ref());
                         tokio::pin!(work);
-                        let mut tick = tokio::time::interval(beat);
-                        tick.tick().await;
+                        // The first beat only once the handler has taken that long (no
+                        // timer is awaited before the handler runs).
+                        let start = tokio::time::Instant::now() + beat;
+                        let mut tick = tokio::time::interval_at(start, beat);
                         loop {
                             tokio::select! {
                                 done = &mut work => break done?,

@@ -8,19 +8,14 @@ mod support;
 
 use protocol::attach::DurableInboxMode;
 use protocol::subjects::{self, Channel};
-use protocol::{AgentId, Envelope, MessageId, Meta, WireErrorKind};
+use protocol::{AgentId, Envelope, WireErrorKind};
 use runtime::ActorSystem;
 
-/// A DM from the caller to `to` with id `id`, expiring at `expires_at` (unix ms) if any.
+/// A DM to `to` with id `id`, expiring at `expires_at` (unix ms) if any.
 fn dm(to: &AgentId, id: &str, expires_at: Option<u64>) -> Envelope {
-    let mut meta = Meta::new(MessageId::new(id).unwrap());
-    meta.to = Some(to.clone());
-    meta.set_expires_at(expires_at);
-    Envelope {
-        meta,
-        body: serde_json::json!(id),
-        extra: Default::default(),
-    }
+    let mut env = support::dm(to, id);
+    env.meta.set_expires_at(expires_at);
+    env
 }
 
 /// The `message_id`s of the `expired` notices `seen` (in order).

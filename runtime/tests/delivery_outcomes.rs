@@ -90,13 +90,7 @@ async fn a_retried_dm_comes_back_after_later_ones_flagged_redelivered_and_out_of
     })
     .await;
     for id in ["m1", "m2", "m3"] {
-        let mut meta = protocol::Meta::new(protocol::MessageId::new(id).unwrap());
-        meta.to = Some(support::agent("bob"));
-        let env = protocol::Envelope {
-            meta,
-            body: serde_json::json!(id),
-            extra: Default::default(),
-        };
+        let env = support::dm(&support::agent("bob"), id);
         hub.send_envelope(&alice, &protocol::Channel::Inbox, &env)
             .await
             .unwrap();
@@ -375,19 +369,13 @@ async fn a_dm_that_requires_ack_gets_a_read_receipt_once_its_handler_is_done() {
     let alices = support::attach_collect(&hub, &alice).await;
     let seen = attach(&hub, |_| Handled::Done).await;
     for (id, requires_ack) in [("m-plain", false), ("m-ack", true)] {
-        let mut meta = protocol::Meta::new(protocol::MessageId::new(id).unwrap());
-        meta.to = Some(bob.clone());
+        let mut env = support::dm(&bob, id);
         if requires_ack {
-            meta.extra.insert(
+            env.meta.extra.insert(
                 protocol::receipt::REQUIRES_ACK_FIELD.into(),
                 serde_json::Value::Bool(true),
             );
         }
-        let env = protocol::Envelope {
-            meta,
-            body: serde_json::json!(id),
-            extra: Default::default(),
-        };
         hub.send_envelope(&alice, &protocol::Channel::Inbox, &env)
             .await
             .unwrap();

@@ -143,6 +143,8 @@ impl InboxPump {
             .unwrap_or(config.ack_wait)
             .min(config.ack_wait.max(Duration::from_millis(1)));
         let beat = (ack_wait / 3).max(Duration::from_millis(100));
+        // One interval for the pump's life, reset at each handoff (no timer made per DM).
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
         let mut messages = pull_consumer
             .stream()
             .max_messages_per_batch(self.batch.max(1))
@@ -200,8 +202,7 @@ impl InboxPump {
                         tokio::pin!(work);
                         // The first beat only once the handler has taken that long (no
                         // timer is awaited before the handler runs).
-                        let start = tokio::time::Instant::now() + beat;
-                        let mut tick = tokio::time::interval_at(start, beat);
+                        tick.reset();
                         loop {
                             tokio::select! {
                                 done = &mut work => break done?,

@@ -238,6 +238,17 @@ pub async fn js_publish(
     (ack.sequence, ack.duplicate)
 }
 
+/// A DM to `to` with `meta.id` `id` and its id as its body (set more `meta` on it as needed).
+pub fn dm(to: &AgentId, id: &str) -> protocol::Envelope {
+    let mut meta = protocol::Meta::new(protocol::MessageId::new(id).unwrap());
+    meta.to = Some(to.clone());
+    protocol::Envelope {
+        meta,
+        body: serde_json::json!(id),
+        extra: Default::default(),
+    }
+}
+
 /// `from` sends a DM `{"meta": {"id", "to"}, "body": "hi"}` to `to` through its ingress
 /// (`hub.pub.<from>.inbox`) on `client`, and waits for the stream ack.
 pub async fn send_dm(client: &async_nats::Client, from: &str, to: &str, id: &str) {

@@ -84,6 +84,8 @@ crate::counters! {
         advisories,
         /// Expired DMs whose notice could not be built: the DM was already gone.
         notices_lost,
+        /// Notices the sender's own full inbox refused (dropped: retrying cannot help).
+        notices_dropped,
         /// Checks or advisories that do not decode (terminated).
         malformed,
         /// Checks or advisories tried again later (a broker request failed).
@@ -511,6 +513,11 @@ impl ExpiryPump {
         match acked {
             Ok(Ok(_)) => {
                 self.counters.notices.bump();
+                Handled::Done
+            }
+            Ok(Err(e)) if crate::streams::store_refusal(&e).is_some() => {
+                self.counters.notices_dropped.bump();
+                tracing::warn!(error = %e, "the sender's inbox refused its notice; dropped");
                 Handled::Done
             }
             _ => Handled::Retry,

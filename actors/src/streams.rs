@@ -81,7 +81,8 @@ pub struct StreamReport {
 ///
 /// - ingress (`hub.pub.>`): work-queue retention, so a routed (acked) envelope is removed; its
 ///   only consumer is the shared router consumer.
-/// - inbox (`channel.inbox.>`): limits retention with the configured limits.
+/// - inbox (`channel.inbox.>`): limits retention with the configured limits, discarding new
+///   messages (per subject too): a DM past a limit is refused, never an older one dropped.
 /// - tasks (`channel.task.>`): limits retention with the configured limits.
 /// - work (`work.>`) and answers (`answer.>`): work-queue retention, max age of the tasks.
 /// - schedules (`hub.sched.>`): the DMs' deadline checks, as nats-server message schedules
@@ -115,6 +116,10 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
         retention: RetentionPolicy::Limits,
         max_age: cfg.inbox.max_age().unwrap_or_default(),
         max_messages_per_subject: cfg.inbox.max_msgs_per_subject,
+        // A full inbox (or a full stream) refuses the new DM, which the router reports to its
+        // sender as `inbox_full`; nothing stored is dropped to make room.
+        discard: DiscardPolicy::New,
+        discard_new_per_subject: cfg.inbox.max_msgs_per_subject > 0,
         max_bytes: cfg.inbox.max_bytes,
         max_messages: cfg.inbox.max_msgs,
         max_message_size: i32::try_from(cfg.inbox.max_msg_size).unwrap_or(i32::MAX),
@@ -192,6 +197,15 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
     [
         ingress, inbox, tasks, work, answers, schedules, advisories, dlq,
     ]
+}
+
+/// The limit a publish-ack error names, if any: the broker refused the store because the
+/// subject or stream is full or the message too large ([`protocol::backpressure::store_refusal`]).
+pub fn store_refusal(
+    e: &async_nats::jetstream::context::PublishError,
+) -> Option<protocol::backpressure::StoreRefusal> {
+    let api = std::error::Error::source(e)?.downcast_ref::<async_nats::jetstream::Error>()?;
+    protocol::backpressure::store_refusal(api.error_code().0, &api.to_string())
 }
 
 /// Creates each stream of [`stream_configs`] or updates it to the configured limits.
@@ -383,6 +397,43 @@ mod tests {
         assert_eq!(info.config.max_messages_per_subject, 7);
         assert_eq!(info.config.duplicate_window, Duration::from_secs(60));
         assert_eq!(info.config.subjects, vec!["channel.inbox.>".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn an_inbox_stream_of_an_earlier_version_is_updated_to_refuse_new_dms_when_full() {
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        let cfg = DeliveryConfig::default();
+        // What earlier versions made: limits retention that drops the oldest.
+        let [_, mut old, ..] = stream_configs(&cfg);
+        old.discard = DiscardPolicy::Old;
+        old.discard_new_per_subject = false;
+        js.create_stream(old).await.unwrap();
+        ensure_streams(&js, &cfg).await.unwrap();
+        let info = js
+            .get_stream("HUB_INBOX")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(info.config.discard, DiscardPolicy::New);
+        assert!(info.config.discard_new_per_subject);
+        // Unlimited per subject: discard new still holds for the stream's own limits.
+        let mut unlimited = cfg.clone();
+        unlimited.inbox.max_msgs_per_subject = -1;
+        ensure_streams(&js, &unlimited).await.unwrap();
+        let info = js
+            .get_stream("HUB_INBOX")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(info.config.discard, DiscardPolicy::New);
+        assert!(!info.config.discard_new_per_subject);
     }
 
     #[tokio::test]

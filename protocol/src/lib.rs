@@ -17,6 +17,7 @@
 //!   ([`route`], [`RouteDecision`]), including the replay guard;
 //! - [`rejection`](mod@rejection): the system envelope telling a sender
 //!   why its envelope was refused;
+//! - [`backpressure`]: full inboxes, sender rate limits and when to try again;
 //! - [`dedupe`]: the bounded [`SeenSet`] inboxes drop redeliveries with;
 //! - [`attach`]: attaching to a durable inbox and the client fallback rules
 //!   ([`DurableInboxMode`], [`attach_fallback`]);
@@ -46,6 +47,7 @@
 //! ```
 
 pub mod attach;
+pub mod backpressure;
 pub mod config;
 pub mod dedupe;
 pub mod envelope;

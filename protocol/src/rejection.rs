@@ -50,6 +50,10 @@ pub struct Rejection {
     pub rejected_id: Option<MessageId>,
     /// The ingress sequence of the refused message.
     pub ingress_seq: u64,
+    /// For a limit (`inbox_full`, `rate_limited`): do not send again before this many
+    /// seconds (see [`backpressure`](crate::backpressure)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<u64>,
 }
 
 /// The `Nats-Msg-Id` of the rejection of ingress message `ingress_seq`:
@@ -72,14 +76,28 @@ pub fn rejection(
     error: &WireError,
     ingress_seq: u64,
 ) -> (String, String, Envelope) {
+    refusal(sender, rejected_id, error, ingress_seq, None)
+}
+
+/// [`rejection`] for a limit: the body also carries `retry_after_secs` when it is `Some`.
+pub fn refusal(
+    sender: &AgentId,
+    rejected_id: Option<&MessageId>,
+    error: &WireError,
+    ingress_seq: u64,
+    retry_after_secs: Option<u64>,
+) -> (String, String, Envelope) {
     let id = MessageId::new(format!("{REJECTION_ID_PREFIX}{ingress_seq}"))
         .expect("`hub-reject-<u64>` is printable ASCII and far below the id length limit");
-    let body = json!({
+    let mut body = json!({
         "kind": REJECTED_KIND,
         "error": error,
         "rejected_id": rejected_id,
         "ingress_seq": ingress_seq,
     });
+    if let Some(secs) = retry_after_secs {
+        body["retry_after_secs"] = json!(secs);
+    }
     let mut env = Envelope::new(id, body);
     env.meta.to = Some(sender.clone());
     env.meta
@@ -244,6 +262,21 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_for_a_limit_carries_its_retry_after() {
+        let id = MessageId::new("m1").unwrap();
+        let full = WireError::new(WireErrorKind::InboxFull, "the inbox of bob is full");
+        let (_, _, env) = refusal(&agent("alice"), Some(&id), &full, 7, Some(30));
+        assert_eq!(env.body["retry_after_secs"], json!(30));
+        assert_eq!(env.body["error"]["kind"], json!("inbox_full"));
+        let back = parse_rejection(&env).unwrap();
+        assert_eq!(back.retry_after_secs, Some(30));
+        assert_eq!(back.error.kind, WireErrorKind::InboxFull);
+        // Without a limit there is no such field.
+        let (_, _, env) = rejection(&agent("alice"), Some(&id), &error(), 7);
+        assert!(env.body.get("retry_after_secs").is_none());
+    }
+
+    #[test]
     fn an_expired_notice_has_the_documented_shape() {
         let id = MessageId::new("m1").unwrap();
         let (subject, msg_id, env) = expired_notice(&agent("alice"), &agent("bob"), &id, 9);
@@ -329,7 +362,7 @@ mod tests {
                 let back = decode(&encode(&env, codec).unwrap(), codec).unwrap();
                 prop_assert!(is_system(&back));
                 prop_assert_eq!(back.meta.to.as_ref(), Some(&sender));
-                let expected = Rejection { error: error.clone(), rejected_id: id.clone(), ingress_seq: seq };
+                let expected = Rejection { error: error.clone(), rejected_id: id.clone(), ingress_seq: seq, retry_after_secs: None };
                 prop_assert_eq!(parse_rejection(&back), Some(expected));
             }
         }

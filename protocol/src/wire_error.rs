@@ -38,6 +38,10 @@ pub enum WireErrorKind {
     Cancelled,
     /// The task's `expires_at` passed before a worker started it.
     Expired,
+    /// The recipient's inbox holds as many DMs as it may; try again after `retry_after_secs`.
+    InboxFull,
+    /// The sender is over its rate (`sender_rate_per_min`); try again after `retry_after_secs`.
+    RateLimited,
     /// A bug or an infrastructure failure on the hub side.
     Internal,
     /// A kind this version does not know (sent by a newer peer). Serialized
@@ -48,7 +52,7 @@ pub enum WireErrorKind {
 
 impl WireErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [WireErrorKind; 14] = [
+    pub const ALL: [WireErrorKind; 16] = [
         WireErrorKind::Malformed,
         WireErrorKind::MissingField,
         WireErrorKind::InvalidRecipient,
@@ -61,6 +65,8 @@ impl WireErrorKind {
         WireErrorKind::ResultTooLarge,
         WireErrorKind::Cancelled,
         WireErrorKind::Expired,
+        WireErrorKind::InboxFull,
+        WireErrorKind::RateLimited,
         WireErrorKind::Internal,
         WireErrorKind::Unknown,
     ];
@@ -80,6 +86,8 @@ impl WireErrorKind {
             WireErrorKind::ResultTooLarge => "result_too_large",
             WireErrorKind::Cancelled => "cancelled",
             WireErrorKind::Expired => "expired",
+            WireErrorKind::InboxFull => "inbox_full",
+            WireErrorKind::RateLimited => "rate_limited",
             WireErrorKind::Internal => "internal",
             WireErrorKind::Unknown => "unknown",
         }
@@ -155,6 +163,8 @@ mod tests {
             "result_too_large",
             "cancelled",
             "expired",
+            "inbox_full",
+            "rate_limited",
             "internal",
             "unknown",
         ];

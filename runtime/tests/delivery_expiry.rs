@@ -43,17 +43,6 @@ async fn send(hub: &ActorSystem, from: &AgentId, env: &Envelope) {
     hub.send_envelope(from, &Channel::Inbox, env).await.unwrap();
 }
 
-/// `id`'s attach request, answered: the router makes `inbox-<id>`, which nobody reads yet.
-async fn make_consumer(hub: &ActorSystem, id: &AgentId) {
-    let reply = hub
-        .client()
-        .request(subjects::attach_request(id), "{}".into())
-        .await
-        .unwrap();
-    let reply = String::from_utf8_lossy(&reply.payload).into_owned();
-    assert!(reply.contains(&format!("inbox-{id}")), "{reply}");
-}
-
 fn ids(seen: &support::Seen) -> Vec<String> {
     seen.lock()
         .unwrap()
@@ -69,7 +58,7 @@ async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live
     let (alice, bob) = (support::agent("alice"), support::agent("bob"));
     let alices = support::attach_collect(&hub, &alice).await;
     // Bob's consumer exists (his attach request), and nobody reads it: he is offline.
-    make_consumer(&hub, &bob).await;
+    support::make_consumer(&hub, &bob).await;
     let soon = protocol::expiry::now_ms() + 1_500;
     for (id, expires_at) in [
         ("m1", Some(soon)),
@@ -146,7 +135,7 @@ async fn an_inbox_never_hands_over_a_dm_past_its_deadline() {
     let js = support::js(&server).await;
     // Stored as the router stores, but without a TTL (say, by a router whose clock was behind):
     // only the inbox's own check stands between it and the handler.
-    make_consumer(&hub, &bob).await;
+    support::make_consumer(&hub, &bob).await;
     let past = protocol::expiry::now_ms() - 1;
     for env in [dm(&bob, "m-dead", Some(past)), dm(&bob, "m-live", None)] {
         let mut env = env;

@@ -31,6 +31,14 @@ crate::counters! {
         /// Deadline checks the broker refused to schedule (the DM is stored; its sender may
         /// not be told should it expire unread).
         expiry_checks_failed,
+        /// DMs the broker refused for a limit (a full inbox or stream, or over its size); their
+        /// senders were told (`inbox_full`, `too_large`).
+        refused_full,
+        /// DMs refused because their sender was over `sender_rate_per_min` (`rate_limited`).
+        rate_limited,
+        /// Refusal notices that could not be stored because the sender's own inbox was full
+        /// (the refused envelope is terminated; nothing is retried for ever).
+        notices_dropped,
     }
 }
 

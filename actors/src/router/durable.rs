@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use super::counters::RouterCounters;
 use super::outbound::{header_pairs, routed_headers, view};
+use super::refusal::Refusable;
 use super::RouterError;
 use crate::background::Owned;
 use crate::epoch::{broker_mark, Baseline, BrokerMark};
@@ -54,7 +55,7 @@ pub struct DurablePump {
 }
 
 /// The outcome of one envelope, resolved in pull order.
-enum Done {
+pub(super) enum Done {
     /// Store (or rejection notice) acked by the stream: ack (or terminate) the ingress message.
     /// `seq` is the stored message's stream sequence (the original's, for a duplicate).
     Stored {
@@ -68,11 +69,14 @@ enum Done {
     Immediate { terminate: bool },
     /// The store failed or timed out: nak with a delay.
     Failed(String),
+    /// The broker refused the store for a limit (retrying cannot help): a DM's sender is told
+    /// ([`DurablePump::or_refuse`]); anything else is terminated.
+    Refused(protocol::backpressure::StoreRefusal),
 }
 
 /// Resolves to the outcome of one envelope; the message itself waits, in the same order, in
 /// the pump's `held` queue (so a shutdown can nak what never resolved).
-type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
+pub(super) type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 impl DurablePump {
     /// Binds (creates or updates) the router consumer and routes until `stop` turns true or a
@@ -226,26 +230,36 @@ impl DurablePump {
                         let ttl = ttl.saturating_add(self.delivery.expiry_grace_secs);
                         headers.insert(protocol::headers::NATS_TTL, ttl.to_string().as_str());
                     }
-                    if let (Some(expires_at), Ok(to)) =
-                        (expires_at, protocol::subjects::parse_inbox(&subject))
-                    {
-                        let check = PlannedCheck {
-                            from,
-                            to,
-                            id,
-                            expires_at,
-                        };
-                        let stored = send_store(js, subject, headers, payload, false).await;
-                        return match stored {
-                            Ok(ack) => self.then_schedule(js, ack, check),
-                            Err(reason) => ready(Done::Failed(reason)),
-                        };
-                    }
+                    // A DM: a limit the broker refuses it for is told to its sender.
+                    let dm = protocol::subjects::parse_inbox(&subject)
+                        .ok()
+                        .map(|to| Refusable { from, to, id, seq });
+                    let dm = match (expires_at, dm) {
+                        (Some(expires_at), Some(dm)) => {
+                            let check = PlannedCheck {
+                                from: dm.from.clone(),
+                                to: dm.to.clone(),
+                                id: dm.id.clone(),
+                                expires_at,
+                            };
+                            let stored = send_store(js, subject, headers, payload, false).await;
+                            let pending = match stored {
+                                Ok(ack) => self.then_schedule(js, ack, check),
+                                Err(reason) => ready(Done::Failed(reason)),
+                            };
+                            return self.or_refuse(js, pending, dm);
+                        }
+                        (_, dm) => dm,
+                    };
                     if task.is_some() && self.flags_check(msg, seq, broker) {
                         self.counters.flagged.bump();
                         headers.insert(protocol::headers::HUB_CHECK, "1");
                     }
-                    store(js, subject, headers, payload, false).await
+                    let pending = store(js, subject, headers, payload, false).await;
+                    match dm {
+                        Some(dm) => self.or_refuse(js, pending, dm),
+                        None => pending,
+                    }
                 }
                 RouteDecision::StoreAll {
                     subject,
@@ -418,6 +432,13 @@ impl DurablePump {
             }
             Done::Immediate { terminate: true } => msg.ack_with(AckKind::Term).await,
             Done::Immediate { terminate: false } => msg.ack().await,
+            Done::Refused(what) => {
+                // Only DMs are refused by design; a notice or task channel store refused for
+                // a limit cannot succeed later either.
+                self.counters.notices_dropped.bump();
+                tracing::warn!(?what, "store refused for a limit; terminated");
+                msg.ack_with(AckKind::Term).await
+            }
             Done::Failed(reason) => {
                 self.counters.naks.bump();
                 tracing::warn!(%reason, "store failed; nak with delay");
@@ -551,7 +572,7 @@ impl DurablePump {
     }
 }
 
-async fn store(
+pub(super) async fn store(
     js: &jetstream::Context,
     subject: String,
     headers: async_nats::HeaderMap,
@@ -584,7 +605,10 @@ async fn send_store(
                 terminate,
                 seq: ack.sequence,
             },
-            Ok(Err(e)) => Done::Failed(e.to_string()),
+            Ok(Err(e)) => match crate::streams::store_refusal(&e) {
+                Some(what) => Done::Refused(what),
+                None => Done::Failed(e.to_string()),
+            },
             Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),
         }
     }))

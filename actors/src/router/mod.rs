@@ -15,6 +15,7 @@ pub mod core;
 pub mod counters;
 pub mod durable;
 mod outbound;
+mod refusal;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -395,3 +395,15 @@ impl actors::worker::TaskHandler for Counting {
         )
     }
 }
+
+/// `id`'s attach request, answered: the router makes `inbox-<id>`, which nobody reads yet (an
+/// offline agent with a consumer).
+pub async fn make_consumer(hub: &ActorSystem, id: &AgentId) {
+    let reply = hub
+        .client()
+        .request(protocol::subjects::attach_request(id), "{}".into())
+        .await
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply.payload).into_owned();
+    assert!(reply.contains(&format!("inbox-{id}")), "{reply}");
+}

@@ -1,0 +1,112 @@
+//! A DM the broker refused for a limit: its sender is told, and the ingress message ends.
+//!
+//! `HUB_INBOX` discards new messages (per subject too), so a DM to a full inbox is refused by
+//! the broker instead of an older DM being dropped. The router reads that publish-ack error
+//! ([`protocol::backpressure::store_refusal`]), stores a rejection for the sender in its own
+//! inbox (kind `inbox_full` with `retry_after_secs`, or `too_large`), and terminates the ingress
+//! message. A refusal notice the sender's own full inbox refuses too is dropped and counted
+//! (`notices_dropped`): retrying it could never end.
+
+use async_nats::jetstream;
+use protocol::backpressure::{inbox_full_retry_after, StoreRefusal, DEFAULT_RETRY_AFTER_SECS};
+use protocol::rejection::refusal;
+use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
+
+use super::durable::{store, Done, DurablePump, Pending};
+use super::outbound::routed_headers;
+
+/// The DM a refusal would be about.
+pub(super) struct Refusable {
+    /// Its sender (who is told).
+    pub from: AgentId,
+    /// Its recipient.
+    pub to: AgentId,
+    /// Its `meta.id`.
+    pub id: MessageId,
+    /// Its ingress sequence (the notice's id).
+    pub seq: u64,
+}
+
+impl DurablePump {
+    /// Resolves `stored`; a [`Done::Refused`] becomes the sender's rejection notice, stored
+    /// before the ingress message is terminated.
+    pub(super) fn or_refuse(
+        &self,
+        js: &jetstream::Context,
+        stored: Pending,
+        dm: Refusable,
+    ) -> Pending {
+        let js = js.clone();
+        let counters = self.counters.clone();
+        let inbox_stream = self.delivery.inbox.name.clone();
+        let max_age = self.delivery.inbox.max_age().map(|d| d.as_secs());
+        Box::pin(async move {
+            let what = match stored.await {
+                Done::Refused(what) => what,
+                other => return other,
+            };
+            counters.refused_full.bump();
+            let (kind, detail, retry_after) = match what {
+                StoreRefusal::SubjectFull => (
+                    WireErrorKind::InboxFull,
+                    format!("the inbox of {} holds as many messages as it may", dm.to),
+                    Some(retry_after(&js, &inbox_stream, &dm.to, max_age).await),
+                ),
+                StoreRefusal::StreamFull => (
+                    WireErrorKind::InboxFull,
+                    "the hub's inbox stream is full".to_owned(),
+                    Some(DEFAULT_RETRY_AFTER_SECS),
+                ),
+                StoreRefusal::TooLarge => (
+                    WireErrorKind::TooLarge,
+                    "the message is over the inbox stream's max_msg_size".to_owned(),
+                    None,
+                ),
+            };
+            tracing::info!(from = %dm.from, to = %dm.to, kind = kind.as_str(), ?retry_after, "dm refused for a limit");
+            let error = WireError::new(kind, detail);
+            let (subject, msg_id, notice) =
+                refusal(&dm.from, Some(&dm.id), &error, dm.seq, retry_after);
+            let Ok(payload) = protocol::encode(&notice, Codec::Json) else {
+                return Done::Immediate { terminate: true };
+            };
+            let headers = routed_headers(Some(&msg_id), Codec::Json);
+            match store(&js, subject, headers, payload, true).await.await {
+                Done::Refused(_) => {
+                    counters.notices_dropped.bump();
+                    tracing::warn!(sender = %dm.from, "the sender's inbox is full too; its refusal notice is dropped");
+                    Done::Immediate { terminate: true }
+                }
+                other => other,
+            }
+        })
+    }
+}
+
+/// When `to`'s full inbox has room again: from its oldest DM's age and TTL (one direct get), or
+/// [`DEFAULT_RETRY_AFTER_SECS`] when it cannot be read.
+async fn retry_after(
+    js: &jetstream::Context,
+    stream: &str,
+    to: &AgentId,
+    max_age: Option<u64>,
+) -> u64 {
+    let read = async {
+        let stream = js.get_stream_no_info(stream).await.ok()?;
+        stream
+            .direct_get_first_for_subject(protocol::subjects::inbox(to))
+            .await
+            .ok()
+    };
+    let Ok(Some(oldest)) = tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, read).await else {
+        return DEFAULT_RETRY_AFTER_SECS;
+    };
+    let now = i64::try_from(protocol::expiry::now_ms() / 1000).unwrap_or(i64::MAX);
+    let age = u64::try_from(now.saturating_sub(oldest.time.unix_timestamp())).unwrap_or(0);
+    // The router stores a TTL as whole seconds; another form counts as none (max age decides).
+    let ttl = oldest
+        .headers
+        .get(protocol::headers::NATS_TTL)
+        .and_then(|v| v.as_str().parse::<u64>().ok());
+    inbox_full_retry_after(age, max_age, ttl)
+}

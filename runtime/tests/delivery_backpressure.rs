@@ -1,0 +1,130 @@
+//! Backpressure (issue 10 §3) against a real nats-server: a full inbox refuses the new DM
+//! (never dropping an older one) and its sender is told `inbox_full` with `retry_after_secs`;
+//! a refusal the sender's own full inbox cannot take ends too, counted, instead of being
+//! retried for ever.
+
+mod support;
+
+use std::time::Duration;
+
+use protocol::attach::DurableInboxMode;
+use protocol::config::DeliveryConfig;
+use protocol::rejection::{parse_rejection, Rejection};
+use protocol::subjects::{self, Channel};
+use protocol::{AgentId, WireErrorKind};
+use runtime::ActorSystem;
+
+/// The cap of every inbox in these tests.
+const CAP: i64 = 3;
+/// The inboxes' max age: what a full inbox's retry-after is counted from.
+const MAX_AGE_SECS: i64 = 600;
+
+async fn hub(server: &harness::NatsServer) -> ActorSystem {
+    let mut delivery = DeliveryConfig {
+        ..support::delivery()
+    };
+    delivery.inbox.max_msgs_per_subject = CAP;
+    delivery.inbox.max_age_secs = MAX_AGE_SECS;
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    hub
+}
+
+async fn send(hub: &ActorSystem, from: &AgentId, to: &AgentId, id: &str) {
+    hub.send_envelope(from, &Channel::Inbox, &support::dm(to, id))
+        .await
+        .unwrap();
+}
+
+fn rejections(seen: &support::Seen) -> Vec<Rejection> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter_map(|d| parse_rejection(&d.envelope))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_inbox_refuses_the_new_dm_with_inbox_full_and_keeps_the_oldest() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    // Bob is offline: his consumer exists and nobody reads it.
+    support::make_consumer(&hub, &bob).await;
+    for id in ["m1", "m2", "m3", "m4", "m5"] {
+        send(&hub, &alice, &bob, id).await;
+    }
+    support::wait_for(&alices, 2).await;
+    let refused = rejections(&alices);
+    let ids: Vec<_> = refused
+        .iter()
+        .map(|r| r.rejected_id.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["m4", "m5"]);
+    for r in &refused {
+        assert_eq!(r.error.kind, WireErrorKind::InboxFull);
+        // Room comes back when bob's oldest DM (stored a moment ago) leaves the stream.
+        let after = r.retry_after_secs.expect("a full inbox says when to retry");
+        assert!(
+            (MAX_AGE_SECS as u64 - 30..=MAX_AGE_SECS as u64).contains(&after),
+            "retry after {after} s"
+        );
+    }
+    let counters = support::wait_router(&hub, "both refused", |c| c.refused_full == 2).await;
+    assert_eq!(counters.stored, 3);
+    assert_eq!(counters.rejections_sent, 2);
+    assert_eq!(counters.naks, 0, "a refusal is never retried");
+    // Back online, bob gets the oldest three, in order: none was dropped to make room.
+    let bobs = support::attach_collect(&hub, &bob).await;
+    support::wait_for(&bobs, 3).await;
+    let js = support::js(&server).await;
+    harness::wait_until_async("bob's inbox drained", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(support::bodies(&bobs), ["m1", "m2", "m3"]);
+    assert_eq!(alices.lock().unwrap().len(), 2, "one notice per refused DM");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_that_the_senders_own_full_inbox_refuses_is_dropped_and_counted() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob, carol) = (
+        support::agent("alice"),
+        support::agent("bob"),
+        support::agent("carol"),
+    );
+    // Alice's and bob's inboxes are full, and both are offline.
+    for to in [&alice, &bob] {
+        support::make_consumer(&hub, to).await;
+        for n in 0..CAP {
+            send(&hub, &carol, to, &format!("fill-{to}-{n}")).await;
+        }
+    }
+    send(&hub, &alice, &bob, "m-over").await;
+    let counters =
+        support::wait_router(&hub, "the notice dropped", |c| c.notices_dropped == 1).await;
+    assert_eq!(counters.refused_full, 1);
+    assert_eq!(counters.naks, 0, "neither the DM nor its notice is retried");
+    let js = support::js(&server).await;
+    // Nothing is left in the ingress, and no inbox lost a DM to make room.
+    harness::wait_until_async("the ingress drained", support::DEADLINE, || async {
+        support::stream_messages(&js, "HUB_INGRESS").await == 0
+    })
+    .await
+    .unwrap();
+    for to in [&alice, &bob] {
+        assert_eq!(
+            support::count_on(&js, "HUB_INBOX", &subjects::inbox(to)).await,
+            CAP as usize
+        );
+    }
+    let alices = support::attach_collect(&hub, &alice).await;
+    support::wait_for(&alices, CAP as usize).await;
+    assert!(rejections(&alices).is_empty());
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

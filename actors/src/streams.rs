@@ -227,6 +227,7 @@ pub async fn ensure_streams(
     }
     ensure_idempotency_bucket(js).await?;
     ensure_brokers_bucket(js).await?;
+    ensure_rate_bucket(js).await?;
     Ok(out)
 }
 
@@ -267,7 +268,22 @@ pub async fn ensure_brokers_bucket(js: &Context) -> Result<(), StreamError> {
     .await
 }
 
-/// Creates a KV bucket of create-only entries (history 1, file storage, entries kept for
+/// Creates the senders' rate bucket ([`protocol::subjects::RATE_BUCKET`]) when it does not
+/// exist: one token bucket per sender, compare-and-set by the routers.
+///
+/// # Errors
+/// [`StreamError::Api`] / [`StreamError::Timeout`].
+pub async fn ensure_rate_bucket(js: &Context) -> Result<(), StreamError> {
+    ensure_bucket(
+        js,
+        protocol::subjects::RATE_BUCKET,
+        "senders' token buckets (sender_rate_per_min)",
+        crate::router::RATE_ENTRY_AGE,
+    )
+    .await
+}
+
+/// Creates a KV bucket (history 1, file storage, entries kept for
 /// `max_age`, zero meaning for ever) when it does not exist.
 async fn ensure_bucket(
     js: &Context,

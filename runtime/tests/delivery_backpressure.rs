@@ -128,3 +128,62 @@ async fn a_refusal_that_the_senders_own_full_inbox_refuses_is_dropped_and_counte
     assert!(rejections(&alices).is_empty());
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+/// A hub whose senders may send `per_min` DMs a minute.
+async fn rated_hub(server: &harness::NatsServer, per_min: i64) -> ActorSystem {
+    let delivery = DeliveryConfig {
+        sender_rate_per_min: per_min,
+        ..support::delivery()
+    };
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    hub
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_over_its_rate_is_refused_rate_limited_and_its_bucket_outlives_the_router() {
+    let server = harness::run_server().await.unwrap();
+    let (alice, bob, carol) = (
+        support::agent("alice"),
+        support::agent("bob"),
+        support::agent("carol"),
+    );
+    // 3 a minute: a burst of 3, then one token every 20 s.
+    let first = rated_hub(&server, 3).await;
+    let alices = support::attach_collect(&first, &alice).await;
+    let bobs = support::attach_collect(&first, &bob).await;
+    for id in ["m1", "m2", "m3", "m4", "m5"] {
+        send(&first, &alice, &bob, id).await;
+    }
+    support::wait_for(&alices, 2).await;
+    let refused = rejections(&alices);
+    let ids: Vec<_> = refused
+        .iter()
+        .map(|r| r.rejected_id.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["m4", "m5"]);
+    for r in &refused {
+        assert_eq!(r.error.kind, WireErrorKind::RateLimited);
+        let after = r.retry_after_secs.expect("a rate limit says when to retry");
+        assert!((1..=20).contains(&after), "retry after {after} s");
+    }
+    support::wait_for(&bobs, 3).await;
+    assert_eq!(support::bodies(&bobs), ["m1", "m2", "m3"]);
+    let counters = support::wait_router(&first, "two limited", |c| c.rate_limited == 2).await;
+    assert_eq!(counters.naks, 0);
+    first.shutdown(Duration::from_secs(10)).await.unwrap();
+
+    // Another router, later: alice's bucket is still empty, carol's is her own.
+    let second = rated_hub(&server, 3).await;
+    let alices = support::attach_collect(&second, &alice).await;
+    let bobs = support::attach_collect(&second, &bob).await;
+    send(&second, &alice, &bob, "m6").await;
+    send(&second, &carol, &bob, "c1").await;
+    support::wait_for(&alices, 1).await;
+    support::wait_for(&bobs, 1).await;
+    let refused = rejections(&alices);
+    assert_eq!(refused[0].rejected_id.as_ref().unwrap().as_str(), "m6");
+    assert_eq!(refused[0].error.kind, WireErrorKind::RateLimited);
+    assert_eq!(support::bodies(&bobs), ["c1"]);
+    second.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use super::counters::RouterCounters;
 use super::outbound::{header_pairs, routed_headers, view};
+use super::rate::RateLimiter;
 use super::refusal::Refusable;
 use super::RouterError;
 use crate::background::Owned;
@@ -130,6 +131,14 @@ impl DurablePump {
             tracing::warn!(error = %e, "no broker baseline yet; every routed task is flagged for a check");
         }
         let _refresher = Owned::spawn(broker.clone().keep_fresh(read));
+        let rate = match self.delivery.sender_rate() {
+            Some(per_min) => Some(
+                RateLimiter::open(&js, per_min)
+                    .await
+                    .map_err(RouterError::RateBucket)?,
+            ),
+            None => None,
+        };
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
         let mut held: VecDeque<Message> = VecDeque::new();
         let mut seq_fallback = 0u64;
@@ -151,7 +160,7 @@ impl DurablePump {
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
                         self.counters.in_flight.bump();
-                        in_flight.push_back(self.start(&js, &msg, seq, &broker).await);
+                        in_flight.push_back(self.start(&js, &msg, seq, &broker, rate.as_ref()).await);
                         held.push_back(msg);
                     }
                     Some(Err(e)) => match e.kind() {
@@ -190,6 +199,7 @@ impl DurablePump {
         msg: &Message,
         seq: u64,
         broker: &Baseline<BrokerMark>,
+        rate: Option<&RateLimiter>,
     ) -> Pending {
         let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
@@ -234,6 +244,18 @@ impl DurablePump {
                     let dm = protocol::subjects::parse_inbox(&subject)
                         .ok()
                         .map(|to| Refusable { from, to, id, seq });
+                    // Over its sender's rate: refused before it is stored (awaited here, so the
+                    // store order stays the pull order).
+                    if let (Some(rate), Some(dm)) = (rate, dm.as_ref()) {
+                        match rate.take(&dm.from).await {
+                            Ok(None) => {}
+                            Ok(Some(secs)) => {
+                                let dm = dm.clone();
+                                return self.rate_limited(js, dm, secs);
+                            }
+                            Err(reason) => return ready(Done::Failed(reason)),
+                        }
+                    }
                     let dm = match (expires_at, dm) {
                         (Some(expires_at), Some(dm)) => {
                             let check = PlannedCheck {

@@ -15,6 +15,7 @@ pub mod core;
 pub mod counters;
 pub mod durable;
 mod outbound;
+mod rate;
 mod refusal;
 
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use crate::background::{spawn_pump, Owned};
 use crate::fault::{self, FaultPoint};
 use crate::streams::{ensure_streams, StreamReport};
 pub use counters::{RouterCounters, RouterCountersSnapshot};
+pub use rate::RATE_ENTRY_AGE;
 
 /// Router configuration (cloned into every incarnation).
 #[derive(Clone)]
@@ -103,6 +105,9 @@ pub enum RouterError {
     /// The router consumer could not be bound, or was deleted under the router.
     #[error("router consumer: {0}")]
     Consumer(#[source] async_nats::Error),
+    /// The senders' rate bucket could not be opened (`sender_rate_per_min` is set).
+    #[error("cannot open the rate bucket: {0}")]
+    RateBucket(#[source] async_nats::Error),
     /// The message stream or subscription ended (connection closed).
     #[error("the router's message stream ended")]
     PullEnded,

@@ -5,17 +5,20 @@
 //! ([`protocol::backpressure::store_refusal`]), stores a rejection for the sender in its own
 //! inbox (kind `inbox_full` with `retry_after_secs`, or `too_large`), and terminates the ingress
 //! message. A refusal notice the sender's own full inbox refuses too is dropped and counted
-//! (`notices_dropped`): retrying it could never end.
+//! (`notices_dropped`): retrying it could never end. A DM of a sender over its rate
+//! (`sender_rate_per_min`) is refused the same way, kind `rate_limited`, before it is stored.
 
 use async_nats::jetstream;
 use protocol::backpressure::{inbox_full_retry_after, StoreRefusal, DEFAULT_RETRY_AFTER_SECS};
 use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
 
+use super::counters::RouterCounters;
 use super::durable::{store, Done, DurablePump, Pending};
 use super::outbound::routed_headers;
 
 /// The DM a refusal would be about.
+#[derive(Clone)]
 pub(super) struct Refusable {
     /// Its sender (who is told).
     pub from: AgentId,
@@ -63,23 +66,52 @@ impl DurablePump {
                     None,
                 ),
             };
-            tracing::info!(from = %dm.from, to = %dm.to, kind = kind.as_str(), ?retry_after, "dm refused for a limit");
             let error = WireError::new(kind, detail);
-            let (subject, msg_id, notice) =
-                refusal(&dm.from, Some(&dm.id), &error, dm.seq, retry_after);
-            let Ok(payload) = protocol::encode(&notice, Codec::Json) else {
-                return Done::Immediate { terminate: true };
-            };
-            let headers = routed_headers(Some(&msg_id), Codec::Json);
-            match store(&js, subject, headers, payload, true).await.await {
-                Done::Refused(_) => {
-                    counters.notices_dropped.bump();
-                    tracing::warn!(sender = %dm.from, "the sender's inbox is full too; its refusal notice is dropped");
-                    Done::Immediate { terminate: true }
-                }
-                other => other,
-            }
+            notify(&js, &counters, &dm, &error, retry_after).await
         })
+    }
+
+    /// Refuses `dm` now, before any store, because its sender is over its rate.
+    pub(super) fn rate_limited(
+        &self,
+        js: &jetstream::Context,
+        dm: Refusable,
+        retry_after_secs: u64,
+    ) -> Pending {
+        let js = js.clone();
+        let counters = self.counters.clone();
+        Box::pin(async move {
+            counters.rate_limited.bump();
+            let error = WireError::new(
+                WireErrorKind::RateLimited,
+                format!("{} is over its rate of DMs a minute", dm.from),
+            );
+            notify(&js, &counters, &dm, &error, Some(retry_after_secs)).await
+        })
+    }
+}
+
+/// Stores the refusal of `dm` in its sender's inbox; the ingress message is then terminated.
+async fn notify(
+    js: &jetstream::Context,
+    counters: &RouterCounters,
+    dm: &Refusable,
+    error: &WireError,
+    retry_after: Option<u64>,
+) -> Done {
+    tracing::info!(from = %dm.from, to = %dm.to, kind = error.kind.as_str(), ?retry_after, "dm refused for a limit");
+    let (subject, msg_id, notice) = refusal(&dm.from, Some(&dm.id), error, dm.seq, retry_after);
+    let Ok(payload) = protocol::encode(&notice, Codec::Json) else {
+        return Done::Immediate { terminate: true };
+    };
+    let headers = routed_headers(Some(&msg_id), Codec::Json);
+    match store(js, subject, headers, payload, true).await.await {
+        Done::Refused(_) => {
+            counters.notices_dropped.bump();
+            tracing::warn!(sender = %dm.from, "the sender's inbox is full too; its refusal notice is dropped");
+            Done::Immediate { terminate: true }
+        }
+        other => other,
     }
 }
 

@@ -72,6 +72,9 @@ pub struct DeliveryConfig {
     /// The waits before each redelivery of a DM whose ack did not come (the inbox consumer's
     /// backoff; the last one repeats); empty: the ack wait.
     pub inbox_backoff_secs: Vec<u64>,
+    /// DMs one sender may send a minute, shared by all routers (a token bucket per sender in
+    /// the `HUB_RATE` KV bucket, with a burst of one minute's worth); `-1` no limit.
+    pub sender_rate_per_min: i64,
 }
 
 /// The ingress stream.
@@ -157,6 +160,7 @@ impl Default for DeliveryConfig {
             expiry_grace_secs: 60,
             inbox_max_deliver: 6,
             inbox_backoff_secs: vec![5, 15, 60, 300, 900],
+            sender_rate_per_min: UNLIMITED,
         }
     }
 }
@@ -207,6 +211,11 @@ impl DeliveryConfig {
             .iter()
             .map(|s| Duration::from_secs(*s))
             .collect()
+    }
+
+    /// [`Self::sender_rate_per_min`]; `None` when senders are not limited.
+    pub fn sender_rate(&self) -> Option<u32> {
+        limit(self.sender_rate_per_min).and_then(|r| u32::try_from(r).ok())
     }
 
     /// The consumer ack wait.

@@ -52,6 +52,7 @@ fn default_matches_the_design() {
         expiry_grace_secs: 60,
         inbox_max_deliver: 6,
         inbox_backoff_secs: vec![5, 15, 60, 300, 900],
+        sender_rate_per_min: -1,
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -91,6 +92,7 @@ fn full_fixture_sets_every_key() {
         expiry_grace_secs: 30,
         inbox_max_deliver: 4,
         inbox_backoff_secs: vec![1, 2],
+        sender_rate_per_min: 600,
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.
@@ -217,6 +219,11 @@ fn invalid_values_name_the_key() {
         (r#"{"router_max_deliver": 0}"#, "router_max_deliver"),
         (r#"{"router_max_ack_pending": 0}"#, "router_max_ack_pending"),
         (r#"{"inbox_max_ack_pending": -2}"#, "inbox_max_ack_pending"),
+        (r#"{"sender_rate_per_min": 0}"#, "sender_rate_per_min"),
+        (
+            r#"{"sender_rate_per_min": 4294967296}"#,
+            "sender_rate_per_min",
+        ),
     ] {
         assert_eq!(invalid_key(json), key, "{json}");
     }

@@ -116,8 +116,19 @@ impl DeliveryConfig {
             ("router_max_deliver", self.router_max_deliver),
             ("router_max_ack_pending", self.router_max_ack_pending),
             ("inbox_max_ack_pending", self.inbox_max_ack_pending),
+            ("sender_rate_per_min", self.sender_rate_per_min),
         ] {
             check_limit(key, value)?;
+        }
+        if self.sender_rate_per_min > i64::from(u32::MAX) {
+            return Err(invalid(
+                "sender_rate_per_min",
+                format!(
+                    "must be at most {}, got {}",
+                    u32::MAX,
+                    self.sender_rate_per_min
+                ),
+            ));
         }
         // JetStream stores the max message size as an `i32`.
         if self.inbox.max_msg_size > i64::from(i32::MAX) {

@@ -141,6 +141,9 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 // The broker-incarnation bucket (reads and creates).
                 format!("$KV.{}.>", subjects::BROKERS_BUCKET),
                 api(&format!("DIRECT.GET.KV_{}.>", subjects::BROKERS_BUCKET)),
+                // The senders' token buckets (`sender_rate_per_min`): read and compare-and-set.
+                format!("$KV.{}.>", subjects::RATE_BUCKET),
+                api(&format!("DIRECT.GET.KV_{}.>", subjects::RATE_BUCKET)),
                 // Task channel reads it serves ([`subjects::task_read_request`]): the request
                 // is forwarded with the requester's reply, scoped to its own channels.
                 api(&format!("DIRECT.GET.{}", delivery.tasks.name)),

@@ -134,6 +134,9 @@ pub const IDEMPOTENCY_BUCKET: &str = "HUB_IDEMPOTENCY";
 /// it to tell a broker that just restarted (and may have forgotten the dedupe ids of consumed
 /// tasks) from one long up.
 pub const BROKERS_BUCKET: &str = "HUB_BROKERS";
+/// The KV bucket of the senders' token buckets (`sender_rate_per_min`), one entry per sender
+/// identity, shared by all routers.
+pub const RATE_BUCKET: &str = "HUB_RATE";
 /// Prefix of the `Nats-Msg-Id` of every message the router stores.
 pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 

@@ -228,6 +228,13 @@ pub async fn ensure_streams(
     ensure_idempotency_bucket(js).await?;
     ensure_brokers_bucket(js).await?;
     ensure_rate_bucket(js).await?;
+    ensure_bucket(
+        js,
+        protocol::subjects::HOLDS_BUCKET,
+        "holds told to senders (inbox_full, rate_limited)",
+        cfg.inbox.max_age().unwrap_or_default(),
+    )
+    .await?;
     Ok(out)
 }
 

@@ -24,6 +24,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::AgentId;
+use crate::rejection::Rejection;
+use crate::wire_error::WireErrorKind;
+
 /// The `retry_after_secs` of a full inbox whose oldest DM has no known end (an unlimited
 /// `inbox.max_age_secs` and no `Nats-TTL`), or could not be read.
 pub const DEFAULT_RETRY_AFTER_SECS: u64 = 60;
@@ -140,8 +144,10 @@ pub fn take_token(bucket: Option<Bucket>, rate_per_min: u32, now_ms: u64) -> Tak
 }
 
 /// A client's note not to send before `until_ms` (unix ms): to one recipient (a full inbox)
-/// or to anyone (rate limited).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// or to anyone (rate limited). The router also stores it (JSON) in the holds KV bucket under
+/// [`HoldScope::key`], where a one-shot client (the CLI) reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Hold {
     /// Unix ms before which a send is refused locally.
     pub until_ms: u64,
@@ -159,6 +165,37 @@ impl Hold {
     pub fn left_secs(&self, now_ms: u64) -> Option<u64> {
         (now_ms < self.until_ms).then(|| (self.until_ms - now_ms).div_ceil(1000))
     }
+}
+
+/// What a [`Hold`] holds back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum HoldScope {
+    /// The sender's DMs to this recipient (its inbox is full).
+    To(AgentId),
+    /// Every DM of the sender (it is over its rate).
+    All,
+}
+
+impl HoldScope {
+    /// The key of `from`'s hold in the holds KV bucket: `<from>.to.<to>` or `<from>.rate`.
+    pub fn key(&self, from: &AgentId) -> String {
+        match self {
+            HoldScope::To(to) => format!("{from}.to.{to}"),
+            HoldScope::All => format!("{from}.rate"),
+        }
+    }
+}
+
+/// The hold a rejection tells its recipient (the refused DM's sender) to keep, read at
+/// `now_ms`: `None` unless it is a refusal for a limit with a `retry_after_secs`.
+pub fn hold_of(rejection: &Rejection, now_ms: u64) -> Option<(HoldScope, Hold)> {
+    let secs = rejection.retry_after_secs?;
+    let scope = match (rejection.error.kind, &rejection.to) {
+        (WireErrorKind::InboxFull, Some(to)) => HoldScope::To(to.clone()),
+        (WireErrorKind::RateLimited, _) => HoldScope::All,
+        _ => return None,
+    };
+    Some((scope, Hold::after(now_ms, secs)))
 }
 
 #[cfg(test)]
@@ -226,6 +263,30 @@ mod tests {
             panic!()
         };
         assert_eq!(b.milli_tokens, 59_000);
+    }
+
+    #[test]
+    fn a_refusal_for_a_limit_tells_what_to_hold_back() {
+        use crate::ids::MessageId;
+        use crate::rejection::{parse_rejection, refusal};
+        use crate::wire_error::WireError;
+        let (alice, bob) = (AgentId::new("alice").unwrap(), AgentId::new("bob").unwrap());
+        let id = MessageId::new("m1").unwrap();
+        let full = WireError::new(WireErrorKind::InboxFull, "full");
+        let (_, _, env) = refusal(&alice, Some(&id), &full, 1, Some(5), Some(&bob));
+        let (scope, hold) = hold_of(&parse_rejection(&env).unwrap(), 1_000).unwrap();
+        assert_eq!(scope, HoldScope::To(bob.clone()));
+        assert_eq!(scope.key(&alice), "alice.to.bob");
+        assert_eq!(hold.until_ms, 6_000);
+        let rate = WireError::new(WireErrorKind::RateLimited, "over");
+        let (_, _, env) = refusal(&alice, Some(&id), &rate, 1, Some(2), Some(&bob));
+        let (scope, _) = hold_of(&parse_rejection(&env).unwrap(), 0).unwrap();
+        assert_eq!(scope, HoldScope::All);
+        assert_eq!(scope.key(&alice), "alice.rate");
+        // Any other rejection holds nothing back.
+        let malformed = WireError::new(WireErrorKind::Malformed, "bad");
+        let (_, _, env) = crate::rejection::rejection(&alice, Some(&id), &malformed, 1);
+        assert_eq!(hold_of(&parse_rejection(&env).unwrap(), 0), None);
     }
 
     #[test]

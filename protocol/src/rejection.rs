@@ -54,6 +54,9 @@ pub struct Rejection {
     /// seconds (see [`backpressure`](crate::backpressure)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_secs: Option<u64>,
+    /// For a full inbox: whose (a client holds back its DMs to that recipient only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<AgentId>,
 }
 
 /// The `Nats-Msg-Id` of the rejection of ingress message `ingress_seq`:
@@ -76,16 +79,18 @@ pub fn rejection(
     error: &WireError,
     ingress_seq: u64,
 ) -> (String, String, Envelope) {
-    refusal(sender, rejected_id, error, ingress_seq, None)
+    refusal(sender, rejected_id, error, ingress_seq, None, None)
 }
 
-/// [`rejection`] for a limit: the body also carries `retry_after_secs` when it is `Some`.
+/// [`rejection`] for a limit: the body also carries `retry_after_secs` and the refused DM's
+/// recipient `to` when they are `Some`.
 pub fn refusal(
     sender: &AgentId,
     rejected_id: Option<&MessageId>,
     error: &WireError,
     ingress_seq: u64,
     retry_after_secs: Option<u64>,
+    to: Option<&AgentId>,
 ) -> (String, String, Envelope) {
     let id = MessageId::new(format!("{REJECTION_ID_PREFIX}{ingress_seq}"))
         .expect("`hub-reject-<u64>` is printable ASCII and far below the id length limit");
@@ -97,6 +102,9 @@ pub fn refusal(
     });
     if let Some(secs) = retry_after_secs {
         body["retry_after_secs"] = json!(secs);
+    }
+    if let Some(to) = to {
+        body["to"] = json!(to);
     }
     let mut env = Envelope::new(id, body);
     env.meta.to = Some(sender.clone());
@@ -265,11 +273,20 @@ mod tests {
     fn a_refusal_for_a_limit_carries_its_retry_after() {
         let id = MessageId::new("m1").unwrap();
         let full = WireError::new(WireErrorKind::InboxFull, "the inbox of bob is full");
-        let (_, _, env) = refusal(&agent("alice"), Some(&id), &full, 7, Some(30));
+        let (_, _, env) = refusal(
+            &agent("alice"),
+            Some(&id),
+            &full,
+            7,
+            Some(30),
+            Some(&agent("bob")),
+        );
         assert_eq!(env.body["retry_after_secs"], json!(30));
+        assert_eq!(env.body["to"], json!("bob"));
         assert_eq!(env.body["error"]["kind"], json!("inbox_full"));
         let back = parse_rejection(&env).unwrap();
         assert_eq!(back.retry_after_secs, Some(30));
+        assert_eq!(back.to, Some(agent("bob")));
         assert_eq!(back.error.kind, WireErrorKind::InboxFull);
         // Without a limit there is no such field.
         let (_, _, env) = rejection(&agent("alice"), Some(&id), &error(), 7);
@@ -362,7 +379,7 @@ mod tests {
                 let back = decode(&encode(&env, codec).unwrap(), codec).unwrap();
                 prop_assert!(is_system(&back));
                 prop_assert_eq!(back.meta.to.as_ref(), Some(&sender));
-                let expected = Rejection { error: error.clone(), rejected_id: id.clone(), ingress_seq: seq, retry_after_secs: None };
+                let expected = Rejection { error: error.clone(), rejected_id: id.clone(), ingress_seq: seq, retry_after_secs: None, to: None };
                 prop_assert_eq!(parse_rejection(&back), Some(expected));
             }
         }

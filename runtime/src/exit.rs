@@ -12,4 +12,6 @@ pub const CANT_CREATE: i32 = 73;
 /// `runtime delegate --wait`/`--resume`: the task waits for an answer; its waiting result was
 /// printed, and the line on stderr says how to answer (`EX_TEMPFAIL`: the task is not
 /// finished; resume it after answering).
+/// `runtime send`: a refusal for a limit (`inbox_full`, `rate_limited`) holds the DM back for
+/// the seconds the line on stderr names; nothing was sent.
 pub const WAITING: i32 = 75;

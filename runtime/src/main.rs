@@ -133,6 +133,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
         return cli::EXIT_WAITING;
     }
     match e.downcast_ref::<SystemError>() {
+        Some(SystemError::Held { .. }) => cli::EXIT_WAITING,
         Some(se) if se.is_usage() => cli::EXIT_USAGE,
         Some(se) if se.is_unavailable() => cli::EXIT_UNAVAILABLE,
         Some(_) => cli::EXIT_SOFTWARE,

@@ -385,3 +385,61 @@ async fn attack_20_a_worker_cannot_read_the_dms_waiting_in_the_ingress() {
     }
     hub.alice_intact().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_22_bob_cannot_read_alices_holds_and_alice_reads_her_own() {
+    let hub = Hub::start().await;
+    // Bob's inbox may hold one DM (the admin says so), and alice sends him two: the router
+    // refuses the second and stores alice's hold on DMs to bob.
+    let mut config = hub
+        .admin
+        .get_stream("HUB_INBOX")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    config.max_messages_per_subject = 1;
+    hub.admin.update_stream(config).await.unwrap();
+    hub.send(&hub.alice, "alice", "bob", "m1").await;
+    hub.send(&hub.alice, "alice", "bob", "m2").await;
+    let hold = "$JS.API.DIRECT.GET.KV_HUB_HOLDS.$KV.HUB_HOLDS.alice.to.bob";
+    let read = || async {
+        hub.alice
+            .client
+            .request(hold, "".into())
+            .await
+            .ok()
+            .filter(|r| {
+                r.headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Sequence"))
+                    .is_some()
+            })
+    };
+    harness::wait_until_async("alice's hold stored", support::DEADLINE, || async {
+        read().await.is_some()
+    })
+    .await
+    .unwrap();
+    for (subject, body) in [
+        (
+            "$JS.API.DIRECT.GET.KV_HUB_HOLDS.$KV.HUB_HOLDS.alice.to.bob",
+            "",
+        ),
+        (
+            "$JS.API.DIRECT.GET.KV_HUB_HOLDS",
+            r#"{"last_by_subj":"$KV.HUB_HOLDS.alice.to.bob"}"#,
+        ),
+        ("$KV.HUB_HOLDS.bob.to.alice", "{}"),
+    ] {
+        hub.bob_refused(subject, Some("_INBOX.bob.h"), body).await;
+    }
+    // Control: alice reads hers, a hold well in the future.
+    let reply = read().await.expect("alice reads her hold");
+    let hold: protocol::backpressure::Hold = serde_json::from_slice(&reply.payload).unwrap();
+    assert!(
+        hold.until_ms > protocol::expiry::now_ms() + 60_000,
+        "{hold:?}"
+    );
+}

@@ -187,3 +187,98 @@ async fn a_sender_over_its_rate_is_refused_rate_limited_and_its_bucket_outlives_
     assert_eq!(support::bodies(&bobs), ["c1"]);
     second.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_honours_retry_after() {
+    let server = harness::run_server().await.unwrap();
+    // 60 a minute: a burst of 60, then a token a second.
+    let hub = rated_hub(&server, 60).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let bobs = support::attach_collect(&hub, &bob).await;
+    for n in 0..61 {
+        send(&hub, &alice, &bob, &format!("m{n}")).await;
+    }
+    support::wait_for(&alices, 1).await;
+    let after = rejections(&alices)[0].retry_after_secs.unwrap();
+    assert_eq!(after, 1);
+    // Held: nothing is published until the second has passed; then it goes.
+    let sent_at = std::time::Instant::now();
+    let held = std::sync::atomic::AtomicU32::new(0);
+    harness::wait_until_async("the hold to pass", support::DEADLINE, || async {
+        match hub
+            .send_envelope(&alice, &Channel::Inbox, &support::dm(&bob, "late"))
+            .await
+        {
+            Ok(_) => true,
+            Err(runtime::SystemError::Held {
+                to,
+                retry_after_secs,
+                ..
+            }) => {
+                assert_eq!(to, None, "a rate limit holds every DM back");
+                assert!(retry_after_secs <= after);
+                held.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                false
+            }
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await
+    .unwrap();
+    let held = held.into_inner();
+    assert!(held > 0, "the send right after the refusal was held");
+    assert!(sent_at.elapsed() < Duration::from_secs(5));
+    support::wait_for(&bobs, 61).await;
+    assert_eq!(support::bodies(&bobs).last().unwrap(), "late");
+    let counters = support::router_counters(&hub).await;
+    assert_eq!(counters.rate_limited, 1, "no held send reached the router");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_send_to_a_full_inbox_it_was_refused_by_exits_75_and_sends_nothing() {
+    use support::oneshot::{assert_exit, one_stderr_line, run_cli};
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let bob = support::agent("bob");
+    support::make_consumer(&hub, &bob).await;
+    let url = server.url();
+    let send_cli = |to: &'static str, text: &'static str| {
+        let url = url.clone();
+        async move {
+            run_cli(&[
+                "send",
+                "--as",
+                "alice",
+                "--to",
+                to,
+                text,
+                "--nats-url",
+                &url,
+            ])
+            .await
+        }
+    };
+    for n in 0..=CAP {
+        let text: &'static str = Box::leak(format!("m{n}").into_boxed_str());
+        assert_exit(&send_cli("bob", text).await, 0, "runtime send");
+    }
+    // The last one was refused; alice's inbox is not attached, but the hold is stored.
+    support::wait_router(&hub, "the refusal", |c| c.refused_full == 1).await;
+    let out = send_cli("bob", "again").await;
+    assert_exit(&out, 75, "a held runtime send");
+    let line = one_stderr_line(&out, "a held runtime send");
+    assert!(
+        line.contains("inbox of bob is full") && line.contains("s more"),
+        "{line}"
+    );
+    // Nothing reached the ingress; a DM to someone else still goes.
+    assert_exit(&send_cli("carol", "hi").await, 0, "runtime send to carol");
+    let counters = support::wait_router(&hub, "carol's DM", |c| c.stored == CAP as u64 + 1).await;
+    assert_eq!(
+        counters.refused_full, 1,
+        "the held send never reached the router"
+    );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

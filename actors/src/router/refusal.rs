@@ -9,7 +9,9 @@
 //! (`sender_rate_per_min`) is refused the same way, kind `rate_limited`, before it is stored.
 
 use async_nats::jetstream;
-use protocol::backpressure::{inbox_full_retry_after, StoreRefusal, DEFAULT_RETRY_AFTER_SECS};
+use protocol::backpressure::{
+    hold_of, inbox_full_retry_after, Hold, StoreRefusal, DEFAULT_RETRY_AFTER_SECS,
+};
 use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
 
@@ -100,7 +102,19 @@ async fn notify(
     retry_after: Option<u64>,
 ) -> Done {
     tracing::info!(from = %dm.from, to = %dm.to, kind = error.kind.as_str(), ?retry_after, "dm refused for a limit");
-    let (subject, msg_id, notice) = refusal(&dm.from, Some(&dm.id), error, dm.seq, retry_after);
+    let (subject, msg_id, notice) = refusal(
+        &dm.from,
+        Some(&dm.id),
+        error,
+        dm.seq,
+        retry_after,
+        Some(&dm.to),
+    );
+    if let Some(rejection) = protocol::rejection::parse_rejection(&notice) {
+        if let Some((scope, hold)) = hold_of(&rejection, protocol::expiry::now_ms()) {
+            put_hold(js, &scope.key(&dm.from), &hold).await;
+        }
+    }
     let Ok(payload) = protocol::encode(&notice, Codec::Json) else {
         return Done::Immediate { terminate: true };
     };
@@ -141,4 +155,23 @@ async fn retry_after(
         .get(protocol::headers::NATS_TTL)
         .and_then(|v| v.as_str().parse::<u64>().ok());
     inbox_full_retry_after(age, max_age, ttl)
+}
+
+/// Stores `hold` under `key` in the holds bucket, for a one-shot client to read. Best effort:
+/// the notice is what tells the sender; a hold that is not stored is logged.
+async fn put_hold(js: &jetstream::Context, key: &str, hold: &Hold) {
+    let subject = protocol::subjects::kv_subject(protocol::subjects::HOLDS_BUCKET, key);
+    let payload = serde_json::to_vec(hold).expect("a hold serializes");
+    let stored = async {
+        js.publish(subject, payload.into())
+            .await
+            .map_err(async_nats::Error::from)?
+            .await
+            .map_err(async_nats::Error::from)
+    };
+    match tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, stored).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, key, "a hold was not stored"),
+        Err(_) => tracing::warn!(key, "a hold was not acked in time"),
+    }
 }

@@ -52,6 +52,16 @@ fn own_consumer(stream: &str, consumer: &str) -> Vec<String> {
     out
 }
 
+/// The reads of `me`'s own holds (`runtime send` honouring a refusal's `retry_after_secs`):
+/// direct gets of `$KV.HUB_HOLDS.<me>.>` only.
+fn own_holds(me: &str) -> String {
+    api(&format!(
+        "DIRECT.GET.{}.{}",
+        subjects::kv_stream(subjects::HOLDS_BUCKET),
+        subjects::kv_subject(subjects::HOLDS_BUCKET, &format!("{me}.>"))
+    ))
+}
+
 /// The grants of `identity` on a hub with `delivery`'s stream names.
 pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
     let me = identity.name.as_str();
@@ -71,6 +81,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     subjects::task_read_request(&identity.name),
                     // Query and cancel, with itself as the requester (any worker).
                     format!("hub.ctl.*.*.{me}"),
+                    own_holds(me),
                 ],
                 own_consumer(
                     &delivery.inbox.name,
@@ -86,7 +97,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             let worker = identity
                 .worker_id()
                 .expect("a worker identity has a worker id");
-            let mut publish = vec![own_ingress];
+            let mut publish = vec![own_ingress, own_holds(me)];
             for queue in queues {
                 publish.push(subjects::join_request(queue, &worker));
                 publish.extend(own_consumer(
@@ -144,6 +155,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 // The senders' token buckets (`sender_rate_per_min`): read and compare-and-set.
                 format!("$KV.{}.>", subjects::RATE_BUCKET),
                 api(&format!("DIRECT.GET.KV_{}.>", subjects::RATE_BUCKET)),
+                // The holds it tells senders of (written only).
+                format!("$KV.{}.>", subjects::HOLDS_BUCKET),
                 // Task channel reads it serves ([`subjects::task_read_request`]): the request
                 // is forwarded with the requester's reply, scoped to its own channels.
                 api(&format!("DIRECT.GET.{}", delivery.tasks.name)),

@@ -137,6 +137,19 @@ pub const BROKERS_BUCKET: &str = "HUB_BROKERS";
 /// The KV bucket of the senders' token buckets (`sender_rate_per_min`), one entry per sender
 /// identity, shared by all routers.
 pub const RATE_BUCKET: &str = "HUB_RATE";
+/// The KV bucket of the holds the router tells senders of ([`crate::backpressure::Hold`]),
+/// keyed [`crate::backpressure::HoldScope::key`]; a one-shot client reads its own there.
+pub const HOLDS_BUCKET: &str = "HUB_HOLDS";
+
+/// The subject a KV `key` of `bucket` is stored on: `$KV.<bucket>.<key>`.
+pub fn kv_subject(bucket: &str, key: &str) -> String {
+    format!("$KV.{bucket}.{key}")
+}
+
+/// The stream behind KV `bucket`: `KV_<bucket>`.
+pub fn kv_stream(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
 /// Prefix of the `Nats-Msg-Id` of every message the router stores.
 pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 

@@ -88,6 +88,8 @@ pub async fn send(args: SendArgs) -> Result<Receipt, SystemError> {
         args.expires_in_secs
             .map(|secs| protocol::expiry::now_ms().saturating_add(secs.saturating_mul(1000))),
     );
+    // A refusal for a limit this sender was told of holds the DM back: nothing is sent.
+    system.load_holds(&from, &to).await;
     meta.to = Some(to);
     let envelope = Envelope {
         meta,

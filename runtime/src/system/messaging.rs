@@ -84,7 +84,13 @@ impl ActorSystem {
     /// `Nats-Msg-Id: <from>:<meta.id>` (a retried send is stored once), and the receipt carries
     /// the ingress sequence; in core mode it is a core publish.
     ///
+    /// A DM is not published while a refusal for a limit holds it back: after an `inbox_full`
+    /// refusal (to that recipient) or a `rate_limited` one (to anyone), until its
+    /// `retry_after_secs` has passed. The system learns those from the refusals reaching the
+    /// inboxes it attached, and from [`load_holds`](Self::load_holds).
+    ///
     /// # Errors
+    /// [`SystemError::Held`] while a hold is in force (nothing is published);
     /// [`SystemError::Publish`] when the envelope cannot be encoded or the ingress does not
     /// ack in time.
     ///
@@ -97,6 +103,15 @@ impl ActorSystem {
         channel: &Channel,
         envelope: &Envelope,
     ) -> Result<Receipt, SystemError> {
+        if let (Channel::Inbox, Some(to)) = (channel, envelope.meta.to.as_ref()) {
+            if let Some(held) = self.holds.check(from, to) {
+                return Err(SystemError::Held {
+                    from: from.clone(),
+                    to: held.to,
+                    retry_after_secs: held.retry_after_secs,
+                });
+            }
+        }
         let subject = subjects::ingress(from, channel);
         let payload = protocol::encode(envelope, Codec::Json)
             .map_err(|e| SystemError::publish(&subject, e))?;
@@ -141,7 +156,14 @@ impl ActorSystem {
         Fut: std::future::Future<Output = R> + Send + 'static,
         R: Into<Handled> + 'static,
     {
+        let (holds, owner) = (self.holds.clone(), id.clone());
         let handler: InboxHandler = std::sync::Arc::new(move |d| {
+            // A refusal for a limit (a system envelope) tells this sender what to hold back.
+            if protocol::is_system(&d.envelope) {
+                if let Some(rejection) = protocol::parse_rejection(&d.envelope) {
+                    holds.note(&owner, &rejection);
+                }
+            }
             let done = handler(d);
             Box::pin(async move { done.await.into() })
         });
@@ -174,6 +196,17 @@ impl ActorSystem {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
+    }
+
+    /// Reads the holds the router stored for `from`'s DMs to `to` (its inbox full, or `from`
+    /// over its rate), so that [`send_envelope`](Self::send_envelope) honours them: what a
+    /// client that has not attached `from`'s inbox, and so saw no refusal, calls before it
+    /// sends (`runtime send` does). Two direct gets; a hold that cannot be read counts as none
+    /// (the router refuses such a DM again).
+    pub async fn load_holds(&self, from: &AgentId, to: &AgentId) {
+        if self.durable {
+            self.holds.load(&self.client, from, to).await;
+        }
     }
 
     /// The snapshot of `id`'s inbox consumer, when it runs.

@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 pub mod control;
+mod holds;
 pub mod messaging;
 pub mod tasks;
 pub mod worker;
@@ -119,6 +120,18 @@ pub enum SystemError {
     /// The worker's journal is locked by another process or unreadable.
     #[error(transparent)]
     Journal(#[from] actors::journal::JournalError),
+    /// A refusal for a limit told `from` to wait: its DMs to `to` (a full inbox), or all its
+    /// DMs (`to` is `None`: over its rate), are held back for `retry_after_secs` more. Nothing
+    /// was published; send again after that.
+    #[error("{} for {retry_after_secs} s more", held_what(from, to.as_ref()))]
+    Held {
+        /// The sender held back.
+        from: AgentId,
+        /// The recipient whose inbox is full; `None` when the sender is over its rate.
+        to: Option<AgentId>,
+        /// Whole seconds left.
+        retry_after_secs: u64,
+    },
     /// The task is not in the state the operation needs (unknown, not waiting...).
     #[error("task {task_id}: {what}")]
     Task {
@@ -127,6 +140,13 @@ pub enum SystemError {
         /// What is the matter.
         what: String,
     },
+}
+
+fn held_what(from: &AgentId, to: Option<&AgentId>) -> String {
+    match to {
+        Some(to) => format!("the inbox of {to} is full: {from} may not send to it"),
+        None => format!("{from} is over its rate: it may not send"),
+    }
 }
 
 impl SystemError {
@@ -277,6 +297,7 @@ impl ActorSystemBuilder {
             trees: Mutex::new(Vec::new()),
             inbox_ids: Mutex::new(Vec::new()),
             trackers: Mutex::new(None),
+            holds: Arc::default(),
         })
     }
 }
@@ -303,6 +324,8 @@ pub struct ActorSystem {
     inbox_ids: Mutex<Vec<AgentId>>,
     /// The dynamic supervisor of task trackers, started by the first `track`.
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
+    /// What refusals for a limit told its senders to hold back, and until when.
+    holds: Arc<holds::Holds>,
 }
 
 /// Snapshot of everything an [`ActorSystem`] runs.

@@ -235,6 +235,13 @@ pub async fn ensure_streams(
         cfg.inbox.max_age().unwrap_or_default(),
     )
     .await?;
+    ensure_bucket(
+        js,
+        protocol::subjects::PRESENCE_BUCKET,
+        "agents' presence, written by their attached inboxes",
+        cfg.inbox.max_age().unwrap_or_default(),
+    )
+    .await?;
     Ok(out)
 }
 

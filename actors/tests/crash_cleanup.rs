@@ -218,6 +218,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
             seen.fetch_add(1, Ordering::SeqCst);
             Box::pin(async { actors::inbox::Handled::Done })
         }),
+        presence_beat: None,
     };
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, inbox, || ()));
     let (sup, _join) = supervision::spawn_supervisor(Some(format!("{name}-sup")), spec)

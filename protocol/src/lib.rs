@@ -18,6 +18,7 @@
 //! - [`rejection`](mod@rejection): the system envelope telling a sender
 //!   why its envelope was refused;
 //! - [`backpressure`]: full inboxes, sender rate limits and when to try again;
+//! - [`presence`]: whether an agent is online, from its inbox's heartbeats;
 //! - [`dedupe`]: the bounded [`SeenSet`] inboxes drop redeliveries with;
 //! - [`attach`]: attaching to a durable inbox and the client fallback rules
 //!   ([`DurableInboxMode`], [`attach_fallback`]);
@@ -55,6 +56,7 @@ pub mod expiry;
 pub mod headers;
 pub mod ids;
 pub mod ordering;
+pub mod presence;
 pub mod receipt;
 pub mod rejection;
 pub mod routing;

@@ -75,6 +75,7 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
     let result = match cli.command {
         Command::Start(args) => start(args).await,
         Command::Status(args) => status(args).await,
+        Command::Presence(args) => presence(args).await,
         Command::Send(args) => send(args).await,
         Command::Inbox(args) => cli::messaging::inbox(args).await.map_err(Into::into),
         Command::Task(args) => task(args).await,
@@ -224,6 +225,29 @@ async fn send(args: cli::SendArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn presence(args: cli::PresenceArgs) -> anyhow::Result<()> {
+    let client = args
+        .nats
+        .settings()
+        .connect("runtime-presence")
+        .await
+        .map_err(SystemError::from)?;
+    for entry in runtime::system::presence::list(&client).await? {
+        if args.json {
+            println!("{}", serde_json::to_string(&entry)?);
+        } else {
+            let state = serde_json::to_value(entry.state)?;
+            println!(
+                "{} {} last seen {} s ago",
+                entry.agent,
+                state.as_str().unwrap_or("unknown"),
+                entry.seen_secs_ago
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let client = args
         .nats
@@ -238,6 +262,10 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let mut out = serde_json::to_value(&snapshot)?;
     if let Some(object) = out.as_object_mut() {
         object.insert("workers".into(), serde_json::to_value(workers)?);
+        // The agents' presence, when this identity may list it (an operator's).
+        if let Ok(presence) = runtime::system::presence::list(&client).await {
+            object.insert("presence".into(), serde_json::to_value(presence)?);
+        }
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -443,3 +443,32 @@ async fn attack_22_bob_cannot_read_alices_holds_and_alice_reads_her_own() {
         "{hold:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_23_bob_cannot_write_alices_presence_and_alice_writes_her_own() {
+    let hub = Hub::start().await;
+    let record = r#"{"state":"offline","at_ms":1,"beat_secs":20}"#;
+    hub.bob_refused("$KV.HUB_PRESENCE.alice", Some("_INBOX.bob.p"), record)
+        .await;
+    // Control: alice beats her own, and anyone may read it (a receipt names it).
+    let online = format!(
+        r#"{{"state":"online","at_ms":{},"beat_secs":20}}"#,
+        protocol::expiry::now_ms()
+    );
+    jetstream::new(hub.alice.client.clone())
+        .publish("$KV.HUB_PRESENCE.alice", online.clone().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let read = hub
+        .bob
+        .client
+        .request(
+            "$JS.API.DIRECT.GET.KV_HUB_PRESENCE.$KV.HUB_PRESENCE.alice",
+            "".into(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(std::str::from_utf8(&read.payload).unwrap(), online);
+}

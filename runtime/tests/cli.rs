@@ -185,6 +185,8 @@ async fn durable_router_creates_streams_and_answers_status() {
         "the request being answered is counted: {snapshot}"
     );
     assert!(snapshot["uptime_ms"].is_u64(), "{snapshot}");
+    // Every agent's presence (none has attached yet): an operator's status lists it.
+    assert_eq!(snapshot["presence"], serde_json::json!([]), "{snapshot}");
     let names: Vec<String> = stream_actions(&snapshot)
         .into_iter()
         .map(|(n, _)| n)

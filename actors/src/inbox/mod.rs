@@ -11,6 +11,7 @@
 //! within its own memory only: a fresh incarnation starts with an empty set (see
 //! docs/SEMANTICS.md).
 
+mod presence;
 mod pump;
 
 use std::sync::Arc;
@@ -91,6 +92,9 @@ pub struct InboxConsumer {
     pub batch: usize,
     /// Called once per DM.
     pub handler: InboxHandler,
+    /// How often a durable inbox writes its agent's presence ([`protocol::presence`]); `None`
+    /// writes none.
+    pub presence_beat: Option<Duration>,
 }
 
 /// Messages of the inbox actor.
@@ -131,6 +135,8 @@ pub struct InboxSnapshot {
 pub struct InboxState {
     binding: Binding,
     pump: Option<Owned>,
+    /// The presence beats (a durable binding with a beat only).
+    presence: Option<Owned>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<InboxCounters>,
 }
@@ -198,10 +204,20 @@ impl Actor for InboxConsumer {
         let pump = crate::background::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
             let _ = myself.cast(InboxMsg::PumpFailed(e));
         });
+        let presence = match (&binding, self.presence_beat) {
+            (Binding::Durable { .. }, Some(every)) => Some(Owned::spawn(presence::beat(
+                async_nats::jetstream::new(self.client.clone()),
+                self.id.clone(),
+                every,
+                counters.clone(),
+            ))),
+            _ => None,
+        };
         tracing::info!(id = %self.id, ?binding, "inbox bound");
         Ok(InboxState {
             binding,
             pump: Some(pump),
+            presence,
             stop,
             counters,
         })
@@ -216,6 +232,18 @@ impl Actor for InboxConsumer {
         if let Some(pump) = state.pump.take() {
             // The pump finishes the DM in hand (acks it) and stops pulling.
             pump.join_within(Duration::from_secs(5)).await;
+        }
+        if let (Some(beats), Some(every)) = (state.presence.take(), self.presence_beat) {
+            beats.abort().await;
+            // A clean stop says so at once (a crash leaves the last beat to time out).
+            let js = async_nats::jetstream::new(self.client.clone());
+            let record = protocol::presence::PresenceRecord::offline(
+                protocol::expiry::now_ms(),
+                every.as_secs(),
+            );
+            if let Err(e) = presence::write(&js, &self.id, &record).await {
+                tracing::warn!(id = %self.id, error = %e, "offline marker not stored");
+            }
         }
         Ok(())
     }

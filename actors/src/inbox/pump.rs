@@ -46,6 +46,10 @@ crate::counters! {
         receipts_failed,
         /// Pulls re-issued after a missed heartbeat or a pull error.
         repulls,
+        /// Presence beats stored (`online`).
+        presence_beats,
+        /// Presence beats that could not be stored (tried again at the next beat).
+        presence_failures,
     }
 }
 

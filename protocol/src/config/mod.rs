@@ -75,6 +75,9 @@ pub struct DeliveryConfig {
     /// DMs one sender may send a minute, shared by all routers (a token bucket per sender in
     /// the `HUB_RATE` KV bucket, with a burst of one minute's worth); `-1` no limit.
     pub sender_rate_per_min: i64,
+    /// How often an attached inbox writes its agent's presence (`HUB_PRESENCE`); a beat is
+    /// believed for three of these.
+    pub presence_beat_secs: u64,
 }
 
 /// The ingress stream.
@@ -161,6 +164,7 @@ impl Default for DeliveryConfig {
             inbox_max_deliver: 6,
             inbox_backoff_secs: vec![5, 15, 60, 300, 900],
             sender_rate_per_min: UNLIMITED,
+            presence_beat_secs: 20,
         }
     }
 }
@@ -216,6 +220,11 @@ impl DeliveryConfig {
     /// [`Self::sender_rate_per_min`]; `None` when senders are not limited.
     pub fn sender_rate(&self) -> Option<u32> {
         limit(self.sender_rate_per_min).and_then(|r| u32::try_from(r).ok())
+    }
+
+    /// [`Self::presence_beat_secs`] as a duration.
+    pub fn presence_beat(&self) -> Duration {
+        Duration::from_secs(self.presence_beat_secs)
     }
 
     /// The consumer ack wait.

@@ -53,6 +53,7 @@ fn default_matches_the_design() {
         inbox_max_deliver: 6,
         inbox_backoff_secs: vec![5, 15, 60, 300, 900],
         sender_rate_per_min: -1,
+        presence_beat_secs: 20,
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -93,6 +94,7 @@ fn full_fixture_sets_every_key() {
         inbox_max_deliver: 4,
         inbox_backoff_secs: vec![1, 2],
         sender_rate_per_min: 600,
+        presence_beat_secs: 10,
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.
@@ -220,6 +222,7 @@ fn invalid_values_name_the_key() {
         (r#"{"router_max_ack_pending": 0}"#, "router_max_ack_pending"),
         (r#"{"inbox_max_ack_pending": -2}"#, "inbox_max_ack_pending"),
         (r#"{"sender_rate_per_min": 0}"#, "sender_rate_per_min"),
+        (r#"{"presence_beat_secs": 0}"#, "presence_beat_secs"),
         (
             r#"{"sender_rate_per_min": 4294967296}"#,
             "sender_rate_per_min",

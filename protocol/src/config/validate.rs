@@ -54,6 +54,7 @@ impl DeliveryConfig {
             ("duplicate_window_secs", self.duplicate_window_secs),
             ("ack_wait_secs", self.ack_wait_secs),
             ("expiry_grace_secs", self.expiry_grace_secs),
+            ("presence_beat_secs", self.presence_beat_secs),
         ] {
             check_finite_duration(key, value)?;
         }

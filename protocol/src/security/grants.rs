@@ -82,6 +82,14 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     // Query and cancel, with itself as the requester (any worker).
                     format!("hub.ctl.*.*.{me}"),
                     own_holds(me),
+                    // Its own presence (its inbox's beats and offline marker), and anyone's
+                    // read (the receipt of a send says whether its recipient is online).
+                    subjects::kv_subject(subjects::PRESENCE_BUCKET, me),
+                    api(&format!(
+                        "DIRECT.GET.{}.{}",
+                        subjects::kv_stream(subjects::PRESENCE_BUCKET),
+                        subjects::kv_subject(subjects::PRESENCE_BUCKET, "*")
+                    )),
                 ],
                 own_consumer(
                     &delivery.inbox.name,

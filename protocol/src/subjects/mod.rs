@@ -140,6 +140,9 @@ pub const RATE_BUCKET: &str = "HUB_RATE";
 /// The KV bucket of the holds the router tells senders of ([`crate::backpressure::Hold`]),
 /// keyed [`crate::backpressure::HoldScope::key`]; a one-shot client reads its own there.
 pub const HOLDS_BUCKET: &str = "HUB_HOLDS";
+/// The KV bucket of the agents' presence records ([`crate::presence::PresenceRecord`]), one
+/// entry per agent identity, written by its attached inbox.
+pub const PRESENCE_BUCKET: &str = "HUB_PRESENCE";
 
 /// The subject a KV `key` of `bucket` is stored on: `$KV.<bucket>.<key>`.
 pub fn kv_subject(bucket: &str, key: &str) -> String {

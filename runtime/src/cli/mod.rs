@@ -85,6 +85,20 @@ pub enum Command {
     RenderConfig(RenderConfigArgs),
     /// List, replay or discard the dead letters (DMs their inbox could not take).
     Dlq(dlq::DlqArgs),
+    /// List the agents and when each was last seen (an operator's command).
+    Presence(PresenceArgs),
+}
+
+/// `runtime presence`.
+#[derive(Debug, Args)]
+pub struct PresenceArgs {
+    /// One JSON object per agent, one per line.
+    #[arg(long)]
+    pub json: bool,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// `runtime render-config`.

@@ -30,6 +30,11 @@ pub struct Receipt {
     /// The ingress stream already had this `meta.id` from this sender within the duplicate
     /// window (a retried send).
     pub duplicate: bool,
+    /// For a DM on a durable hub: whether its recipient is online, from its presence record
+    /// (read at most once per beat's fifth, at most 5 s; `unknown` when never seen or the
+    /// record cannot be read). `None` for a broadcast or in core mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient_state: Option<protocol::presence::PresenceState>,
 }
 
 /// A fresh message id: milliseconds since the epoch and a process-local counter, hex.
@@ -126,20 +131,25 @@ impl ActorSystem {
                 id: envelope.meta.id.clone(),
                 ingress_seq: None,
                 duplicate: false,
+                recipient_state: None,
             });
         }
-        let ack = self
-            .publish_ingress(
-                &subject,
-                &format!("{from}:{}", envelope.meta.id),
-                payload,
-                Retry::No,
-            )
-            .await?;
+        let msg_id = format!("{from}:{}", envelope.meta.id);
+        let published = self.publish_ingress(&subject, &msg_id, payload, Retry::No);
+        // The recipient's presence is read beside the publish, not after it.
+        let recipient = async {
+            match (channel, envelope.meta.to.as_ref()) {
+                (Channel::Inbox, Some(to)) => Some(self.presence.state(&self.client, to).await),
+                _ => None,
+            }
+        };
+        let (ack, recipient_state) = tokio::join!(published, recipient);
+        let ack = ack?;
         Ok(Receipt {
             id: envelope.meta.id.clone(),
             ingress_seq: Some(ack.sequence),
             duplicate: ack.duplicate,
+            recipient_state,
         })
     }
 
@@ -177,6 +187,7 @@ impl ActorSystem {
             attach_timeout: ATTACH_TIMEOUT,
             batch: INBOX_BATCH,
             handler,
+            presence_beat: self.durable.then(|| self.delivery.presence_beat()),
         };
         let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             self.inbox_name(id),

@@ -41,6 +41,7 @@ use tokio::sync::Mutex;
 pub mod control;
 mod holds;
 pub mod messaging;
+pub mod presence;
 pub mod tasks;
 pub mod worker;
 
@@ -291,6 +292,7 @@ impl ActorSystemBuilder {
             id,
             client,
             durable: self.durable,
+            presence: presence::PresenceCache::new(self.delivery.presence_beat()),
             delivery: Arc::new(self.delivery),
             reply_prefix,
             inbox_mode,
@@ -326,6 +328,8 @@ pub struct ActorSystem {
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// What refusals for a limit told its senders to hold back, and until when.
     holds: Arc<holds::Holds>,
+    /// The recipients' presence it read lately (a send's receipt names it).
+    presence: presence::PresenceCache,
 }
 
 /// Snapshot of everything an [`ActorSystem`] runs.

@@ -45,21 +45,22 @@ pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
     }
 }
 
-/// Settings every worker-facing consumer shares: pull, explicit ack, deliver all, no finite
-/// max-deliver, no backoff list, no inactivity threshold (a queue with work pending is never
+/// Settings every worker-facing consumer shares: pull, explicit ack, deliver all, no backoff
+/// list, no inactivity threshold (a queue with work pending is never
 /// deleted), ack wait from the config (workers heartbeat at a third of it).
 fn work_consumer(
     cfg: &DeliveryConfig,
     durable: String,
     filter: String,
     max_ack_pending: i64,
+    max_deliver: i64,
 ) -> pull::Config {
     pull::Config {
         durable_name: Some(durable),
         deliver_policy: DeliverPolicy::All,
         ack_policy: AckPolicy::Explicit,
         ack_wait: cfg.ack_wait(),
-        max_deliver: -1,
+        max_deliver,
         filter_subject: filter,
         max_ack_pending,
         inactive_threshold: Duration::ZERO,
@@ -67,13 +68,15 @@ fn work_consumer(
     }
 }
 
-/// The shared consumer `queue-<queue>` on `work.<queue>` (untargeted tasks).
+/// The shared consumer `queue-<queue>` on `work.<queue>` (untargeted tasks); an input
+/// delivered `task_max_deliver` times is dead-lettered.
 pub fn queue_consumer(cfg: &DeliveryConfig, queue: &QueueName) -> pull::Config {
     work_consumer(
         cfg,
         subjects::queue_consumer(queue),
         subjects::work(queue, None),
         10_000,
+        cfg.task_max_deliver,
     )
 }
 
@@ -84,6 +87,7 @@ pub fn targeted_consumer(cfg: &DeliveryConfig, worker: &WorkerId) -> pull::Confi
         subjects::targeted_consumer(worker),
         subjects::targeted_filter(worker),
         1_024,
+        cfg.task_max_deliver,
     )
 }
 
@@ -94,6 +98,8 @@ pub fn answer_consumer(cfg: &DeliveryConfig, worker: &WorkerId) -> pull::Config 
         subjects::answer_consumer(worker),
         subjects::answer(worker),
         1_024,
+        // Answers are nak'd while their attempt is busy: no finite count fits them.
+        -1,
     )
 }
 

@@ -155,6 +155,8 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
         max_age: cfg.tasks.max_age().unwrap_or_default(),
         storage: StorageType::File,
         duplicate_window: dup,
+        // A dead-lettered input is read back by sequence (only routers may).
+        allow_direct: true,
         ..Default::default()
     };
     let answers = Config {
@@ -177,6 +179,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
         subjects: vec![
             subjects::terminated_advisories(&cfg.inbox.name),
             subjects::max_deliveries_advisories(&cfg.inbox.name),
+            subjects::max_deliveries_advisories(subjects::WORK_STREAM),
         ],
         retention: RetentionPolicy::WorkQueue,
         max_age: cfg.ingress.max_age().unwrap_or_default(),

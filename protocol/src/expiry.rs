@@ -42,6 +42,24 @@ pub struct ExpiryCheck {
     pub expires_at: u64,
 }
 
+/// The body of an answer's check, scheduled by the router when it stores an answer and fired
+/// `answer_max_wait_secs` later (on [`ANSWER_DUE_SUBJECT`](crate::subjects::ANSWER_DUE_SUBJECT)):
+/// an answer its worker's consumer never delivered by then is dead-lettered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerCheck {
+    /// The answerer (who is told).
+    pub from: AgentId,
+    /// The worker it is for.
+    pub worker: crate::ids::WorkerId,
+    /// The answer envelope's `meta.id`.
+    pub id: MessageId,
+    /// The task it answers.
+    pub task_id: crate::ids::TaskId,
+    /// Its sequence in the answers stream.
+    pub answers_seq: u64,
+}
+
 /// Whether the check at a DM's deadline tells its sender that it expired: when the recipient's
 /// inbox consumer never fetched it (`delivered_seq`, the consumer's last delivered stream
 /// sequence, is below it, or there is no consumer). A DM it fetched is the inbox's to judge:

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::envelope::Envelope;
-use crate::ids::{AgentId, MessageId};
+use crate::ids::{AgentId, MessageId, QueueName, TaskId, WorkerId};
 use crate::subjects;
 use crate::wire_error::WireError;
 
@@ -203,6 +203,64 @@ fn notice(
     )
 }
 
+/// The `body.kind` of the notice that a task input was dead-lettered.
+pub const TASK_UNDELIVERABLE_KIND: &str = "task_undeliverable";
+/// The `body.kind` of the notice that an answer was dead-lettered (no worker took it).
+pub const ANSWER_UNDELIVERABLE_KIND: &str = "answer_undeliverable";
+
+/// A notice about a task input or an answer the hub could not deliver to a worker, as its
+/// sender (the task's delegator) reads it back ([`parse_task_notice`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskNotice {
+    /// [`TASK_UNDELIVERABLE_KIND`] or [`ANSWER_UNDELIVERABLE_KIND`].
+    pub kind: String,
+    /// The `meta.id` of the task's or the answer's envelope.
+    pub message_id: MessageId,
+    /// The task.
+    pub task_id: TaskId,
+    /// A task input's queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueName>,
+    /// An answer's worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerId>,
+    /// Its sequence in the work stream (an input) or the answers stream (an answer).
+    pub stream_seq: u64,
+    /// Why: `max_deliver` (an input), `no_worker` (an answer no worker took in time).
+    pub reason: String,
+}
+
+impl TaskNotice {
+    /// Builds the notice for `recipient`: `(subject, msg_id, envelope)` as [`rejection`],
+    /// stored under `hub-system:<kind>:<stream_seq>`, `meta.id` `hub-<kind>-<stream_seq>`.
+    pub fn envelope(&self, recipient: &AgentId) -> (String, String, Envelope) {
+        let (kind, seq) = (self.kind.as_str(), self.stream_seq);
+        let id = MessageId::new(format!("hub-{kind}-{seq}")).expect("a valid id");
+        let body = serde_json::to_value(self).expect("a notice serializes");
+        let mut env = Envelope::new(id, body);
+        env.meta.to = Some(recipient.clone());
+        env.meta
+            .extra
+            .insert(SYSTEM_FIELD.into(), Value::Bool(true));
+        (
+            subjects::inbox(recipient),
+            format!("{SYSTEM_MSG_ID_PREFIX}{kind}:{seq}"),
+            env,
+        )
+    }
+}
+
+/// Reads a task notice back; `None` when `env` is not a system envelope whose body is one.
+pub fn parse_task_notice(env: &Envelope) -> Option<TaskNotice> {
+    let kind = env.body.get("kind")?;
+    if !is_system(env)
+        || (kind != &json!(TASK_UNDELIVERABLE_KIND) && kind != &json!(ANSWER_UNDELIVERABLE_KIND))
+    {
+        return None;
+    }
+    serde_json::from_value(env.body.clone()).ok()
+}
+
 /// Reads a notice back; `None` when `env` is not a system envelope whose body is one.
 pub fn parse_notice(env: &Envelope) -> Option<Notice> {
     let kind = env.body.get("kind")?;
@@ -267,6 +325,26 @@ mod tests {
         assert_eq!(env.meta.id.as_str(), format!("hub-reject-{}", u64::MAX));
         assert_eq!(env.body["rejected_id"], Value::Null);
         assert_eq!(env.body["ingress_seq"], json!(u64::MAX));
+    }
+
+    #[test]
+    fn a_task_notice_round_trips() {
+        let notice = TaskNotice {
+            kind: TASK_UNDELIVERABLE_KIND.into(),
+            message_id: MessageId::new("m1").unwrap(),
+            task_id: TaskId::new("t1").unwrap(),
+            queue: Some(QueueName::new("q").unwrap()),
+            worker: None,
+            stream_seq: 9,
+            reason: "max_deliver".into(),
+        };
+        let (subject, msg_id, env) = notice.envelope(&agent("alice"));
+        assert_eq!(subject, "channel.inbox.alice");
+        assert_eq!(msg_id, "hub-system:task_undeliverable:9");
+        assert_eq!(env.meta.id.as_str(), "hub-task_undeliverable-9");
+        assert_eq!(parse_task_notice(&env), Some(notice));
+        assert_eq!(parse_notice(&env), None);
+        assert!(env.body.get("worker").is_none());
     }
 
     #[test]

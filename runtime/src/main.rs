@@ -262,9 +262,13 @@ async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let mut out = serde_json::to_value(&snapshot)?;
     if let Some(object) = out.as_object_mut() {
         object.insert("workers".into(), serde_json::to_value(workers)?);
-        // The agents' presence, when this identity may list it (an operator's).
-        if let Ok(presence) = runtime::system::presence::list(&client).await {
-            object.insert("presence".into(), serde_json::to_value(presence)?);
+        // The agents' presence on a durable hub, when this identity may list it (an
+        // operator's); a core hub has no JetStream to ask.
+        let durable = object.get("durable") == Some(&serde_json::Value::Bool(true));
+        if durable {
+            if let Ok(presence) = runtime::system::presence::list(&client).await {
+                object.insert("presence".into(), serde_json::to_value(presence)?);
+            }
         }
     }
     println!("{}", serde_json::to_string_pretty(&out)?);

@@ -26,6 +26,7 @@ use super::counters::RouterCounters;
 use super::outbound::{header_pairs, routed_headers, view};
 use super::rate::RateLimiter;
 use super::refusal::Refusable;
+use super::schedule::Planned;
 use super::RouterError;
 use crate::background::Owned;
 use crate::epoch::{broker_mark, Baseline, BrokerMark};
@@ -258,7 +259,7 @@ impl DurablePump {
                     }
                     let dm = match (expires_at, dm) {
                         (Some(expires_at), Some(dm)) => {
-                            let check = PlannedCheck {
+                            let check = Planned::Expiry {
                                 from: dm.from.clone(),
                                 to: dm.to.clone(),
                                 id: dm.id.clone(),
@@ -277,10 +278,17 @@ impl DurablePump {
                         self.counters.flagged.bump();
                         headers.insert(protocol::headers::HUB_CHECK, "1");
                     }
+                    // An answer: checked after `answer_max_wait_secs`, dead-lettered if no worker
+                    // took it by then.
+                    let answer = match (&dm, protocol::subjects::parse_answer(&subject)) {
+                        (None, Ok(worker)) => self.plan_answer(worker, &payload, codec),
+                        _ => None,
+                    };
                     let pending = store(js, subject, headers, payload, false).await;
-                    match dm {
-                        Some(dm) => self.or_refuse(js, pending, dm),
-                        None => pending,
+                    match (dm, answer) {
+                        (Some(dm), _) => self.or_refuse(js, pending, dm),
+                        (None, Some(planned)) => self.then_schedule(js, pending, planned),
+                        (None, None) => pending,
                     }
                 }
                 RouteDecision::StoreAll {
@@ -430,6 +438,25 @@ impl DurablePump {
         }
     }
 
+    /// The wait check of an answer to `worker` (its routed `payload`, already validated).
+    fn plan_answer(
+        &self,
+        worker: protocol::WorkerId,
+        payload: &[u8],
+        codec: Codec,
+    ) -> Option<Planned> {
+        let env = protocol::decode(payload, codec).ok()?;
+        let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
+        let wait_ms = self.delivery.answer_max_wait_secs.saturating_mul(1000);
+        Some(Planned::Answer {
+            from: env.meta.from?,
+            worker,
+            id: env.meta.id,
+            task_id: answer.task_id,
+            at_ms: protocol::expiry::now_ms().saturating_add(wait_ms),
+        })
+    }
+
     async fn finish(&self, msg: Message, done: Done) {
         self.counters.in_flight.sub();
         let result = match done {
@@ -506,94 +533,6 @@ fn ready(done: Done) -> Pending {
 /// Publishes to a stream and returns the future of its store ack (bounded by
 /// [`PUBLISH_ACK_TIMEOUT`]); the publish itself is sent before this returns, which keeps the
 /// store order equal to the pull order.
-/// What the deadline check of a DM will name, before its inbox sequence is known.
-struct PlannedCheck {
-    from: protocol::AgentId,
-    to: protocol::AgentId,
-    id: protocol::MessageId,
-    expires_at: u64,
-}
-
-impl DurablePump {
-    /// Once the DM is stored (`stored`), schedules its deadline check
-    /// ([`protocol::expiry::ExpiryCheck`], fired at its deadline on
-    /// [`protocol::subjects::EXPIRY_DUE_SUBJECT`]) before the ingress message is acked: a
-    /// router that dies in between has the ingress message redelivered, the store deduplicated
-    /// (its ack names the stored sequence again) and the schedule made again under the same id.
-    fn then_schedule(
-        &self,
-        js: &jetstream::Context,
-        stored: Pending,
-        check: PlannedCheck,
-    ) -> Pending {
-        let js = js.clone();
-        let counters = self.counters.clone();
-        Box::pin(async move {
-            // The duplicate ack of a re-stored DM names the original's sequence too.
-            let (duplicate, seq) = match stored.await {
-                Done::Stored { duplicate, seq, .. } => (duplicate, seq),
-                other => return other,
-            };
-            let body = protocol::expiry::ExpiryCheck {
-                from: check.from,
-                to: check.to,
-                id: check.id,
-                inbox_seq: seq,
-                expires_at: check.expires_at,
-            };
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(
-                protocol::headers::NATS_MSG_ID,
-                format!("hub-sched:expiry:{seq}").as_str(),
-            );
-            headers.insert(
-                "Nats-Schedule",
-                format!("@at {}", protocol::expiry::rfc3339_utc(check.expires_at)).as_str(),
-            );
-            headers.insert(
-                "Nats-Schedule-Target",
-                protocol::subjects::EXPIRY_DUE_SUBJECT,
-            );
-            let payload = serde_json::to_vec(&body).expect("an expiry check serializes");
-            let subject = protocol::subjects::expiry_schedule(seq);
-            let sent = js
-                .publish_with_headers(subject, headers, payload.into())
-                .await;
-            let acked = match sent {
-                Ok(ack) => tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack.into_future()).await,
-                Err(e) => return Done::Failed(format!("expiry check not sent: {e}")),
-            };
-            match acked {
-                Ok(Ok(_)) => counters.expiry_checks_scheduled.bump(),
-                // Lost on the way (no ack, a dropped connection, the stream not there yet):
-                // tried again with the ingress message.
-                Ok(Err(e))
-                    if matches!(
-                        e.kind(),
-                        jetstream::context::PublishErrorKind::TimedOut
-                            | jetstream::context::PublishErrorKind::BrokenPipe
-                            | jetstream::context::PublishErrorKind::StreamNotFound
-                            | jetstream::context::PublishErrorKind::MaxAckPending
-                    ) =>
-                {
-                    return Done::Failed(format!("expiry check not stored: {e}"));
-                }
-                // Refused: retrying cannot help; the DM is stored and is delivered as usual.
-                Ok(Err(e)) => {
-                    counters.expiry_checks_failed.bump();
-                    tracing::warn!(error = %e, inbox_seq = seq, "the broker refused a DM's expiry check; its sender may not be told should it expire unread");
-                }
-                Err(_) => return Done::Failed("no ack of the expiry check in time".into()),
-            }
-            Done::Stored {
-                duplicate,
-                terminate: false,
-                seq,
-            }
-        })
-    }
-}
-
 pub(super) async fn store(
     js: &jetstream::Context,
     subject: String,

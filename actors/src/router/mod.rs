@@ -17,6 +17,7 @@ pub mod durable;
 mod outbound;
 mod rate;
 mod refusal;
+mod schedule;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -20,12 +20,17 @@ fn refuse(field: &'static str, reason: impl Into<String>) -> Result<(), Incompat
     })
 }
 
+/// The fewest deliveries a worker accepts of a consumer with a finite `max_deliver`: a task
+/// whose deliveries run out is dead-lettered (`task_max_deliver`), and one crash must not do it.
+pub const MIN_MAX_DELIVER: i64 = 2;
+
 /// The shortest consumer ack wait a worker accepts: it heartbeats long work at a third of the
 /// ack wait, and a shorter one would leave no room for a heartbeat to arrive in time.
 pub const MIN_ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Checks a consumer's configuration (from `consumer_info`) against what a worker needs:
-/// a pull consumer (`deliver_subject` unset), explicit acks, unlimited deliveries, no backoff
+/// a pull consumer (`deliver_subject` unset), explicit acks, unlimited deliveries or at least
+/// [`MIN_MAX_DELIVER`] (the router dead-letters a task whose deliveries ran out), no backoff
 /// (redelivery timing is the heartbeat's job), an ack wait of at least [`MIN_ACK_WAIT`] (the
 /// worker heartbeats at a third of the consumer's own ack wait), never deleted for
 /// inactivity, and exactly the `expected_filter`.
@@ -45,11 +50,12 @@ pub fn check_consumer(
             format!("is {:?}, must be explicit", config.ack_policy),
         );
     }
-    if config.max_deliver > 0 {
+    if (1..MIN_MAX_DELIVER).contains(&config.max_deliver) {
         return refuse(
             "max_deliver",
             format!(
-                "is {}: a task would be dropped after that many deliveries",
+                "is {}: a task would be dead-lettered after its first delivery (at least \
+                 {MIN_MAX_DELIVER}, or unlimited)",
                 config.max_deliver
             ),
         );
@@ -136,10 +142,13 @@ mod tests {
     }
 
     #[test]
-    fn compat_refuses_finite_max_deliver() {
+    fn compat_refuses_a_max_deliver_of_one_and_takes_a_larger_one() {
+        let mut c = good();
+        c.max_deliver = 1;
+        assert_eq!(field(c), "max_deliver");
         let mut c = good();
         c.max_deliver = 5;
-        assert_eq!(field(c), "max_deliver");
+        check_consumer(&c, "work.q").unwrap();
     }
 
     #[test]

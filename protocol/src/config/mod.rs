@@ -78,6 +78,12 @@ pub struct DeliveryConfig {
     /// How often an attached inbox writes its agent's presence (`HUB_PRESENCE`); a beat is
     /// believed for three of these.
     pub presence_beat_secs: u64,
+    /// Deliveries of one task input to workers (its queue's or its worker's consumer) before
+    /// it is dead-lettered; `-1` unlimited.
+    pub task_max_deliver: i64,
+    /// How long an answer may wait for its worker's consumer to take it before it is
+    /// dead-lettered (its answerer told): a worker gone for good never takes it.
+    pub answer_max_wait_secs: u64,
 }
 
 /// The ingress stream.
@@ -165,6 +171,8 @@ impl Default for DeliveryConfig {
             inbox_backoff_secs: vec![5, 15, 60, 300, 900],
             sender_rate_per_min: UNLIMITED,
             presence_beat_secs: 20,
+            task_max_deliver: 20,
+            answer_max_wait_secs: 3600,
         }
     }
 }

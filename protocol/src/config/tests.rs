@@ -54,6 +54,8 @@ fn default_matches_the_design() {
         inbox_backoff_secs: vec![5, 15, 60, 300, 900],
         sender_rate_per_min: -1,
         presence_beat_secs: 20,
+        task_max_deliver: 20,
+        answer_max_wait_secs: 3600,
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -95,6 +97,8 @@ fn full_fixture_sets_every_key() {
         inbox_backoff_secs: vec![1, 2],
         sender_rate_per_min: 600,
         presence_beat_secs: 10,
+        task_max_deliver: 5,
+        answer_max_wait_secs: 600,
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.
@@ -223,6 +227,9 @@ fn invalid_values_name_the_key() {
         (r#"{"inbox_max_ack_pending": -2}"#, "inbox_max_ack_pending"),
         (r#"{"sender_rate_per_min": 0}"#, "sender_rate_per_min"),
         (r#"{"presence_beat_secs": 0}"#, "presence_beat_secs"),
+        (r#"{"task_max_deliver": 0}"#, "task_max_deliver"),
+        (r#"{"task_max_deliver": 1}"#, "task_max_deliver"),
+        (r#"{"answer_max_wait_secs": 0}"#, "answer_max_wait_secs"),
         (
             r#"{"sender_rate_per_min": 4294967296}"#,
             "sender_rate_per_min",

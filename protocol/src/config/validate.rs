@@ -55,6 +55,7 @@ impl DeliveryConfig {
             ("ack_wait_secs", self.ack_wait_secs),
             ("expiry_grace_secs", self.expiry_grace_secs),
             ("presence_beat_secs", self.presence_beat_secs),
+            ("answer_max_wait_secs", self.answer_max_wait_secs),
         ] {
             check_finite_duration(key, value)?;
         }
@@ -118,8 +119,16 @@ impl DeliveryConfig {
             ("router_max_ack_pending", self.router_max_ack_pending),
             ("inbox_max_ack_pending", self.inbox_max_ack_pending),
             ("sender_rate_per_min", self.sender_rate_per_min),
+            ("task_max_deliver", self.task_max_deliver),
         ] {
             check_limit(key, value)?;
+        }
+        if self.task_max_deliver == 1 {
+            return Err(invalid(
+                "task_max_deliver",
+                "must be -1 (unlimited) or at least 2: one crash must not dead-letter a task"
+                    .to_owned(),
+            ));
         }
         if self.sender_rate_per_min > i64::from(u32::MAX) {
             return Err(invalid(

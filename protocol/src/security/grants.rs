@@ -187,6 +187,12 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 publish.extend(acks(stream, consumer));
             }
             publish.push(api(&format!("DIRECT.GET.{}", delivery.inbox.name)));
+            // A task input whose deliveries ran out, an answer no worker took: read back,
+            // copied, then removed.
+            for stream in [subjects::WORK_STREAM, subjects::ANSWERS_STREAM] {
+                publish.push(api(&format!("DIRECT.GET.{stream}")));
+                publish.push(api(&format!("STREAM.MSG.DELETE.{stream}")));
+            }
             Grants {
                 publish,
                 subscribe: vec![

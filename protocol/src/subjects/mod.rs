@@ -88,7 +88,11 @@ pub const SCHEDULES_STREAM: &str = "HUB_SCHEDULES";
 pub const SCHEDULES_FILTER: &str = "hub.sched.>";
 /// Where an expiry schedule fires (in [`SCHEDULES_STREAM`]).
 pub const EXPIRY_DUE_SUBJECT: &str = "hub.sched.due.expiry";
-/// The durable name of the routers' shared consumer of [`EXPIRY_DUE_SUBJECT`].
+/// Where an answer's check fires (in [`SCHEDULES_STREAM`]).
+pub const ANSWER_DUE_SUBJECT: &str = "hub.sched.due.answer";
+/// Every subject a schedule fires on: what the routers' shared `expiry` consumer takes.
+pub const DUE_FILTER: &str = "hub.sched.due.>";
+/// The durable name of the routers' shared consumer of [`DUE_FILTER`].
 pub const EXPIRY_CONSUMER: &str = "expiry";
 /// The stream capturing the broker's advisories about inbox deliveries the hub acts on (a DM
 /// an inbox terminated as expired).
@@ -107,6 +111,12 @@ pub fn dlq(to: &AgentId) -> String {
     format!("dlq.{to}")
 }
 
+/// The dead-letter subject of the task inputs of `queue`: `dlq.work.<queue>` (three tokens, so
+/// never an agent's `dlq.<to>`).
+pub fn dlq_work(queue: &crate::ids::QueueName) -> String {
+    format!("dlq.work.{queue}")
+}
+
 /// The advisories of DMs of `inbox_stream` whose deliveries ran out:
 /// `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<inbox stream>.*`.
 pub fn max_deliveries_advisories(inbox_stream: &str) -> String {
@@ -117,6 +127,17 @@ pub fn max_deliveries_advisories(inbox_stream: &str) -> String {
 /// `hub.sched.expiry.<inbox seq>` (one schedule per subject, so one per DM).
 pub fn expiry_schedule(inbox_seq: u64) -> String {
     format!("hub.sched.expiry.{inbox_seq}")
+}
+
+/// The schedule subject of the check of the answer stored at `answers_seq`:
+/// `hub.sched.answer.<answers_seq>`.
+pub fn answer_schedule(answers_seq: u64) -> String {
+    format!("hub.sched.answer.{answers_seq}")
+}
+
+/// The dead-letter subject of the answers to `worker`: `dlq.answer.<worker>`.
+pub fn dlq_answer(worker: &crate::ids::WorkerId) -> String {
+    format!("dlq.answer.{worker}")
 }
 
 /// The advisories of terminated deliveries of every consumer of `inbox_stream`:

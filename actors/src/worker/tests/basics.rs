@@ -468,7 +468,7 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     .await
     .unwrap();
     work.create_consumer(pull::Config {
-        max_deliver: 5,
+        max_deliver: 1,
         ..crate::consumers::queue_consumer(&env.delivery, &env.queue)
     })
     .await

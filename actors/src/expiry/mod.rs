@@ -19,11 +19,15 @@
 //! The same advisories pump takes care of **dead letters**: a DM whose deliveries ran out (the
 //! broker's max-deliveries advisory) or that its handler rejected (terminated with
 //! `rejected: <reason>`) is copied to `HUB_DLQ` (`dlq.<recipient>`, under `hub-dlq:<inbox seq>`)
-//! and its sender gets a notice of kind `undeliverable`.
+//! and its sender gets a notice of kind `undeliverable`. A task input whose deliveries to
+//! workers ran out (`task_max_deliver`) is copied to `dlq.work.<queue>` and removed from the work
+//! stream, and its delegator told (`task_undeliverable`; [`tasks`]).
 //!
 //! Both pumps take their messages from durable consumers shared by every router, and ack each
 //! only once what it leads to is stored: a router that dies in between has it redelivered, and
 //! the `Nats-Msg-Id`s (`hub-system:<kind>:<inbox seq>`, `hub-dlq:<inbox seq>`) store each once.
+
+mod tasks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,7 +157,7 @@ impl Actor for Expiry {
             &js,
             subjects::SCHEDULES_STREAM,
             subjects::EXPIRY_CONSUMER,
-            subjects::EXPIRY_DUE_SUBJECT,
+            subjects::DUE_FILTER,
             self.delivery.ack_wait(),
         )
         .await?;
@@ -277,9 +281,16 @@ impl ExpiryPump {
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), ExpiryError> {
         while let Some(msg) = next(&mut messages, &mut stop, subjects::EXPIRY_CONSUMER).await? {
-            let handled = match serde_json::from_slice::<ExpiryCheck>(&msg.payload) {
-                Ok(check) => self.check(check).await,
-                Err(_) => Handled::Malformed,
+            let handled = if msg.subject.as_str() == subjects::ANSWER_DUE_SUBJECT {
+                match serde_json::from_slice::<protocol::expiry::AnswerCheck>(&msg.payload) {
+                    Ok(check) => self.answer_check(check).await,
+                    Err(_) => Handled::Malformed,
+                }
+            } else {
+                match serde_json::from_slice::<ExpiryCheck>(&msg.payload) {
+                    Ok(check) => self.check(check).await,
+                    Err(_) => Handled::Malformed,
+                }
             };
             self.settle(&msg, handled).await;
         }
@@ -329,6 +340,9 @@ impl ExpiryPump {
         while let Some(msg) = next(&mut messages, &mut stop, subjects::ADVISORIES_CONSUMER).await? {
             self.counters.advisories.bump();
             let handled = match serde_json::from_slice::<Advisory>(&msg.payload) {
+                Ok(a) if a.stream == subjects::WORK_STREAM && a.kind == MAX_DELIVER_ADVISORY => {
+                    self.dead_letter_task(&a).await
+                }
                 Ok(a) if a.stream != self.delivery.inbox.name => Handled::Done,
                 Ok(a) if a.kind == MAX_DELIVER_ADVISORY => {
                     self.dead_letter(&a, "max_deliver").await

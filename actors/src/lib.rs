@@ -22,6 +22,7 @@
 //! so none outlives its actor, however the actor ends.
 
 pub mod attach;
+pub mod audit;
 mod background;
 pub mod consumers;
 pub mod counters;

@@ -91,10 +91,12 @@ pub struct StreamReport {
 /// - advisories (the broker's termination and max-deliveries advisories of inbox deliveries):
 ///   work-queue retention, max age of the ingress.
 /// - dead letters (`dlq.>`): limits retention, max age of the inbox.
+/// - audit (`hub.audit.>`): the audit trail's event batches; limits retention, max age of the
+///   inbox.
 ///
 /// Every stream gets the configured duplicate window; inbox and tasks allow per-message TTL.
 /// An unlimited max age (`-1`) is JetStream's 0.
-pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
+pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 9] {
     let dup = cfg.duplicate_window();
     let ingress = Config {
         name: cfg.ingress.name.clone(),
@@ -187,6 +189,16 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
         duplicate_window: dup,
         ..Default::default()
     };
+    // The audit trail: batches of events (`protocol::audit`), kept as long as the inbox.
+    let audit = Config {
+        name: subjects::AUDIT_STREAM.to_string(),
+        subjects: vec![subjects::AUDIT_FILTER.to_string()],
+        retention: RetentionPolicy::Limits,
+        max_age: cfg.inbox.max_age().unwrap_or_default(),
+        storage: StorageType::File,
+        duplicate_window: dup,
+        ..Default::default()
+    };
     let dlq = Config {
         name: subjects::DLQ_STREAM.to_string(),
         subjects: vec![subjects::DLQ_FILTER.to_string()],
@@ -198,7 +210,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 8] {
         ..Default::default()
     };
     [
-        ingress, inbox, tasks, work, answers, schedules, advisories, dlq,
+        ingress, inbox, tasks, work, answers, schedules, advisories, dlq, audit,
     ]
 }
 
@@ -411,7 +423,8 @@ mod tests {
                 "HUB_ANSWERS",
                 "HUB_SCHEDULES",
                 "HUB_ADVISORIES",
-                "HUB_DLQ"
+                "HUB_DLQ",
+                "HUB_AUDIT"
             ]
         );
 

@@ -219,6 +219,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
             Box::pin(async { actors::inbox::Handled::Done })
         }),
         presence_beat: None,
+        audit_events: false,
     };
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, inbox, || ()));
     let (sup, _join) = supervision::spawn_supervisor(Some(format!("{name}-sup")), spec)

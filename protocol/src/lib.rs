@@ -19,6 +19,7 @@
 //!   why its envelope was refused;
 //! - [`backpressure`]: full inboxes, sender rate limits and when to try again;
 //! - [`presence`]: whether an agent is online, from its inbox's heartbeats;
+//! - [`audit`]: the audit trail's events and the timeline of one message or task;
 //! - [`dedupe`]: the bounded [`SeenSet`] inboxes drop redeliveries with;
 //! - [`attach`]: attaching to a durable inbox and the client fallback rules
 //!   ([`DurableInboxMode`], [`attach_fallback`]);
@@ -48,6 +49,7 @@
 //! ```
 
 pub mod attach;
+pub mod audit;
 pub mod backpressure;
 pub mod config;
 pub mod dedupe;

@@ -76,6 +76,7 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Start(args) => start(args).await,
         Command::Status(args) => status(args).await,
         Command::Presence(args) => presence(args).await,
+        Command::Trace(args) => trace(args).await,
         Command::Send(args) => send(args).await,
         Command::Inbox(args) => cli::messaging::inbox(args).await.map_err(Into::into),
         Command::Task(args) => task(args).await,
@@ -222,6 +223,36 @@ async fn answer(args: cli::AnswerArgs) -> anyhow::Result<()> {
 async fn send(args: cli::SendArgs) -> anyhow::Result<()> {
     let receipt = cli::messaging::send(args).await?;
     println!("{}", serde_json::to_string(&receipt)?);
+    Ok(())
+}
+
+async fn trace(args: cli::TraceArgs) -> anyhow::Result<()> {
+    let client = args
+        .nats
+        .settings()
+        .connect("runtime-trace")
+        .await
+        .map_err(SystemError::from)?;
+    for row in runtime::system::trace::trace(&client, &args.id).await? {
+        if args.json {
+            println!("{}", serde_json::to_string(&row)?);
+        } else {
+            let e = &row.event;
+            let attempt = e
+                .attempt
+                .map(|a| format!(" attempt {a}"))
+                .unwrap_or_default();
+            let details = if e.details.is_null() {
+                String::new()
+            } else {
+                format!(" {}", e.details)
+            };
+            println!(
+                "+{} ms {} by {}{attempt}{details}",
+                row.after_ms, e.event, e.actor
+            );
+        }
+    }
     Ok(())
 }
 

@@ -27,7 +27,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// A URL where nothing listens (port 1 is never a nats-server in these tests).
 const DEAD_URL: &str = "nats://127.0.0.1:1";
 /// The streams a durable router provisions, with their subject filters, in provisioning order.
-const STREAMS: [(&str, &str); 8] = [
+const STREAMS: [(&str, &str); 9] = [
     ("HUB_INGRESS", "hub.pub.>"),
     ("HUB_INBOX", "channel.inbox.>"),
     ("HUB_TASKS", "channel.task.>"),
@@ -39,6 +39,7 @@ const STREAMS: [(&str, &str); 8] = [
         "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.HUB_INBOX.*",
     ),
     ("HUB_DLQ", "dlq.>"),
+    ("HUB_AUDIT", "hub.audit.>"),
 ];
 
 // ---------------------------------------------------------------------------------------------

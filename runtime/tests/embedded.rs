@@ -32,7 +32,8 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
             "HUB_ANSWERS",
             "HUB_SCHEDULES",
             "HUB_ADVISORIES",
-            "HUB_DLQ"
+            "HUB_DLQ",
+            "HUB_AUDIT"
         ]
     );
     let sup = snapshot

@@ -105,6 +105,8 @@ pub struct ExpiryState {
     counters: Arc<ExpiryCounters>,
     stop: watch::Sender<bool>,
     pumps: Vec<Owned>,
+    /// Publishes the pumps' audit events (`expired`, `dead_lettered`).
+    audit_flusher: Option<Owned>,
 }
 
 /// Expiry actor failures.
@@ -147,11 +149,19 @@ impl Actor for Expiry {
         let counters = Arc::new(ExpiryCounters::default());
         let (stop, stop_rx) = watch::channel(false);
         let js = jetstream::new(self.client.clone());
+        let (audit, audit_flusher) = if self.delivery.audit_events {
+            let (audit, flusher) =
+                crate::audit::Auditor::spawn(self.client.clone(), "router", &self.name);
+            (audit, Some(flusher))
+        } else {
+            (crate::audit::Auditor::off(), None)
+        };
         let pump = ExpiryPump {
             name: self.name.clone(),
             js: js.clone(),
             delivery: self.delivery.clone(),
             counters: counters.clone(),
+            audit,
         };
         let due = pull_of(
             &js,
@@ -185,6 +195,7 @@ impl Actor for Expiry {
             counters,
             stop,
             pumps,
+            audit_flusher,
         })
     }
 
@@ -196,6 +207,9 @@ impl Actor for Expiry {
         let _ = state.stop.send(true);
         for pump in state.pumps.drain(..) {
             pump.join_within(Duration::from_secs(2)).await;
+        }
+        if let Some(flusher) = state.audit_flusher.take() {
+            flusher.join_within(Duration::from_secs(1)).await;
         }
         Ok(())
     }
@@ -262,6 +276,7 @@ struct ExpiryPump {
     js: jetstream::Context,
     delivery: Arc<DeliveryConfig>,
     counters: Arc<ExpiryCounters>,
+    audit: crate::audit::Auditor,
 }
 
 /// What became of one check or advisory.
@@ -479,6 +494,12 @@ impl ExpiryPump {
         }
         self.counters.dead_lettered.bump();
         tracing::warn!(%to, id = %env.meta.id, inbox_seq, reason, deliveries, "DM dead-lettered");
+        self.audit.emit(
+            self.audit
+                .msg("dead_lettered", env.meta.id.as_str())
+                .attempt(deliveries)
+                .details(serde_json::json!({"inbox_seq": inbox_seq, "reason": reason})),
+        );
         let Some(from) = env.meta.from else {
             return Handled::Done;
         };
@@ -500,6 +521,11 @@ impl ExpiryPump {
         let handled = self.store_notice(subject, msg_id, &notice).await;
         if matches!(handled, Handled::Done) {
             tracing::info!(%from, %to, %id, inbox_seq, "expired DM: its sender was told");
+            self.audit.emit(
+                self.audit
+                    .msg("expired", id.as_str())
+                    .details(serde_json::json!({"inbox_seq": inbox_seq, "sender_told": true})),
+            );
         }
         handled
     }

@@ -59,6 +59,12 @@ impl ExpiryPump {
         }) else {
             return Handled::Done;
         };
+        self.audit.emit(
+            self.audit
+                .task("dead_lettered", task.task_id.as_str())
+                .attempt(a.deliveries)
+                .details(serde_json::json!({"work_seq": a.stream_seq, "reason": copy.reason})),
+        );
         let Some(delegator) = env.meta.from else {
             return Handled::Done;
         };

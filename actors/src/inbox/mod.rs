@@ -95,6 +95,8 @@ pub struct InboxConsumer {
     /// How often a durable inbox writes its agent's presence ([`protocol::presence`]); `None`
     /// writes none.
     pub presence_beat: Option<Duration>,
+    /// Whether a durable inbox emits audit events ([`crate::audit`]).
+    pub audit_events: bool,
 }
 
 /// Messages of the inbox actor.
@@ -135,6 +137,8 @@ pub struct InboxSnapshot {
 pub struct InboxState {
     binding: Binding,
     pump: Option<Owned>,
+    /// Publishes the pump's audit events.
+    audit_flusher: Option<Owned>,
     /// The presence beats (a durable binding with a beat only).
     presence: Option<Owned>,
     stop: tokio::sync::watch::Sender<bool>,
@@ -192,6 +196,14 @@ impl Actor for InboxConsumer {
         fault::check(&self.name, FaultPoint::PreStart)?;
         let binding = self.bind().await?;
         let counters = Arc::new(InboxCounters::default());
+        let durable = matches!(binding, Binding::Durable { .. });
+        let (audit, audit_flusher) = if durable && self.audit_events {
+            let (audit, flusher) =
+                crate::audit::Auditor::spawn(self.client.clone(), "inbox", self.id.as_str());
+            (audit, Some(flusher))
+        } else {
+            (crate::audit::Auditor::off(), None)
+        };
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let pump = pump::InboxPump {
             client: self.client.clone(),
@@ -200,6 +212,7 @@ impl Actor for InboxConsumer {
             counters: counters.clone(),
             batch: self.batch,
             fault_name: self.name.clone(),
+            audit,
         };
         let pump = crate::background::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
             let _ = myself.cast(InboxMsg::PumpFailed(e));
@@ -217,6 +230,7 @@ impl Actor for InboxConsumer {
         Ok(InboxState {
             binding,
             pump: Some(pump),
+            audit_flusher,
             presence,
             stop,
             counters,
@@ -232,6 +246,9 @@ impl Actor for InboxConsumer {
         if let Some(pump) = state.pump.take() {
             // The pump finishes the DM in hand (acks it) and stops pulling.
             pump.join_within(Duration::from_secs(5)).await;
+        }
+        if let Some(flusher) = state.audit_flusher.take() {
+            flusher.join_within(Duration::from_secs(1)).await;
         }
         if let (Some(beats), Some(every)) = (state.presence.take(), self.presence_beat) {
             beats.abort().await;

@@ -101,6 +101,16 @@ pub(super) struct InboxPump {
     pub counters: Arc<InboxCounters>,
     pub batch: usize,
     pub fault_name: String,
+    /// Where its audit events go (`fetched`, `delivered`, `nacked`, ...).
+    pub audit: crate::audit::Auditor,
+}
+
+/// What one DM's audit events name.
+#[derive(Clone)]
+struct Trail {
+    id: String,
+    trace: Option<String>,
+    attempt: u64,
 }
 
 /// What the pump decided about one message.
@@ -193,6 +203,7 @@ impl InboxPump {
                 .map(|i| (Some(i.stream_sequence), i.delivered as u64))
                 .unwrap_or((None, 1));
             let verdict = self.judge(&msg.message, stream_seq, delivered, last_handed, &seen);
+            let trail = self.trail(&msg.message, &verdict, stream_seq, delivered);
             let ack = match verdict {
                 Verdict::Handle(delivery) => {
                     let key = (
@@ -219,23 +230,31 @@ impl InboxPump {
                     match handled {
                         Handled::Done => {
                             seen.first_time(key.0.as_ref(), &key.1);
-                            if let Err(e) = msg.ack().await {
-                                tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
+                            match msg.ack().await {
+                                Ok(()) => self.emit(&trail, "delivered", serde_json::Value::Null),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
+                                }
                             }
                             // The second level: the sender asked to know it was read.
                             if let Some(receipt) = receipt {
-                                self.send_receipt(&js, &receipt).await;
+                                if self.send_receipt(&js, &receipt).await {
+                                    self.emit(&trail, "read", serde_json::Value::Null);
+                                }
                             }
                             continue;
                         }
                         Handled::Retry(delay) => {
                             self.counters.retried.bump();
+                            let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                            self.emit(&trail, "nacked", serde_json::json!({"delay_ms": ms}));
                             AckKind::Nak(Some(delay))
                         }
                         Handled::Reject(reason) => {
                             // Not remembered as seen: a replay of its dead letter (the same
                             // `meta.id`) is handed over again.
                             self.counters.rejected.bump();
+                            self.emit(&trail, "rejected", serde_json::json!({"reason": reason}));
                             if let Err(e) = self.term_with(&msg, &reject_reason(&reason)).await {
                                 tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
                             }
@@ -301,7 +320,7 @@ impl InboxPump {
     /// Sends a read receipt through this identity's ingress (`hub.pub.<me>.inbox`, dedupe id
     /// `<me>:<receipt id>`), and waits for the ingress to store it. A receipt that could not
     /// be sent is logged and counted (`receipts_failed`): the DM was handled and acked.
-    async fn send_receipt(&self, js: &jetstream::Context, receipt: &protocol::Envelope) {
+    async fn send_receipt(&self, js: &jetstream::Context, receipt: &protocol::Envelope) -> bool {
         let subject = subjects::ingress(&self.id, &protocol::Channel::Inbox);
         let sent = async {
             let payload = protocol::encode(receipt, protocol::Codec::Json)?;
@@ -317,10 +336,14 @@ impl InboxPump {
             Ok::<(), async_nats::Error>(())
         };
         match sent.await {
-            Ok(()) => self.counters.receipts.bump(),
+            Ok(()) => {
+                self.counters.receipts.bump();
+                true
+            }
             Err(e) => {
                 self.counters.receipts_failed.bump();
                 tracing::warn!(error = %e, id = %receipt.meta.id, "read receipt not sent");
+                false
             }
         }
     }
@@ -340,6 +363,66 @@ impl InboxPump {
             .publish(reply, format!("+TERM {reason}").into())
             .await?;
         Ok(())
+    }
+
+    /// What a durable message's audit events name (its `meta.id`, trace and attempt), and the
+    /// events of the verdict itself: `fetched` (and `redelivered` past the first delivery) for
+    /// a handoff, `deduplicated`, `expired`.
+    fn trail(
+        &self,
+        msg: &async_nats::Message,
+        verdict: &Verdict,
+        stream_seq: Option<u64>,
+        delivered: u64,
+    ) -> Option<Trail> {
+        if !self.audit.is_on() {
+            return None;
+        }
+        let id = match verdict {
+            Verdict::Handle(d) => d.envelope.meta.id.to_string(),
+            Verdict::Duplicate | Verdict::Expired => {
+                crate::decode::envelope(msg.headers.as_ref(), &msg.payload)
+                    .ok()?
+                    .meta
+                    .id
+                    .to_string()
+            }
+            Verdict::Malformed => return None,
+        };
+        let trail = Trail {
+            id,
+            trace: msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("traceparent"))
+                .map(|v| v.as_str().to_owned()),
+            attempt: delivered,
+        };
+        let seq = serde_json::json!({ "stream_seq": stream_seq });
+        match verdict {
+            Verdict::Handle(d) => {
+                self.emit(&Some(trail.clone()), "fetched", seq.clone());
+                if d.redelivered {
+                    self.emit(&Some(trail.clone()), "redelivered", seq);
+                }
+            }
+            Verdict::Duplicate => self.emit(&Some(trail.clone()), "deduplicated", seq),
+            Verdict::Expired => self.emit(&Some(trail.clone()), "expired", seq),
+            Verdict::Malformed => {}
+        }
+        Some(trail)
+    }
+
+    fn emit(&self, trail: &Option<Trail>, event: &str, details: serde_json::Value) {
+        if let Some(t) = trail {
+            self.audit.emit(
+                self.audit
+                    .msg(event, &t.id)
+                    .attempt(t.attempt)
+                    .traced(t.trace.as_deref())
+                    .details(details),
+            );
+        }
     }
 
     fn judge(

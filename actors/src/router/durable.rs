@@ -54,6 +54,8 @@ pub struct DurablePump {
     pub fault_name: String,
     /// Queues whose shared consumer this incarnation has made sure of.
     pub known_queues: std::sync::Mutex<std::collections::HashSet<protocol::QueueName>>,
+    /// Where its audit events go ([`crate::audit`]; off: nowhere).
+    pub audit: crate::audit::Auditor,
 }
 
 /// The outcome of one envelope, resolved in pull order.
@@ -213,7 +215,8 @@ impl DurablePump {
             msg.status,
         ));
         drop(pairs);
-        async move {
+        let trail = self.accepted(msg, seq, &decision);
+        let pending = async move {
             match decision {
                 RouteDecision::Store {
                     subject,
@@ -371,7 +374,8 @@ impl DurablePump {
             }
         }
         .instrument(span)
-        .await
+        .await;
+        self.audited(pending, trail)
     }
 
     /// Whether a task stored from `msg` is flagged (`Hub-Check`) for the worker to read its

@@ -18,6 +18,7 @@ mod outbound;
 mod rate;
 mod refusal;
 mod schedule;
+mod trail;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +30,7 @@ use protocol::subjects;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
+use crate::audit::Auditor;
 use crate::background::{spawn_pump, Owned};
 use crate::fault::{self, FaultPoint};
 use crate::streams::{ensure_streams, StreamReport};
@@ -71,6 +73,8 @@ pub struct RouterState {
     /// The status listener, owned so that it ends with this incarnation.
     status_task: Option<Owned>,
     pump: Option<Owned>,
+    /// Publishes the pump's audit events (ends once the pump is gone).
+    audit_flusher: Option<Owned>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<RouterCounters>,
     status_requests: u64,
@@ -166,6 +170,12 @@ impl Actor for Router {
         });
         let counters = Arc::new(RouterCounters::default());
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let (audit, audit_flusher) = if self.durable && self.delivery.audit_events {
+            let (audit, flusher) = Auditor::spawn(self.client.clone(), "router", &self.name);
+            (audit, Some(flusher))
+        } else {
+            (Auditor::off(), None)
+        };
         let pump = if self.durable {
             let pump = durable::DurablePump {
                 client: self.client.clone(),
@@ -173,6 +183,7 @@ impl Actor for Router {
                 counters: counters.clone(),
                 fault_name: self.name.clone(),
                 known_queues: Default::default(),
+                audit,
             };
             spawn_pump(pump.run(stop_rx), move |e| {
                 let _ = myself.cast(RouterMsg::PumpFailed(e));
@@ -192,6 +203,7 @@ impl Actor for Router {
             streams,
             status_task: Some(status_task),
             pump: Some(pump),
+            audit_flusher,
             stop,
             counters,
             status_requests: 0,
@@ -209,6 +221,10 @@ impl Actor for Router {
         if let Some(pump) = state.pump.take() {
             let grace = durable::DRAIN_TIMEOUT + std::time::Duration::from_secs(1);
             pump.join_within(grace).await;
+        }
+        // Its last audit events out (the pump's handle is gone with it).
+        if let Some(flusher) = state.audit_flusher.take() {
+            flusher.join_within(std::time::Duration::from_secs(1)).await;
         }
         // The status subscription is gone (and the server told) before the actor is: a status
         // request after a shutdown finds no responders instead of a dead subscriber.

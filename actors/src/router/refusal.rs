@@ -43,6 +43,7 @@ impl DurablePump {
     ) -> Pending {
         let js = js.clone();
         let counters = self.counters.clone();
+        let audit = self.audit.clone();
         let inbox_stream = self.delivery.inbox.name.clone();
         let max_age = self.delivery.inbox.max_age().map(|d| d.as_secs());
         Box::pin(async move {
@@ -69,7 +70,7 @@ impl DurablePump {
                 ),
             };
             let error = WireError::new(kind, detail);
-            notify(&js, &counters, &dm, &error, retry_after).await
+            notify(&js, &counters, &audit, &dm, &error, retry_after).await
         })
     }
 
@@ -82,13 +83,14 @@ impl DurablePump {
     ) -> Pending {
         let js = js.clone();
         let counters = self.counters.clone();
+        let audit = self.audit.clone();
         Box::pin(async move {
             counters.rate_limited.bump();
             let error = WireError::new(
                 WireErrorKind::RateLimited,
                 format!("{} is over its rate of DMs a minute", dm.from),
             );
-            notify(&js, &counters, &dm, &error, Some(retry_after_secs)).await
+            notify(&js, &counters, &audit, &dm, &error, Some(retry_after_secs)).await
         })
     }
 }
@@ -97,11 +99,19 @@ impl DurablePump {
 async fn notify(
     js: &jetstream::Context,
     counters: &RouterCounters,
+    audit: &crate::audit::Auditor,
     dm: &Refusable,
     error: &WireError,
     retry_after: Option<u64>,
 ) -> Done {
     tracing::info!(from = %dm.from, to = %dm.to, kind = error.kind.as_str(), ?retry_after, "dm refused for a limit");
+    audit.emit(
+        audit
+            .msg("rejected", dm.id.as_str())
+            .details(serde_json::json!({
+                "ingress_seq": dm.seq, "kind": error.kind.as_str(), "retry_after_secs": retry_after,
+            })),
+    );
     let (subject, msg_id, notice) = refusal(
         &dm.from,
         Some(&dm.id),

@@ -84,6 +84,8 @@ pub struct DeliveryConfig {
     /// How long an answer may wait for its worker's consumer to take it before it is
     /// dead-lettered (its answerer told): a worker gone for good never takes it.
     pub answer_max_wait_secs: u64,
+    /// Whether routers, inboxes and workers emit audit events to `HUB_AUDIT` (`runtime trace`).
+    pub audit_events: bool,
 }
 
 /// The ingress stream.
@@ -173,6 +175,7 @@ impl Default for DeliveryConfig {
             presence_beat_secs: 20,
             task_max_deliver: 20,
             answer_max_wait_secs: 3600,
+            audit_events: true,
         }
     }
 }

@@ -56,6 +56,7 @@ fn default_matches_the_design() {
         presence_beat_secs: 20,
         task_max_deliver: 20,
         answer_max_wait_secs: 3600,
+        audit_events: true,
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -99,6 +100,7 @@ fn full_fixture_sets_every_key() {
         presence_beat_secs: 10,
         task_max_deliver: 5,
         answer_max_wait_secs: 600,
+        audit_events: false,
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.

@@ -82,6 +82,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     // Query and cancel, with itself as the requester (any worker).
                     format!("hub.ctl.*.*.{me}"),
                     own_holds(me),
+                    // Its inbox's audit events, under its own name.
+                    subjects::audit("inbox", me),
                     // Its own presence (its inbox's beats and offline marker), and anyone's
                     // read (the receipt of a send says whether its recipient is online).
                     subjects::kv_subject(subjects::PRESENCE_BUCKET, me),
@@ -105,7 +107,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             let worker = identity
                 .worker_id()
                 .expect("a worker identity has a worker id");
-            let mut publish = vec![own_ingress, own_holds(me)];
+            let mut publish = vec![own_ingress, own_holds(me), subjects::audit("worker", me)];
             for queue in queues {
                 publish.push(subjects::join_request(queue, &worker));
                 publish.extend(own_consumer(
@@ -165,6 +167,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 api(&format!("DIRECT.GET.KV_{}.>", subjects::RATE_BUCKET)),
                 // The holds it tells senders of (written only).
                 format!("$KV.{}.>", subjects::HOLDS_BUCKET),
+                // Its audit events (router, expiry actor).
+                "hub.audit.router.>".to_owned(),
                 // Task channel reads it serves ([`subjects::task_read_request`]): the request
                 // is forwarded with the requester's reply, scoped to its own channels.
                 api(&format!("DIRECT.GET.{}", delivery.tasks.name)),
@@ -217,6 +221,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 subjects::task_read_request(&identity.name),
                 // `runtime dlq replay`: a dead letter stored in its recipient's inbox again.
                 format!("{}*", "channel.inbox."),
+                // The audit events of its dlq commands (replayed, discarded).
+                "hub.audit.admin.>".to_owned(),
             ],
             subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             allow_responses: false,

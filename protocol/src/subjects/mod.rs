@@ -165,6 +165,24 @@ pub const HOLDS_BUCKET: &str = "HUB_HOLDS";
 /// entry per agent identity, written by its attached inbox.
 pub const PRESENCE_BUCKET: &str = "HUB_PRESENCE";
 
+/// The stream of the audit trail ([`crate::audit`]).
+pub const AUDIT_STREAM: &str = "HUB_AUDIT";
+/// The subjects of [`AUDIT_STREAM`].
+pub const AUDIT_FILTER: &str = "hub.audit.>";
+
+/// Where the process `name` of `role` (`router`, `inbox`, `worker`, `admin`) publishes its audit
+/// events: `hub.audit.<role>.<name>`, the name's dots, wildcards and spaces made `_`.
+pub fn audit(role: &str, name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| match c {
+            '.' | '*' | '>' | ' ' | '\t' | '\r' | '\n' => '_',
+            c => c,
+        })
+        .collect();
+    format!("hub.audit.{role}.{name}")
+}
+
 /// The subject a KV `key` of `bucket` is stored on: `$KV.<bucket>.<key>`.
 pub fn kv_subject(bucket: &str, key: &str) -> String {
     format!("$KV.{bucket}.{key}")

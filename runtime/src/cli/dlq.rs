@@ -147,14 +147,28 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
                 .await
                 .map_err(|e| failed(&subject, e))?;
             delete(&stream, id).await?;
+            audit(
+                &client,
+                "replayed",
+                &letter,
+                serde_json::json!({"dlq_id": id, "inbox_seq": ack.sequence}),
+            )
+            .await;
             print(
                 &serde_json::json!({"replayed": id, "subject": subject, "inbox_seq": ack.sequence})
                     .to_string(),
             );
         }
         DlqAction::Discard { id } => {
-            get(&stream, id).await?;
+            let letter = dead_letter(&get(&stream, id).await?);
             delete(&stream, id).await?;
+            audit(
+                &client,
+                "discarded",
+                &letter,
+                serde_json::json!({ "dlq_id": id }),
+            )
+            .await;
             print(&serde_json::json!({ "discarded": id }).to_string());
         }
     }
@@ -214,4 +228,25 @@ fn dead_letter(msg: &jetstream::message::StreamMessage) -> DeadLetter {
         deliveries: header(DLQ_DELIVERIES).parse().unwrap_or(0),
         original_seq: header(DLQ_ORIGINAL_SEQ).parse().unwrap_or(0),
     }
+}
+
+/// Emits the audit event of a dlq command (`replayed`, `discarded`) about `letter`'s DM, as
+/// `admin:cli`; best effort (a lost event is only a gap in `runtime trace`).
+async fn audit(
+    client: &async_nats::Client,
+    event: &str,
+    letter: &DeadLetter,
+    details: serde_json::Value,
+) {
+    let Some(id) = &letter.message_id else {
+        return;
+    };
+    let event =
+        protocol::audit::AuditEvent::msg(event, id, protocol::expiry::now_ms(), "admin:cli")
+            .details(details);
+    let payload = serde_json::to_vec(&[event]).expect("an event serializes");
+    let _ = client
+        .publish(subjects::audit("admin", "cli"), payload.into())
+        .await;
+    let _ = client.flush().await;
 }

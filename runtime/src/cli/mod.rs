@@ -87,6 +87,23 @@ pub enum Command {
     Dlq(dlq::DlqArgs),
     /// List the agents and when each was last seen (an operator's command).
     Presence(PresenceArgs),
+    /// Print the timeline of a DM or a task from the audit trail (an operator's command).
+    Trace(TraceArgs),
+}
+
+/// `runtime trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// The DM's `meta.id` or the task id.
+    pub id: String,
+
+    /// One JSON object per event, one per line.
+    #[arg(long)]
+    pub json: bool,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// `runtime presence`.

@@ -188,6 +188,7 @@ impl ActorSystem {
             batch: INBOX_BATCH,
             handler,
             presence_beat: self.durable.then(|| self.delivery.presence_beat()),
+            audit_events: self.delivery.audit_events,
         };
         let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             self.inbox_name(id),

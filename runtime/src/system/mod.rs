@@ -43,6 +43,7 @@ mod holds;
 pub mod messaging;
 pub mod presence;
 pub mod tasks;
+pub mod trace;
 pub mod worker;
 
 use crate::config::ConfigLoadError;

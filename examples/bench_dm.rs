@@ -13,6 +13,8 @@
 //! Prints msgs/s for both with the producer live, the ratio b/a, and p50/p99 end-to-end latency
 //! at a paced 1,000 msgs/s.
 //!
+//! The audit trail is on, as by default (`audit_events`); `BENCH_AUDIT=0` turns it off.
+//!
 //! `BENCH_OTLP=1` installs the runtime's telemetry (`runtime::telemetry::init`, as the `runtime`
 //! binary does) before anything runs, so that with `OTEL_EXPORTER_OTLP_ENDPOINT` set the
 //! router's `route` and the inbox's `inbox.handle` spans go to the OTLP batch exporter. With an
@@ -106,6 +108,8 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
     // Keep every DM of the run: the default keeps the newest 10,000 per recipient.
     let mut delivery = protocol::DeliveryConfig::default();
     delivery.inbox.max_msgs_per_subject = -1;
+    // `BENCH_AUDIT=0`: without the audit trail (what it costs is the difference).
+    delivery.audit_events = std::env::var("BENCH_AUDIT").map_or(true, |v| v != "0");
     let system = ActorSystem::builder()
         .nats(NatsSettings::new(url))
         .durable(true)

@@ -2,61 +2,67 @@
 //! and published in batches, so emitting never makes the hot path wait.
 //!
 //! [`Auditor::spawn`] returns the handle the actor (and its pumps) emit through, and the
-//! flusher task, which the actor's state owns. The flusher publishes up to
-//! [`MAX_BATCH`](protocol::audit::MAX_BATCH) events as one JSON array on
-//! `hub.audit.<role>.<name>`, at the latest [`FLUSH_EVERY`] after the first of them, with a
-//! core publish (no store ack is awaited: the audit trail is best effort). An event that
-//! finds the queue full is dropped and counted ([`Auditor::dropped`]); once every handle is
-//! dropped the flusher publishes what is left and ends.
+//! flusher task, which the actor's state owns. An emit pushes the event on a shared buffer
+//! (an uncontended lock, no wake-up); every [`FLUSH_EVERY`] the flusher takes the buffer and
+//! publishes it as batches of up to [`MAX_BATCH`](protocol::audit::MAX_BATCH) events
+//! ([`AuditBatch::encode`]) on `hub.audit.<role>.<name>`, with core publishes (no store ack is
+//! awaited: the audit trail is best effort). An event that finds [`QUEUE`] events waiting is
+//! dropped and counted ([`Auditor::dropped`]); once every handle is dropped the flusher
+//! publishes what is left and ends.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use protocol::audit::{AuditEvent, MAX_BATCH};
-use tokio::sync::mpsc;
+use protocol::audit::{AuditBatch, AuditEvent, MAX_BATCH};
 
 use crate::background::Owned;
 
-/// The longest an event waits in the queue before its batch is published.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(20);
-/// Events queued at most (a burst beyond it is dropped and counted).
-pub const QUEUE: usize = 16 * MAX_BATCH;
+/// The longest an event waits before its batch is published.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(10);
+/// Events held at most between two flushes (a burst beyond it is dropped and counted): a
+/// window's worth at several hundred thousand events a second.
+pub const QUEUE: usize = 32 * MAX_BATCH;
+
+/// What the handles and the flusher share: the events since the last flush.
+#[derive(Default)]
+struct Shared {
+    pending: Mutex<Vec<AuditEvent>>,
+    dropped: AtomicU64,
+}
 
 /// A cheap handle to emit audit events through (clone it into every pump).
 #[derive(Clone)]
 pub struct Auditor {
-    tx: Option<mpsc::Sender<AuditEvent>>,
+    shared: Option<Arc<Shared>>,
     actor: Arc<str>,
-    dropped: Arc<AtomicU64>,
 }
 
 impl Auditor {
     /// An emitter that emits nothing (audit events off, or core mode).
     pub fn off() -> Auditor {
         Auditor {
-            tx: None,
+            shared: None,
             actor: Arc::from(""),
-            dropped: Arc::default(),
         }
     }
 
     /// An emitter for the actor `name` of `role` on `client`, and its flusher task.
     pub fn spawn(client: async_nats::Client, role: &str, name: &str) -> (Auditor, Owned) {
-        let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = Arc::new(Shared::default());
         let subject = protocol::subjects::audit(role, name);
-        let flusher = Owned::spawn(flush(client, subject, rx));
+        let actor: Arc<str> = Arc::from(format!("{role}:{name}"));
+        let flusher = Owned::spawn(flush(client, subject, actor.clone(), shared.clone()));
         let auditor = Auditor {
-            tx: Some(tx),
-            actor: Arc::from(format!("{role}:{name}")),
-            dropped: Arc::default(),
+            shared: Some(shared),
+            actor,
         };
         (auditor, flusher)
     }
 
     /// Whether events go anywhere (builders can skip their work when not).
     pub fn is_on(&self) -> bool {
-        self.tx.is_some()
+        self.shared.is_some()
     }
 
     /// `<role>:<name>`: what events name as their actor.
@@ -64,47 +70,64 @@ impl Auditor {
         &self.actor
     }
 
-    /// Queues `event`, never waiting: a full queue drops it (counted).
+    /// Keeps `event` for the next flush, never waiting on I/O: when [`QUEUE`] events are
+    /// already waiting it is dropped (counted).
     pub fn emit(&self, event: AuditEvent) {
-        if let Some(tx) = &self.tx {
-            if tx.try_send(event).is_err() {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(shared) = &self.shared {
+            let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.len() < QUEUE {
+                pending.push(event);
+            } else {
+                shared.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
-    /// A DM event of this actor, now.
-    pub fn msg(&self, event: &str, msg_id: &str) -> AuditEvent {
-        AuditEvent::msg(event, msg_id, protocol::expiry::now_ms(), &self.actor)
+    /// A DM event of this actor, now (its batch names the actor).
+    pub fn msg(&self, event: &'static str, msg_id: &str) -> AuditEvent {
+        AuditEvent::msg(event, msg_id, protocol::expiry::now_ms(), "")
     }
 
-    /// A task event of this actor, now.
-    pub fn task(&self, event: &str, task_id: &str) -> AuditEvent {
-        AuditEvent::task(event, task_id, protocol::expiry::now_ms(), &self.actor)
+    /// A task event of this actor, now (its batch names the actor).
+    pub fn task(&self, event: &'static str, task_id: &str) -> AuditEvent {
+        AuditEvent::task(event, task_id, protocol::expiry::now_ms(), "")
     }
 
-    /// Events dropped because the queue was full.
+    /// Events dropped because too many were waiting.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.shared
+            .as_ref()
+            .map_or(0, |s| s.dropped.load(Ordering::Relaxed))
     }
 }
 
-/// Publishes the queued events in batches until every sender is gone.
-async fn flush(client: async_nats::Client, subject: String, mut rx: mpsc::Receiver<AuditEvent>) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        let deadline = tokio::time::Instant::now() + FLUSH_EVERY;
-        while batch.len() < MAX_BATCH {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(event)) => batch.push(event),
-                Ok(None) | Err(_) => break,
-            }
+/// Every [`FLUSH_EVERY`], takes what was emitted meanwhile and publishes it in batches of at
+/// most [`MAX_BATCH`] (core publishes: no store ack is awaited); ends, after a last flush, once
+/// every handle is gone. Emitters only take an uncontended lock to push: nothing wakes the
+/// flusher per event.
+async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, shared: Arc<Shared>) {
+    let mut taken: Vec<AuditEvent> = Vec::new();
+    loop {
+        tokio::time::sleep(FLUSH_EVERY).await;
+        let last = Arc::strong_count(&shared) == 1;
+        {
+            let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut *pending, &mut taken);
         }
-        let payload = serde_json::to_vec(&batch).expect("audit events serialize");
-        batch.clear();
-        if let Err(e) = client.publish(subject.clone(), payload.into()).await {
-            tracing::debug!(error = %e, "audit batch not published");
+        let mut events = std::mem::take(&mut taken);
+        while !events.is_empty() {
+            let rest = events.split_off(events.len().min(MAX_BATCH));
+            let batch = AuditBatch {
+                actor: actor.to_string(),
+                events,
+            };
+            if let Err(e) = client.publish(subject.clone(), batch.encode().into()).await {
+                tracing::debug!(error = %e, "audit batch not published");
+            }
+            events = rest;
+        }
+        if last {
+            return;
         }
     }
 }
@@ -121,25 +144,33 @@ mod tests {
         let mut sub = client.subscribe("hub.audit.>").await.unwrap();
         client.flush().await.unwrap();
         let (auditor, flusher) = Auditor::spawn(client.clone(), "router", "sys1/router.a");
-        for n in 0..300 {
+        for n in 0..1300 {
             auditor.emit(auditor.msg("routed", &format!("m{n}")));
         }
         let mut seen = Vec::new();
-        while seen.len() < 300 {
+        while seen.len() < 1300 {
             let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
                 .await
                 .unwrap()
                 .unwrap();
             assert_eq!(msg.subject.as_str(), "hub.audit.router.sys1/router_a");
-            let events: Vec<AuditEvent> = serde_json::from_slice(&msg.payload).unwrap();
-            assert!(events.len() <= MAX_BATCH);
-            seen.extend(events);
+            let batch = AuditBatch::decode(&msg.payload).unwrap();
+            assert!(batch.events.len() <= MAX_BATCH);
+            seen.extend(batch.into_events());
         }
         let ids: Vec<_> = seen.iter().map(|e| e.msg_id.clone().unwrap()).collect();
-        assert_eq!(ids, (0..300).map(|n| format!("m{n}")).collect::<Vec<_>>());
+        assert_eq!(ids, (0..1300).map(|n| format!("m{n}")).collect::<Vec<_>>());
         assert!(seen.iter().all(|e| e.actor == "router:sys1/router.a"));
         assert_eq!(auditor.dropped(), 0);
+        // What was emitted just before the last handle went is still published.
+        auditor.emit(auditor.msg("delivered", "m-last"));
         drop(auditor);
+        let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        let last = AuditBatch::decode(&msg.payload).unwrap().into_events();
+        assert_eq!(last[0].msg_id.as_deref(), Some("m-last"));
         flusher.join_within(Duration::from_secs(1)).await;
         let off = Auditor::off();
         off.emit(off.msg("x", "y"));

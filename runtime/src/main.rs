@@ -242,10 +242,10 @@ async fn trace(args: cli::TraceArgs) -> anyhow::Result<()> {
                 .attempt
                 .map(|a| format!(" attempt {a}"))
                 .unwrap_or_default();
-            let details = if e.details.is_null() {
+            let details = if e.details.is_empty() {
                 String::new()
             } else {
-                format!(" {}", e.details)
+                format!(" {}", serde_json::to_string(&e.details)?)
             };
             println!(
                 "+{} ms {} by {}{attempt}{details}",

@@ -498,7 +498,11 @@ impl ExpiryPump {
             self.audit
                 .msg("dead_lettered", env.meta.id.as_str())
                 .attempt(deliveries)
-                .details(serde_json::json!({"inbox_seq": inbox_seq, "reason": reason})),
+                .details(protocol::audit::Details {
+                    inbox_seq: Some(inbox_seq),
+                    reason: Some(reason.to_owned()),
+                    ..Default::default()
+                }),
         );
         let Some(from) = env.meta.from else {
             return Handled::Done;
@@ -521,11 +525,15 @@ impl ExpiryPump {
         let handled = self.store_notice(subject, msg_id, &notice).await;
         if matches!(handled, Handled::Done) {
             tracing::info!(%from, %to, %id, inbox_seq, "expired DM: its sender was told");
-            self.audit.emit(
-                self.audit
-                    .msg("expired", id.as_str())
-                    .details(serde_json::json!({"inbox_seq": inbox_seq, "sender_told": true})),
-            );
+            self.audit
+                .emit(
+                    self.audit
+                        .msg("expired", id.as_str())
+                        .details(protocol::audit::Details {
+                            inbox_seq: Some(inbox_seq),
+                            ..Default::default()
+                        }),
+                );
         }
         handled
     }

@@ -63,7 +63,11 @@ impl ExpiryPump {
             self.audit
                 .task("dead_lettered", task.task_id.as_str())
                 .attempt(a.deliveries)
-                .details(serde_json::json!({"work_seq": a.stream_seq, "reason": copy.reason})),
+                .details(protocol::audit::Details {
+                    work_seq: Some(a.stream_seq),
+                    reason: Some(copy.reason.to_owned()),
+                    ..Default::default()
+                }),
         );
         let Some(delegator) = env.meta.from else {
             return Handled::Done;

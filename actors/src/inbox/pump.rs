@@ -10,6 +10,7 @@ use futures::StreamExt;
 use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
 
 use super::Handled;
+use protocol::audit::Details;
 use protocol::{subjects, AgentId};
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -231,7 +232,7 @@ impl InboxPump {
                         Handled::Done => {
                             seen.first_time(key.0.as_ref(), &key.1);
                             match msg.ack().await {
-                                Ok(()) => self.emit(&trail, "delivered", serde_json::Value::Null),
+                                Ok(()) => self.emit(&trail, "delivered", Details::default()),
                                 Err(e) => {
                                     tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
                                 }
@@ -239,7 +240,7 @@ impl InboxPump {
                             // The second level: the sender asked to know it was read.
                             if let Some(receipt) = receipt {
                                 if self.send_receipt(&js, &receipt).await {
-                                    self.emit(&trail, "read", serde_json::Value::Null);
+                                    self.emit(&trail, "read", Details::default());
                                 }
                             }
                             continue;
@@ -247,14 +248,28 @@ impl InboxPump {
                         Handled::Retry(delay) => {
                             self.counters.retried.bump();
                             let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                            self.emit(&trail, "nacked", serde_json::json!({"delay_ms": ms}));
+                            self.emit(
+                                &trail,
+                                "nacked",
+                                Details {
+                                    delay_ms: Some(ms),
+                                    ..Details::default()
+                                },
+                            );
                             AckKind::Nak(Some(delay))
                         }
                         Handled::Reject(reason) => {
                             // Not remembered as seen: a replay of its dead letter (the same
                             // `meta.id`) is handed over again.
                             self.counters.rejected.bump();
-                            self.emit(&trail, "rejected", serde_json::json!({"reason": reason}));
+                            self.emit(
+                                &trail,
+                                "rejected",
+                                Details {
+                                    reason: Some(reason.clone()),
+                                    ..Details::default()
+                                },
+                            );
                             if let Err(e) = self.term_with(&msg, &reject_reason(&reason)).await {
                                 tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
                             }
@@ -398,7 +413,10 @@ impl InboxPump {
                 .map(|v| v.as_str().to_owned()),
             attempt: delivered,
         };
-        let seq = serde_json::json!({ "stream_seq": stream_seq });
+        let seq = Details {
+            stream_seq,
+            ..Details::default()
+        };
         match verdict {
             Verdict::Handle(d) => {
                 self.emit(&Some(trail.clone()), "fetched", seq.clone());
@@ -413,7 +431,7 @@ impl InboxPump {
         Some(trail)
     }
 
-    fn emit(&self, trail: &Option<Trail>, event: &str, details: serde_json::Value) {
+    fn emit(&self, trail: &Option<Trail>, event: &'static str, details: Details) {
         if let Some(t) = trail {
             self.audit.emit(
                 self.audit

@@ -108,9 +108,12 @@ async fn notify(
     audit.emit(
         audit
             .msg("rejected", dm.id.as_str())
-            .details(serde_json::json!({
-                "ingress_seq": dm.seq, "kind": error.kind.as_str(), "retry_after_secs": retry_after,
-            })),
+            .details(protocol::audit::Details {
+                ingress_seq: Some(dm.seq),
+                kind: Some(error.kind.as_str().to_owned()),
+                retry_after_secs: retry_after,
+                ..Default::default()
+            }),
     );
     let (subject, msg_id, notice) = refusal(
         &dm.from,

@@ -5,9 +5,8 @@
 //! is `result_published`. Emitted without waiting ([`crate::audit`]).
 
 use async_nats::jetstream::Message;
-use protocol::audit::{subject_of, AuditEvent, Subject};
+use protocol::audit::{subject_of, AuditEvent, Details, Subject};
 use protocol::routing::RouteDecision;
-use serde_json::json;
 
 use super::durable::{Done, DurablePump, Pending};
 
@@ -56,38 +55,45 @@ impl DurablePump {
                 error,
                 ..
             } => {
-                let event = AuditEvent::msg("rejected", id.as_str(), at, self.audit.actor())
+                let event = AuditEvent::msg("rejected", id.as_str(), at, "")
                     .attempt(attempt)
                     .traced(trace.as_deref())
-                    .details(json!({"ingress_seq": seq, "kind": error.kind.as_str()}));
+                    .details(Details {
+                        ingress_seq: Some(seq),
+                        kind: Some(error.kind.as_str().to_owned()),
+                        ..Details::default()
+                    });
                 self.audit.emit(event);
                 return None;
             }
             _ => return None,
         };
         let event = match &about {
-            Subject::Msg(id) => AuditEvent::msg("accepted", id, at, self.audit.actor()),
+            Subject::Msg(id) => AuditEvent::msg("accepted", id, at, ""),
             Subject::Task { channel: true, .. } => return Some(Trail { about, trace }),
-            Subject::Task { task_id, .. } => {
-                AuditEvent::task("accepted", task_id, at, self.audit.actor())
-            }
+            Subject::Task { task_id, .. } => AuditEvent::task("accepted", task_id, at, ""),
         };
         self.audit.emit(
             event
                 .attempt(attempt)
                 .traced(trace.as_deref())
-                .details(json!({"ingress_seq": seq})),
+                .details(Details {
+                    ingress_seq: Some(seq),
+                    ..Details::default()
+                }),
         );
         Some(Trail { about, trace })
     }
 
     /// `stored`, emitting `routed`, `deduplicated` or `result_published` once it resolves as
-    /// stored.
+    /// stored. The event is dated when the store was sent (now: `stored` was made after its
+    /// publish went out), not when its ack is read: the recipient may fetch it before that.
     pub(super) fn audited(&self, stored: Pending, trail: Option<Trail>) -> Pending {
         let Some(trail) = trail else {
             return stored;
         };
         let audit = self.audit.clone();
+        let sent_at = protocol::expiry::now_ms();
         Box::pin(async move {
             let done = stored.await;
             let (event, details) = match (&done, &trail.about) {
@@ -99,7 +105,11 @@ impl DurablePump {
                 ) => return done,
                 (Done::Stored { duplicate, seq, .. }, Subject::Task { channel: true, .. }) => (
                     "result_published",
-                    json!({"seq": seq, "duplicate": duplicate}),
+                    Details {
+                        seq: Some(*seq),
+                        duplicate: Some(*duplicate),
+                        ..Details::default()
+                    },
                 ),
                 (
                     Done::Stored {
@@ -108,16 +118,32 @@ impl DurablePump {
                         ..
                     },
                     _,
-                ) => ("deduplicated", json!({"seq": seq})),
-                (Done::Stored { seq, .. }, _) => ("routed", json!({"seq": seq})),
-                (Done::StoredAll { stored, .. }, _) => {
-                    ("result_published", json!({"items": stored}))
-                }
+                ) => (
+                    "deduplicated",
+                    Details {
+                        seq: Some(*seq),
+                        ..Details::default()
+                    },
+                ),
+                (Done::Stored { seq, .. }, _) => (
+                    "routed",
+                    Details {
+                        seq: Some(*seq),
+                        ..Details::default()
+                    },
+                ),
+                (Done::StoredAll { stored, .. }, _) => (
+                    "result_published",
+                    Details {
+                        items: Some(*stored),
+                        ..Details::default()
+                    },
+                ),
                 _ => return done,
             };
             let event = match &trail.about {
-                Subject::Msg(id) => audit.msg(event, id),
-                Subject::Task { task_id, .. } => audit.task(event, task_id),
+                Subject::Msg(id) => AuditEvent::msg(event, id, sent_at, ""),
+                Subject::Task { task_id, .. } => AuditEvent::task(event, task_id, sent_at, ""),
             };
             audit.emit(event.traced(trail.trace.as_deref()).details(details));
             done

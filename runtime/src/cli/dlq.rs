@@ -151,7 +151,11 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
                 &client,
                 "replayed",
                 &letter,
-                serde_json::json!({"dlq_id": id, "inbox_seq": ack.sequence}),
+                protocol::audit::Details {
+                    dlq_id: Some(id),
+                    inbox_seq: Some(ack.sequence),
+                    ..Default::default()
+                },
             )
             .await;
             print(
@@ -166,7 +170,10 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
                 &client,
                 "discarded",
                 &letter,
-                serde_json::json!({ "dlq_id": id }),
+                protocol::audit::Details {
+                    dlq_id: Some(id),
+                    ..Default::default()
+                },
             )
             .await;
             print(&serde_json::json!({ "discarded": id }).to_string());
@@ -234,9 +241,9 @@ fn dead_letter(msg: &jetstream::message::StreamMessage) -> DeadLetter {
 /// `admin:cli`; best effort (a lost event is only a gap in `runtime trace`).
 async fn audit(
     client: &async_nats::Client,
-    event: &str,
+    event: &'static str,
     letter: &DeadLetter,
-    details: serde_json::Value,
+    details: protocol::audit::Details,
 ) {
     let Some(id) = &letter.message_id else {
         return;
@@ -244,7 +251,11 @@ async fn audit(
     let event =
         protocol::audit::AuditEvent::msg(event, id, protocol::expiry::now_ms(), "admin:cli")
             .details(details);
-    let payload = serde_json::to_vec(&[event]).expect("an event serializes");
+    let batch = protocol::audit::AuditBatch {
+        actor: event.actor.clone(),
+        events: vec![event],
+    };
+    let payload = batch.encode();
     let _ = client
         .publish(subjects::audit("admin", "cli"), payload.into())
         .await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures::StreamExt;
-use protocol::audit::{timeline, AuditEvent, TimelineRow};
+use protocol::audit::{timeline, AuditBatch, AuditEvent, TimelineRow};
 use protocol::subjects;
 
 use super::SystemError;
@@ -42,8 +42,8 @@ pub async fn trace(client: &async_nats::Client, id: &str) -> Result<Vec<Timeline
             Ok(Some(Err(e))) => return Err(failed(e.into())),
             Ok(None) | Err(_) => break,
         };
-        if let Ok(batch) = serde_json::from_slice::<Vec<AuditEvent>>(&msg.payload) {
-            events.extend(batch.into_iter().filter(|e| e.is_about(id)));
+        if let Ok(batch) = AuditBatch::decode(&msg.payload) {
+            events.extend(batch.into_events().into_iter().filter(|e| e.is_about(id)));
         }
         if msg.info().map(|i| i.pending == 0).unwrap_or(false) {
             break;

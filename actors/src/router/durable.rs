@@ -74,8 +74,11 @@ pub(super) enum Done {
     /// The store failed or timed out: nak with a delay.
     Failed(String),
     /// The broker refused the store for a limit (retrying cannot help): a DM's sender is told
-    /// ([`DurablePump::or_refuse`]); anything else is terminated.
-    Refused(protocol::backpressure::StoreRefusal),
+    /// (the DM it names: [`DurablePump::refuse`]); anything else is terminated.
+    Refused(
+        protocol::backpressure::StoreRefusal,
+        Option<Box<super::refusal::Refusable>>,
+    ),
 }
 
 /// Resolves to the outcome of one envelope; the message itself waits, in the same order, in
@@ -268,12 +271,12 @@ impl DurablePump {
                                 id: dm.id.clone(),
                                 expires_at,
                             };
-                            let stored = send_store(js, subject, headers, payload, false).await;
-                            let pending = match stored {
+                            let stored =
+                                send_store(js, subject, headers, payload, false, Some(dm)).await;
+                            return match stored {
                                 Ok(ack) => self.then_schedule(js, ack, check),
                                 Err(reason) => ready(Done::Failed(reason)),
                             };
-                            return self.or_refuse(js, pending, dm);
                         }
                         (_, dm) => dm,
                     };
@@ -283,15 +286,16 @@ impl DurablePump {
                     }
                     // An answer: checked after `answer_max_wait_secs`, dead-lettered if no worker
                     // took it by then.
-                    let answer = match (&dm, protocol::subjects::parse_answer(&subject)) {
-                        (None, Ok(worker)) => self.plan_answer(worker, &payload, codec),
-                        _ => None,
+                    let answer = match dm {
+                        None => protocol::subjects::parse_answer(&subject)
+                            .ok()
+                            .and_then(|worker| self.plan_answer(worker, &payload, codec)),
+                        Some(_) => None,
                     };
-                    let pending = store(js, subject, headers, payload, false).await;
-                    match (dm, answer) {
-                        (Some(dm), _) => self.or_refuse(js, pending, dm),
-                        (None, Some(planned)) => self.then_schedule(js, pending, planned),
-                        (None, None) => pending,
+                    let pending = store(js, subject, headers, payload, false, dm).await;
+                    match answer {
+                        Some(planned) => self.then_schedule(js, pending, planned),
+                        None => pending,
                     }
                 }
                 RouteDecision::StoreAll {
@@ -305,7 +309,7 @@ impl DurablePump {
                     let mut acks = Vec::with_capacity(items.len());
                     for item in items {
                         let headers = routed_headers(Some(&item.msg_id), codec);
-                        match send_store(js, subject.clone(), headers, item.payload, false).await {
+                        match send_store(js, subject.clone(), headers, item.payload, false, None).await {
                             Ok(ack) => acks.push(ack),
                             Err(reason) => {
                                 // A send that failed stops the bundle here: no later item is
@@ -361,7 +365,7 @@ impl DurablePump {
                     match protocol::encode(&notice, Codec::Json) {
                         Ok(payload) => {
                             let headers = routed_headers(Some(&msg_id), Codec::Json);
-                            store(js, subject, headers, payload, true).await
+                            store(js, subject, headers, payload, true, None).await
                         }
                         Err(_) => ready(Done::Immediate { terminate: true }),
                     }
@@ -463,6 +467,12 @@ impl DurablePump {
 
     async fn finish(&self, msg: Message, done: Done) {
         self.counters.in_flight.sub();
+        // A DM the broker refused for a limit: its sender is told first (only on this path
+        // does the pipeline wait for a second store).
+        let done = match done {
+            Done::Refused(what, Some(dm)) => self.refuse(what, *dm).await,
+            done => done,
+        };
         let result = match done {
             Done::Stored {
                 duplicate,
@@ -485,7 +495,7 @@ impl DurablePump {
             }
             Done::Immediate { terminate: true } => msg.ack_with(AckKind::Term).await,
             Done::Immediate { terminate: false } => msg.ack().await,
-            Done::Refused(what) => {
+            Done::Refused(what, _) => {
                 // Only DMs are refused by design; a notice or task channel store refused for
                 // a limit cannot succeed later either.
                 self.counters.notices_dropped.bump();
@@ -543,20 +553,22 @@ pub(super) async fn store(
     headers: async_nats::HeaderMap,
     payload: Vec<u8>,
     terminate: bool,
+    dm: Option<super::refusal::Refusable>,
 ) -> Pending {
-    send_store(js, subject, headers, payload, terminate)
+    send_store(js, subject, headers, payload, terminate, dm)
         .await
         .unwrap_or_else(|reason| ready(Done::Failed(reason)))
 }
 
 /// [`store`], telling a publish that could not even be sent (`Err`) from one sent whose store
-/// ack is pending.
+/// ack is pending. A refusal for a limit names `dm`, the DM stored, when it is one.
 async fn send_store(
     js: &jetstream::Context,
     subject: String,
     headers: async_nats::HeaderMap,
     payload: Vec<u8>,
     terminate: bool,
+    dm: Option<super::refusal::Refusable>,
 ) -> Result<Pending, String> {
     let ack = js
         .publish_with_headers(subject, headers, payload.into())
@@ -571,7 +583,7 @@ async fn send_store(
                 seq: ack.sequence,
             },
             Ok(Err(e)) => match crate::streams::store_refusal(&e) {
-                Some(what) => Done::Refused(what),
+                Some(what) => Done::Refused(what, dm.map(Box::new)),
                 None => Done::Failed(e.to_string()),
             },
             Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),

@@ -33,45 +33,31 @@ pub(super) struct Refusable {
 }
 
 impl DurablePump {
-    /// Resolves `stored`; a [`Done::Refused`] becomes the sender's rejection notice, stored
-    /// before the ingress message is terminated.
-    pub(super) fn or_refuse(
-        &self,
-        js: &jetstream::Context,
-        stored: Pending,
-        dm: Refusable,
-    ) -> Pending {
-        let js = js.clone();
-        let counters = self.counters.clone();
-        let audit = self.audit.clone();
-        let inbox_stream = self.delivery.inbox.name.clone();
+    /// The broker refused `dm` for `what`: its sender's rejection notice is stored (and its
+    /// hold), then the ingress message is terminated.
+    pub(super) async fn refuse(&self, what: StoreRefusal, dm: Refusable) -> Done {
+        let js = jetstream::new(self.client.clone());
         let max_age = self.delivery.inbox.max_age().map(|d| d.as_secs());
-        Box::pin(async move {
-            let what = match stored.await {
-                Done::Refused(what) => what,
-                other => return other,
-            };
-            counters.refused_full.bump();
-            let (kind, detail, retry_after) = match what {
-                StoreRefusal::SubjectFull => (
-                    WireErrorKind::InboxFull,
-                    format!("the inbox of {} holds as many messages as it may", dm.to),
-                    Some(retry_after(&js, &inbox_stream, &dm.to, max_age).await),
-                ),
-                StoreRefusal::StreamFull => (
-                    WireErrorKind::InboxFull,
-                    "the hub's inbox stream is full".to_owned(),
-                    Some(DEFAULT_RETRY_AFTER_SECS),
-                ),
-                StoreRefusal::TooLarge => (
-                    WireErrorKind::TooLarge,
-                    "the message is over the inbox stream's max_msg_size".to_owned(),
-                    None,
-                ),
-            };
-            let error = WireError::new(kind, detail);
-            notify(&js, &counters, &audit, &dm, &error, retry_after).await
-        })
+        self.counters.refused_full.bump();
+        let (kind, detail, retry_after) = match what {
+            StoreRefusal::SubjectFull => (
+                WireErrorKind::InboxFull,
+                format!("the inbox of {} holds as many messages as it may", dm.to),
+                Some(retry_after(&js, &self.delivery.inbox.name, &dm.to, max_age).await),
+            ),
+            StoreRefusal::StreamFull => (
+                WireErrorKind::InboxFull,
+                "the hub's inbox stream is full".to_owned(),
+                Some(DEFAULT_RETRY_AFTER_SECS),
+            ),
+            StoreRefusal::TooLarge => (
+                WireErrorKind::TooLarge,
+                "the message is over the inbox stream's max_msg_size".to_owned(),
+                None,
+            ),
+        };
+        let error = WireError::new(kind, detail);
+        notify(&js, &self.counters, &self.audit, &dm, &error, retry_after).await
     }
 
     /// Refuses `dm` now, before any store, because its sender is over its rate.
@@ -132,8 +118,8 @@ async fn notify(
         return Done::Immediate { terminate: true };
     };
     let headers = routed_headers(Some(&msg_id), Codec::Json);
-    match store(js, subject, headers, payload, true).await.await {
-        Done::Refused(_) => {
+    match store(js, subject, headers, payload, true, None).await.await {
+        Done::Refused(..) => {
             counters.notices_dropped.bump();
             tracing::warn!(sender = %dm.from, "the sender's inbox is full too; its refusal notice is dropped");
             Done::Immediate { terminate: true }

@@ -456,30 +456,21 @@ mod tests {
         old.discard_new_per_subject = false;
         js.create_stream(old).await.unwrap();
         ensure_streams(&js, &cfg).await.unwrap();
-        let info = js
-            .get_stream("HUB_INBOX")
-            .await
-            .unwrap()
-            .info()
-            .await
-            .unwrap()
-            .clone();
-        assert_eq!(info.config.discard, DiscardPolicy::New);
-        assert!(info.config.discard_new_per_subject);
+        let info = inbox_config(&js).await;
+        assert_eq!(info.discard, DiscardPolicy::New);
+        assert!(info.discard_new_per_subject);
         // Unlimited per subject: discard new still holds for the stream's own limits.
         let mut unlimited = cfg.clone();
         unlimited.inbox.max_msgs_per_subject = -1;
         ensure_streams(&js, &unlimited).await.unwrap();
-        let info = js
-            .get_stream("HUB_INBOX")
-            .await
-            .unwrap()
-            .info()
-            .await
-            .unwrap()
-            .clone();
-        assert_eq!(info.config.discard, DiscardPolicy::New);
-        assert!(!info.config.discard_new_per_subject);
+        let info = inbox_config(&js).await;
+        assert_eq!(info.discard, DiscardPolicy::New);
+        assert!(!info.discard_new_per_subject);
+    }
+
+    async fn inbox_config(js: &jetstream::Context) -> Config {
+        let mut stream = js.get_stream("HUB_INBOX").await.unwrap();
+        stream.info().await.unwrap().config.clone()
     }
 
     #[tokio::test]

@@ -36,6 +36,26 @@ async fn send(hub: &ActorSystem, from: &AgentId, to: &AgentId, id: &str) {
         .unwrap();
 }
 
+/// Alice sends m1 to m5 to bob; the last two are refused: their refusals, once both are in.
+async fn send_five(
+    hub: &ActorSystem,
+    alice: &AgentId,
+    bob: &AgentId,
+    alices: &support::Seen,
+) -> Vec<Rejection> {
+    for id in ["m1", "m2", "m3", "m4", "m5"] {
+        send(hub, alice, bob, id).await;
+    }
+    support::wait_for(alices, 2).await;
+    let refused = rejections(alices);
+    let ids: Vec<_> = refused
+        .iter()
+        .map(|r| r.rejected_id.as_ref().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["m4", "m5"]);
+    refused
+}
+
 fn rejections(seen: &support::Seen) -> Vec<Rejection> {
     seen.lock()
         .unwrap()
@@ -52,16 +72,7 @@ async fn a_full_inbox_refuses_the_new_dm_with_inbox_full_and_keeps_the_oldest() 
     let alices = support::attach_collect(&hub, &alice).await;
     // Bob is offline: his consumer exists and nobody reads it.
     support::make_consumer(&hub, &bob).await;
-    for id in ["m1", "m2", "m3", "m4", "m5"] {
-        send(&hub, &alice, &bob, id).await;
-    }
-    support::wait_for(&alices, 2).await;
-    let refused = rejections(&alices);
-    let ids: Vec<_> = refused
-        .iter()
-        .map(|r| r.rejected_id.as_ref().unwrap().to_string())
-        .collect();
-    assert_eq!(ids, ["m4", "m5"]);
+    let refused = send_five(&hub, &alice, &bob, &alices).await;
     for r in &refused {
         assert_eq!(r.error.kind, WireErrorKind::InboxFull);
         // Room comes back when bob's oldest DM (stored a moment ago) leaves the stream.
@@ -152,16 +163,7 @@ async fn a_sender_over_its_rate_is_refused_rate_limited_and_its_bucket_outlives_
     let first = rated_hub(&server, 3).await;
     let alices = support::attach_collect(&first, &alice).await;
     let bobs = support::attach_collect(&first, &bob).await;
-    for id in ["m1", "m2", "m3", "m4", "m5"] {
-        send(&first, &alice, &bob, id).await;
-    }
-    support::wait_for(&alices, 2).await;
-    let refused = rejections(&alices);
-    let ids: Vec<_> = refused
-        .iter()
-        .map(|r| r.rejected_id.as_ref().unwrap().to_string())
-        .collect();
-    assert_eq!(ids, ["m4", "m5"]);
+    let refused = send_five(&first, &alice, &bob, &alices).await;
     for r in &refused {
         assert_eq!(r.error.kind, WireErrorKind::RateLimited);
         let after = r.retry_after_secs.expect("a rate limit says when to retry");

@@ -16,6 +16,16 @@ use protocol::QueueName;
 use runtime::system::tasks::new_task;
 use support::oneshot::{assert_exit, run_cli, stdout};
 
+/// `runtime dlq list --json`.
+async fn dead_letters(server: &harness::NatsServer) -> Vec<serde_json::Value> {
+    let out = run_cli(&["dlq", "--nats-url", &server.url(), "list", "--json"]).await;
+    assert_exit(&out, 0, "runtime dlq list");
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_input_handed_back_task_max_deliver_times_is_dead_lettered_and_its_delegator_told() {
     let server = harness::run_server().await.unwrap();
@@ -81,12 +91,7 @@ async fn a_task_input_handed_back_task_max_deliver_times_is_dead_lettered_and_it
     })
     .await
     .unwrap();
-    let out = run_cli(&["dlq", "--nats-url", &server.url(), "list", "--json"]).await;
-    assert_exit(&out, 0, "runtime dlq list");
-    let letters: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let letters = dead_letters(&server).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0]["subject"], "work.poison");
     assert_eq!(letters[0]["reason"], "max_deliver");
@@ -186,12 +191,7 @@ async fn an_answer_for_a_worker_that_no_longer_exists_is_dead_lettered_and_its_a
     })
     .await
     .unwrap();
-    let out = run_cli(&["dlq", "--nats-url", &server.url(), "list", "--json"]).await;
-    assert_exit(&out, 0, "runtime dlq list");
-    let letters: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let letters = dead_letters(&server).await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0]["subject"], "answer.ghost");
     assert_eq!(letters[0]["reason"], "no_worker");

@@ -14,7 +14,7 @@
 //! let accepted = AuditEvent::msg("accepted", "m1", 1_000, "router:r1");
 //! let other = AuditEvent::msg("routed", "m2", 1_001, "router:r1");
 //! let rows = timeline(&[routed, other, accepted], "m1");
-//! assert_eq!(rows.iter().map(|r| (r.event.event.as_str(), r.after_ms)).collect::<Vec<_>>(),
+//! assert_eq!(rows.iter().map(|r| (r.event.event.as_ref(), r.after_ms)).collect::<Vec<_>>(),
 //!            [("accepted", 0), ("routed", 5)]);
 //! ```
 
@@ -206,6 +206,9 @@ pub struct Details {
     /// Why (`rejected` by a handler, `dead_lettered`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A task's state (`state_changed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<crate::task::TaskState>,
 }
 
 impl Details {
@@ -284,6 +287,32 @@ pub enum Subject {
     },
 }
 
+/// The task events a message on a task's channel stands for, in order: every status or
+/// result is `state_changed` (with its state); a status `running` is also `started`, a result
+/// is `result_published` (and `cancelled` when it is one); an answer's refusal is none.
+pub fn channel_events(
+    body: &crate::task::TaskChannelBody,
+) -> Vec<(&'static str, Option<crate::task::TaskState>)> {
+    use crate::task::{TaskChannelBody, TaskState};
+    match body {
+        TaskChannelBody::Status(s) => {
+            let mut out = vec![("state_changed", Some(s.state))];
+            if s.state == TaskState::Running {
+                out.push(("started", None));
+            }
+            out
+        }
+        TaskChannelBody::Result(r) => {
+            let mut out = vec![("state_changed", Some(r.state)), ("result_published", None)];
+            if r.state == TaskState::Cancelled {
+                out.push(("cancelled", None));
+            }
+            out
+        }
+        TaskChannelBody::AnswerRefused(_) => Vec::new(),
+    }
+}
+
 /// [`Subject`] of a message the router stores on `subject` under `msg_id`, with `meta.id` `id`.
 pub fn subject_of(subject: &str, msg_id: &str, id: &str) -> Option<Subject> {
     if subject.starts_with(crate::subjects::INBOX_PREFIX) {
@@ -323,8 +352,9 @@ fn rank(event: &str) -> u8 {
         "fetched" => 2,
         "redelivered" => 3,
         "nacked" | "delivered" | "expired" => 4,
-        "read" | "result_published" => 5,
-        _ => 6,
+        "state_changed" | "started" => 5,
+        "read" | "result_published" | "answered" | "cancelled" => 6,
+        _ => 7,
     }
 }
 
@@ -414,6 +444,50 @@ mod tests {
         assert_eq!(events[7].at, 1_764_612_345_685);
         assert_eq!(events[7].details.stream_seq, Some(1007));
         assert!(AuditBatch::decode(b"not msgpack").is_err());
+    }
+
+    #[test]
+    fn a_task_channel_message_stands_for_its_task_events() {
+        use crate::task::{StatusEvent, TaskChannelBody, TaskResult, TaskState};
+        use crate::{AttemptId, TaskId, WorkerId};
+        let (task, attempt, worker) = (
+            TaskId::new("t").unwrap(),
+            AttemptId::new("a").unwrap(),
+            WorkerId::new("w").unwrap(),
+        );
+        let running = TaskChannelBody::Status(StatusEvent::new(
+            task.clone(),
+            attempt.clone(),
+            worker.clone(),
+            1,
+            TaskState::Running,
+            0,
+        ));
+        assert_eq!(
+            channel_events(&running),
+            [
+                ("state_changed", Some(TaskState::Running)),
+                ("started", None)
+            ]
+        );
+        let cancelled = TaskChannelBody::Result(TaskResult {
+            task_id: task,
+            attempt_id: attempt,
+            worker_id: worker,
+            state: TaskState::Cancelled,
+            response: None,
+            error: None,
+            suspend: None,
+            answer_route: None,
+        });
+        assert_eq!(
+            channel_events(&cancelled),
+            [
+                ("state_changed", Some(TaskState::Cancelled)),
+                ("result_published", None),
+                ("cancelled", None)
+            ]
+        );
     }
 
     #[test]

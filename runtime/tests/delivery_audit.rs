@@ -148,10 +148,16 @@ async fn runtime_trace_prints_a_tasks_timeline() {
     let spec = new_task("trace me", Vec::new());
     let alice = support::agent("alice");
     hub.delegate(&alice, &queue, None, &spec).await.unwrap();
-    let rows = trace(&server.url(), spec.task_id.as_str(), 3).await;
+    let rows = trace(&server.url(), spec.task_id.as_str(), 4).await;
     let seen = events(&rows);
     assert_eq!(&seen[..2], ["accepted", "routed"], "{rows:#?}");
     assert!(seen[2..].contains(&"result_published"), "{rows:#?}");
+    // The worker's result, as the router stored it on the task's channel.
+    assert!(
+        rows.iter()
+            .any(|r| r["event"] == "state_changed" && r["details"]["state"] == "completed"),
+        "{rows:#?}"
+    );
     assert!(rows.iter().all(|r| r["task_id"] == spec.task_id.as_str()));
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -1,8 +1,10 @@
 //! The router's audit events ([`protocol::audit`]): `accepted` when it takes an envelope from
 //! the ingress (at the ingress's own store time, with its sequence), then `routed` (with the
 //! stored sequence), `deduplicated` (the store was a duplicate) or `rejected` (with the kind).
-//! A task input's events name its task; a worker's result or status stored on a task channel
-//! is `result_published`. Emitted without waiting ([`crate::audit`]).
+//! A task input's events name its task; a worker's status or result stored on its task channel
+//! is `state_changed` (and `started`, `result_published`, `cancelled`:
+//! [`protocol::audit::channel_events`]), and an answer routed to a worker is `answered`.
+//! Emitted without waiting ([`crate::audit`]).
 
 use async_nats::jetstream::Message;
 use protocol::audit::{subject_of, AuditEvent, Details, Subject};
@@ -14,6 +16,20 @@ use super::durable::{Done, DurablePump, Pending};
 pub(super) struct Trail {
     about: Subject,
     trace: Option<String>,
+    /// A task channel message's events (decoded only with audit events on).
+    channel: Vec<(&'static str, Option<protocol::task::TaskState>)>,
+}
+
+/// The task channel events of a stored item (`payload` in `codec`).
+fn channel_events(
+    payload: &[u8],
+    codec: protocol::Codec,
+) -> Vec<(&'static str, Option<protocol::task::TaskState>)> {
+    protocol::decode(payload, codec)
+        .ok()
+        .and_then(|env| serde_json::from_value::<protocol::task::TaskChannelBody>(env.body).ok())
+        .map(|body| protocol::audit::channel_events(&body))
+        .unwrap_or_default()
 }
 
 impl DurablePump {
@@ -42,14 +58,52 @@ impl DurablePump {
             })
             .unwrap_or((None, 1));
         let at = info_at.unwrap_or_else(protocol::expiry::now_ms);
+        let mut channel = Vec::new();
         let about = match decision {
             RouteDecision::Store {
                 subject,
                 msg_id,
                 id,
+                payload,
+                codec,
                 ..
-            } => subject_of(subject, msg_id, id.as_str())?,
-            RouteDecision::StoreAll { subject, id, .. } => subject_of(subject, "", id.as_str())?,
+            } => match subject_of(subject, msg_id, id.as_str()) {
+                Some(about) => {
+                    if matches!(about, Subject::Task { channel: true, .. }) {
+                        channel = channel_events(payload, *codec);
+                    }
+                    about
+                }
+                None => {
+                    // An answer to a worker: `answered`, once stored.
+                    protocol::subjects::parse_answer(subject).ok()?;
+                    let env = protocol::decode(payload, *codec).ok()?;
+                    let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
+                    channel.push(("answered", None));
+                    let about = Subject::Task {
+                        task_id: answer.task_id.to_string(),
+                        channel: true,
+                    };
+                    return Some(Trail {
+                        about,
+                        trace,
+                        channel,
+                    });
+                }
+            },
+            RouteDecision::StoreAll {
+                subject,
+                id,
+                items,
+                codec,
+                ..
+            } => {
+                let about = subject_of(subject, "", id.as_str())?;
+                for item in items {
+                    channel.extend(channel_events(&item.payload, *codec));
+                }
+                about
+            }
             RouteDecision::Reject {
                 rejected_id: Some(id),
                 error,
@@ -70,7 +124,13 @@ impl DurablePump {
         };
         let event = match &about {
             Subject::Msg(id) => AuditEvent::msg("accepted", id, at, ""),
-            Subject::Task { channel: true, .. } => return Some(Trail { about, trace }),
+            Subject::Task { channel: true, .. } => {
+                return Some(Trail {
+                    about,
+                    trace,
+                    channel,
+                })
+            }
             Subject::Task { task_id, .. } => AuditEvent::task("accepted", task_id, at, ""),
         };
         self.audit.emit(
@@ -82,12 +142,17 @@ impl DurablePump {
                     ..Details::default()
                 }),
         );
-        Some(Trail { about, trace })
+        Some(Trail {
+            about,
+            trace,
+            channel,
+        })
     }
 
-    /// `stored`, emitting `routed`, `deduplicated` or `result_published` once it resolves as
-    /// stored. The event is dated when the store was sent (now: `stored` was made after its
-    /// publish went out), not when its ack is read: the recipient may fetch it before that.
+    /// `stored`, emitting once it resolves as stored: `routed` or `deduplicated` (with the
+    /// stored sequence), or a task channel message's own events (`state_changed`, ...). The
+    /// events are dated when the store was sent (now: `stored` was made after its publish went
+    /// out), not when its ack is read: the recipient may fetch it before that.
     pub(super) fn audited(&self, stored: Pending, trail: Option<Trail>) -> Pending {
         let Some(trail) = trail else {
             return stored;
@@ -96,56 +161,43 @@ impl DurablePump {
         let sent_at = protocol::expiry::now_ms();
         Box::pin(async move {
             let done = stored.await;
-            let (event, details) = match (&done, &trail.about) {
-                (
-                    Done::Stored {
-                        terminate: true, ..
-                    },
-                    _,
-                ) => return done,
-                (Done::Stored { duplicate, seq, .. }, Subject::Task { channel: true, .. }) => (
-                    "result_published",
-                    Details {
-                        seq: Some(*seq),
-                        duplicate: Some(*duplicate),
-                        ..Details::default()
-                    },
-                ),
-                (
-                    Done::Stored {
-                        duplicate: true,
-                        seq,
-                        ..
-                    },
-                    _,
-                ) => (
-                    "deduplicated",
-                    Details {
-                        seq: Some(*seq),
-                        ..Details::default()
-                    },
-                ),
-                (Done::Stored { seq, .. }, _) => (
-                    "routed",
-                    Details {
-                        seq: Some(*seq),
-                        ..Details::default()
-                    },
-                ),
-                (Done::StoredAll { stored, .. }, _) => (
-                    "result_published",
-                    Details {
-                        items: Some(*stored),
-                        ..Details::default()
-                    },
-                ),
+            let (seq, duplicate) = match &done {
+                Done::Stored {
+                    terminate: false,
+                    duplicate,
+                    seq,
+                } => (Some(*seq), *duplicate),
+                Done::StoredAll { .. } => (None, false),
                 _ => return done,
             };
-            let event = match &trail.about {
-                Subject::Msg(id) => AuditEvent::msg(event, id, sent_at, ""),
-                Subject::Task { task_id, .. } => AuditEvent::task(event, task_id, sent_at, ""),
+            let emit = |event: &'static str, details: Details| {
+                let event = match &trail.about {
+                    Subject::Msg(id) => AuditEvent::msg(event, id, sent_at, ""),
+                    Subject::Task { task_id, .. } => AuditEvent::task(event, task_id, sent_at, ""),
+                };
+                audit.emit(event.traced(trail.trace.as_deref()).details(details));
             };
-            audit.emit(event.traced(trail.trace.as_deref()).details(details));
+            if matches!(trail.about, Subject::Task { channel: true, .. }) {
+                for (event, state) in &trail.channel {
+                    emit(
+                        event,
+                        Details {
+                            seq,
+                            state: *state,
+                            ..Details::default()
+                        },
+                    );
+                }
+            } else {
+                let event = if duplicate { "deduplicated" } else { "routed" };
+                emit(
+                    event,
+                    Details {
+                        seq,
+                        ..Details::default()
+                    },
+                );
+            }
             done
         })
     }

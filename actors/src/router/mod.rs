@@ -159,17 +159,32 @@ impl Actor for Router {
                 source,
             })?;
         let me = myself.clone();
+        let counters = Arc::new(RouterCounters::default());
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let mut status_stop = stop_rx.clone();
         let status_task = Owned::spawn(async move {
-            while let Some(msg) = sub.next().await {
-                if let Some(reply) = msg.reply {
-                    if me.cast(RouterMsg::StatusRequest { reply }).is_err() {
-                        break;
+            loop {
+                tokio::select! {
+                    _ = status_stop.changed() => {
+                        // Unsubscribed with an awaited command, queued before the stop's
+                        // flush: dropping the subscriber instead sends its unsubscribe later
+                        // when the connection's command queue is full.
+                        let _ = sub.unsubscribe().await;
+                        return;
                     }
+                    next = sub.next() => match next {
+                        Some(msg) => {
+                            if let Some(reply) = msg.reply {
+                                if me.cast(RouterMsg::StatusRequest { reply }).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        None => return,
+                    },
                 }
             }
         });
-        let counters = Arc::new(RouterCounters::default());
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let (audit, audit_flusher) = if self.durable && self.delivery.audit_events {
             let (audit, flusher) = Auditor::spawn(self.client.clone(), "router", &self.name);
             (audit, Some(flusher))
@@ -229,7 +244,7 @@ impl Actor for Router {
         // The status subscription is gone (and the server told) before the actor is: a status
         // request after a shutdown finds no responders instead of a dead subscriber.
         if let Some(task) = state.status_task.take() {
-            task.abort().await;
+            task.join_within(std::time::Duration::from_secs(2)).await;
         }
         let _ = self.client.flush().await;
         Ok(())

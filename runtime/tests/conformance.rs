@@ -1,0 +1,326 @@
+//! The conformance suite (issue 10 §8): each test is named after the MUST test of section 16 of
+//! the delivery-semantics design that it proves, where that test applies to us (the router and
+//! streams play the gateway, the inbox consumer the sidecar). docs/CONFORMANCE.md maps every
+//! test of that section to the test that proves it here or elsewhere, or says why it does not
+//! apply. Every test runs against a real nats-server.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actors::inbox::Handled;
+use protocol::attach::DurableInboxMode;
+use protocol::subjects::{self, Channel};
+use protocol::{AgentId, QueueName};
+use runtime::system::tasks::new_task;
+use runtime::ActorSystem;
+
+async fn hub(server: &harness::NatsServer) -> ActorSystem {
+    support::durable_hub(server, DurableInboxMode::On).await
+}
+
+fn seqs(seen: &support::Seen) -> Vec<u64> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .map(|d| d.stream_seq.unwrap())
+        .collect()
+}
+
+/// A DM of `from` as the router would store it in `to`'s inbox (`meta.from` stamped), with
+/// `Nats-Msg-Id` `msg_id`: what a redelivery or a replay looks like to the inbox.
+async fn store_in_inbox(
+    js: &async_nats::jetstream::Context,
+    from: &str,
+    to: &AgentId,
+    id: &str,
+    msg_id: &str,
+) -> u64 {
+    let mut dm = support::dm(to, id);
+    dm.meta.from = Some(support::agent(from));
+    let payload = protocol::encode(&dm, protocol::Codec::Json).unwrap();
+    support::js_publish(js, &subjects::inbox(to), msg_id, payload)
+        .await
+        .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transport_ack_after_durable_write() {
+    // The inbox acks a DM only once its handler is done with it (our "durable write" is the
+    // handler's), and the router acks the ingress only after the inbox stream stored it.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (gate, handled) = (release.clone(), Arc::new(AtomicU32::new(0)));
+    let count = handled.clone();
+    hub.attach_inbox(&bob, move |_| {
+        let (gate, count) = (gate.clone(), count.clone());
+        async move {
+            gate.notified().await;
+            count.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+    .await
+    .unwrap();
+    hub.send_envelope(&alice, &Channel::Inbox, &support::dm(&bob, "m1"))
+        .await
+        .unwrap();
+    let js = support::js(&server).await;
+    // Stored and handed over, not acked: the handler is still at work.
+    harness::wait_until_async("the DM handed over", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 1)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        support::stream_messages(&js, "HUB_INGRESS").await,
+        0,
+        "routed, so the ingress acked"
+    );
+    release.notify_one();
+    harness::wait_until_async("acked once handled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(handled.load(Ordering::SeqCst), 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redelivery_deduped_by_msg_id() {
+    // The same DM (same sender and meta.id) stored twice, as a redelivery past the dedupe window
+    // would be: handed over once.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let bob = support::agent("bob");
+    let seen = support::attach_collect(&hub, &bob).await;
+    let js = support::js(&server).await;
+    store_in_inbox(&js, "alice", &bob, "m1", "first-store").await;
+    store_in_inbox(&js, "alice", &bob, "m1", "second-store").await;
+    store_in_inbox(&js, "alice", &bob, "m2", "third-store").await;
+    support::wait_for(&seen, 2).await;
+    harness::wait_until_async("all acked", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(support::bodies(&seen), ["m1", "m2"]);
+    let counters = hub.inbox_snapshot(&bob).await.unwrap().counters;
+    assert_eq!(counters.duplicates, 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_by_stream_seq() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let seen = support::attach_collect(&hub, &bob).await;
+    for n in 0..50 {
+        hub.send_envelope(
+            &alice,
+            &Channel::Inbox,
+            &support::dm(&bob, &format!("m{n}")),
+        )
+        .await
+        .unwrap();
+    }
+    support::wait_for(&seen, 50).await;
+    let seqs = seqs(&seen);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let bodies: Vec<String> = (0..50).map(|n| format!("m{n}")).collect();
+    assert_eq!(support::bodies(&seen), bodies);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ordering_flags_late_redelivery() {
+    // The handler asks to see m1 again later; m2 and m3 go on; m1 comes back flagged.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let seen: support::Seen = Arc::default();
+    let (sink, first) = (seen.clone(), Arc::new(AtomicU32::new(0)));
+    hub.attach_inbox(&bob, move |d| {
+        let retry =
+            d.envelope.meta.id.as_str() == "m1" && first.fetch_add(1, Ordering::SeqCst) == 0;
+        sink.lock().unwrap().push(d);
+        async move {
+            if retry {
+                Handled::Retry(Duration::from_millis(300))
+            } else {
+                Handled::Done
+            }
+        }
+    })
+    .await
+    .unwrap();
+    for id in ["m1", "m2", "m3"] {
+        hub.send_envelope(&alice, &Channel::Inbox, &support::dm(&bob, id))
+            .await
+            .unwrap();
+    }
+    support::wait_for(&seen, 4).await;
+    let seen = seen.lock().unwrap();
+    let ids: Vec<&str> = seen.iter().map(|d| d.envelope.meta.id.as_str()).collect();
+    assert_eq!(ids, ["m1", "m2", "m3", "m1"]);
+    let late = &seen[3];
+    assert!(
+        late.redelivered && late.out_of_order && late.delivered == 2,
+        "{late:?}"
+    );
+    assert!(seen[..3].iter().all(|d| !d.redelivered && !d.out_of_order));
+    drop(seen);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_checked_before_present() {
+    // A DM whose deadline passed while it waited in the inbox stream is never presented.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let bob = support::agent("bob");
+    let js = support::js(&server).await;
+    let mut late = support::dm(&bob, "m-late");
+    late.meta.from = Some(support::agent("alice"));
+    late.meta
+        .set_expires_at(Some(protocol::expiry::now_ms() - 1));
+    let payload = protocol::encode(&late, protocol::Codec::Json).unwrap();
+    support::js_publish(&js, &subjects::inbox(&bob), "late", payload).await;
+    store_in_inbox(&js, "alice", &bob, "m-live", "live").await;
+    let seen = support::attach_collect(&hub, &bob).await;
+    support::wait_for(&seen, 1).await;
+    harness::wait_until_async("both settled", support::DEADLINE, || async {
+        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
+    })
+    .await
+    .unwrap();
+    assert_eq!(support::bodies(&seen), ["m-live"]);
+    assert_eq!(hub.inbox_snapshot(&bob).await.unwrap().counters.expired, 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backlog_drains_in_order_after_reconnect() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    // Bob has been attached before, and is offline now.
+    support::make_consumer(&hub, &bob).await;
+    for n in 0..500 {
+        hub.send_envelope(
+            &alice,
+            &Channel::Inbox,
+            &support::dm(&bob, &format!("m{n}")),
+        )
+        .await
+        .unwrap();
+    }
+    let js = support::js(&server).await;
+    harness::wait_until_async("500 queued", support::DEADLINE, || async {
+        support::count_on(&js, "HUB_INBOX", &subjects::inbox(&bob)).await == 500
+    })
+    .await
+    .unwrap();
+    let seen = support::attach_collect(&hub, &bob).await;
+    support::wait_for(&seen, 500).await;
+    let bodies: Vec<String> = (0..500).map(|n| format!("m{n}")).collect();
+    assert_eq!(support::bodies(&seen), bodies);
+    let seqs = seqs(&seen);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_retries_with_same_id() {
+    // A send whose receipt was lost is sent again with the same meta.id: stored once.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let seen = support::attach_collect(&hub, &bob).await;
+    let dm = support::dm(&bob, "m-retried");
+    let first = hub
+        .send_envelope(&alice, &Channel::Inbox, &dm)
+        .await
+        .unwrap();
+    let again = hub
+        .send_envelope(&alice, &Channel::Inbox, &dm)
+        .await
+        .unwrap();
+    assert_eq!((first.duplicate, again.duplicate), (false, true));
+    assert_eq!(first.ingress_seq, again.ingress_seq);
+    hub.send_envelope(&alice, &Channel::Inbox, &support::dm(&bob, "m-next"))
+        .await
+        .unwrap();
+    support::wait_for(&seen, 2).await;
+    assert_eq!(support::bodies(&seen), ["m-retried", "m-next"]);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_rejects_oversized_inline() {
+    // A 2 MiB body is refused before anything is sent.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let mut big = support::dm(&bob, "m-big");
+    big.body = serde_json::Value::String("x".repeat(2 * 1024 * 1024));
+    let refused = hub.send_envelope(&alice, &Channel::Inbox, &big).await;
+    assert!(
+        matches!(refused, Err(runtime::SystemError::Publish { .. })),
+        "{refused:?}"
+    );
+    let js = support::js(&server).await;
+    assert_eq!(support::stream_messages(&js, "HUB_INGRESS").await, 0);
+    assert_eq!(
+        support::router_counters(&hub).await.malformed,
+        0,
+        "nothing reached the router"
+    );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_uses_idempotency_key() {
+    // A retried task request reuses its key and gets the existing task id: one task runs.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let queue = QueueName::new("idem-c").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = support::Counting::default();
+    support::start_worker(
+        &hub,
+        "cw1",
+        &queue,
+        1,
+        Arc::new(handler.clone()),
+        journal.path(),
+    )
+    .await;
+    let alice = support::agent("alice");
+    let mut first = new_task("charge order 7", Vec::new());
+    first.idempotency_key = Some("order-7".into());
+    let mut retry = new_task("charge order 7", Vec::new());
+    retry.idempotency_key = Some("order-7".into());
+    let a = hub.delegate(&alice, &queue, None, &first).await.unwrap();
+    let b = hub.delegate(&alice, &queue, None, &retry).await.unwrap();
+    assert_eq!(a.task_id, b.task_id);
+    assert!(!a.existing && b.existing);
+    harness::wait_until("the task ran", support::DEADLINE, || handler.total() == 1)
+        .await
+        .unwrap();
+    // Still once, a moment later, with nothing left to run.
+    let js = support::js(&server).await;
+    harness::wait_until_async("the work stream empty", support::DEADLINE, || async {
+        support::stream_messages(&js, "HUB_WORK").await == 0
+    })
+    .await
+    .unwrap();
+    assert_eq!(handler.total(), 1);
+    assert_eq!(handler.runs(retry.task_id.as_str()), 0);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

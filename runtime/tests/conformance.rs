@@ -165,16 +165,17 @@ async fn ordering_flags_late_redelivery() {
             .unwrap();
     }
     support::wait_for(&seen, 4).await;
-    let seen = seen.lock().unwrap();
-    let ids: Vec<&str> = seen.iter().map(|d| d.envelope.meta.id.as_str()).collect();
+    let handed: Vec<actors::inbox::Delivery> = seen.lock().unwrap().clone();
+    let ids: Vec<&str> = handed.iter().map(|d| d.envelope.meta.id.as_str()).collect();
     assert_eq!(ids, ["m1", "m2", "m3", "m1"]);
-    let late = &seen[3];
+    let late = &handed[3];
     assert!(
         late.redelivered && late.out_of_order && late.delivered == 2,
         "{late:?}"
     );
-    assert!(seen[..3].iter().all(|d| !d.redelivered && !d.out_of_order));
-    drop(seen);
+    assert!(handed[..3]
+        .iter()
+        .all(|d| !d.redelivered && !d.out_of_order));
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 

@@ -214,6 +214,45 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 9] {
     ]
 }
 
+/// Why [`publish_acked`] did not get its store ack.
+#[derive(Debug, thiserror::Error)]
+pub enum AckedError {
+    /// The publish could not be sent, or the broker refused it.
+    #[error("not stored: {0}")]
+    Publish(#[from] async_nats::jetstream::context::PublishError),
+    /// No ack within the limit.
+    #[error("no store ack within {0:?}")]
+    TimedOut(std::time::Duration),
+}
+
+/// JetStream-publishes `payload` to `subject` with `headers` and waits at most `within` for
+/// its store ack (the lesson: every publish-ack await is bounded).
+///
+/// # Errors
+/// [`AckedError`]: not sent or refused (the broker's error, [`store_refusal`] reads a limit
+/// from it), or not acked in time.
+///
+/// # Cancel safety
+/// Not cancel safe: a cancelled publish may or may not be stored; publish again under the same
+/// `Nats-Msg-Id`.
+pub async fn publish_acked(
+    js: &Context,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: bytes::Bytes,
+    within: std::time::Duration,
+) -> Result<async_nats::jetstream::publish::PublishAck, AckedError> {
+    let stored = async {
+        js.publish_with_headers(subject, headers, payload)
+            .await?
+            .await
+    };
+    match tokio::time::timeout(within, stored).await {
+        Ok(acked) => Ok(acked?),
+        Err(_) => Err(AckedError::TimedOut(within)),
+    }
+}
+
 /// The limit a publish-ack error names, if any: the broker refused the store because the
 /// subject or stream is full or the message too large ([`protocol::backpressure::store_refusal`]).
 pub fn store_refusal(

@@ -275,7 +275,7 @@ impl AuditEvent {
 /// `meta.id`), a task (its id: a task input's, from its `Nats-Msg-Id`, or a task channel's
 /// key), or nothing the trail follows (`None`: broadcasts, answers, notices).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
+pub enum About {
     /// A DM to an inbox.
     Msg(String),
     /// A task input (`work.>`) or a message on its task channel (`channel.task.>`).
@@ -313,21 +313,24 @@ pub fn channel_events(
     }
 }
 
-/// [`Subject`] of a message the router stores on `subject` under `msg_id`, with `meta.id` `id`.
-pub fn subject_of(subject: &str, msg_id: &str, id: &str) -> Option<Subject> {
+/// [`About`] of a message the router stores on `subject` under `msg_id`, with `meta.id` `id`.
+pub fn subject_of(subject: &str, msg_id: &str, id: &str) -> Option<About> {
     if subject.starts_with(crate::subjects::INBOX_PREFIX) {
-        return Some(Subject::Msg(id.to_owned()));
+        return Some(About::Msg(id.to_owned()));
     }
     if crate::subjects::is_work(subject) {
         let rest = msg_id.strip_prefix(crate::task::TASK_MSG_ID_PREFIX)?;
         let (_, task_id) = rest.split_once(':')?;
-        return Some(Subject::Task {
+        return Some(About::Task {
             task_id: task_id.to_owned(),
             channel: false,
         });
     }
+    if !subject.starts_with(crate::subjects::TASK_PREFIX) {
+        return None;
+    }
     let channel = crate::subjects::parse_task(subject).ok()?;
-    Some(Subject::Task {
+    Some(About::Task {
         task_id: channel.key.to_string(),
         channel: true,
     })
@@ -494,18 +497,18 @@ mod tests {
     fn the_router_knows_what_a_stored_message_is_about() {
         assert_eq!(
             subject_of("channel.inbox.bob", "hub-router:alice:m1", "m1"),
-            Some(Subject::Msg("m1".into()))
+            Some(About::Msg("m1".into()))
         );
         assert_eq!(
             subject_of("work.q", "hub-task:alice:t1", "e1"),
-            Some(Subject::Task {
+            Some(About::Task {
                 task_id: "t1".into(),
                 channel: false
             })
         );
         assert_eq!(
             subject_of("channel.task.alice.t1", "hub-router:w1:r1", "r1"),
-            Some(Subject::Task {
+            Some(About::Task {
                 task_id: "t1".into(),
                 channel: true
             })

@@ -81,11 +81,7 @@ async fn transport_ack_after_durable_write() {
         "routed, so the ingress acked"
     );
     release.notify_one();
-    harness::wait_until_async("acked once handled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     assert_eq!(handled.load(Ordering::SeqCst), 1);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
@@ -103,11 +99,7 @@ async fn redelivery_deduped_by_msg_id() {
     store_in_inbox(&js, "alice", &bob, "m1", "second-store").await;
     store_in_inbox(&js, "alice", &bob, "m2", "third-store").await;
     support::wait_for(&seen, 2).await;
-    harness::wait_until_async("all acked", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     assert_eq!(support::bodies(&seen), ["m1", "m2"]);
     let counters = hub.inbox_snapshot(&bob).await.unwrap().counters;
     assert_eq!(counters.duplicates, 1);
@@ -195,11 +187,7 @@ async fn expiry_checked_before_present() {
     store_in_inbox(&js, "alice", &bob, "m-live", "live").await;
     let seen = support::attach_collect(&hub, &bob).await;
     support::wait_for(&seen, 1).await;
-    harness::wait_until_async("both settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     assert_eq!(support::bodies(&seen), ["m-live"]);
     assert_eq!(hub.inbox_snapshot(&bob).await.unwrap().counters.expired, 1);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();

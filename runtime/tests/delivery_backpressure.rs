@@ -90,11 +90,7 @@ async fn a_full_inbox_refuses_the_new_dm_with_inbox_full_and_keeps_the_oldest() 
     let bobs = support::attach_collect(&hub, &bob).await;
     support::wait_for(&bobs, 3).await;
     let js = support::js(&server).await;
-    harness::wait_until_async("bob's inbox drained", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     assert_eq!(support::bodies(&bobs), ["m1", "m2", "m3"]);
     assert_eq!(alices.lock().unwrap().len(), 2, "one notice per refused DM");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();

@@ -90,11 +90,7 @@ async fn an_agent_offline_past_the_expiry_of_3_of_5_dms_receives_only_the_2_live
     // Back online: only the live ones, in order.
     let seen = support::attach_collect(&hub, &bob).await;
     support::wait_for(&seen, 2).await;
-    harness::wait_until_async("nothing more pending", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     assert_eq!(ids(&seen), ["m2", "m4"]);
     assert_eq!(alices.lock().unwrap().len(), 3, "one notice each, no more");
     hub.shutdown(std::time::Duration::from_secs(10))
@@ -146,11 +142,7 @@ async fn an_inbox_never_hands_over_a_dm_past_its_deadline() {
     }
     let seen = support::attach_collect(&hub, &bob).await;
     support::wait_for(&seen, 1).await;
-    harness::wait_until_async("both settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     assert_eq!(ids(&seen), ["m-live"]);
     let snapshot = hub.inbox_snapshot(&bob).await.unwrap();
     assert_eq!(snapshot.counters.expired, 1, "{snapshot:?}");

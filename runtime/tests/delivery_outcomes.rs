@@ -97,11 +97,7 @@ async fn a_retried_dm_comes_back_after_later_ones_flagged_redelivered_and_out_of
     }
     wait_handoffs(&seen, 4).await;
     let js = support::js(&server).await;
-    harness::wait_until_async("all settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     let handoffs = seen.lock().unwrap().clone();
     assert_eq!(handoffs.len(), 4, "{handoffs:?}");
     // In stream order first, m1 not yet redelivered...
@@ -146,11 +142,7 @@ async fn a_rejected_dm_is_terminated_at_once_and_never_handed_over_again() {
     support::send_dm(&client, "alice", "bob", "m-good").await;
     wait_handoffs(&seen, 2).await;
     let js = support::js(&server).await;
-    harness::wait_until_async("both settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     // Nothing pending and nothing awaiting an ack: the rejected DM was terminated, not left to
     // come back after the ack wait.
     let ids: Vec<String> = seen.lock().unwrap().iter().map(|h| h.0.clone()).collect();
@@ -394,11 +386,7 @@ async fn a_dm_that_requires_ack_gets_a_read_receipt_once_its_handler_is_done() {
         serde_json::json!({"receipt": {"kind": "read", "message_id": "m-ack"}})
     );
     let js = support::js(&server).await;
-    harness::wait_until_async("alice's inbox settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-alice").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-alice").await;
     assert_eq!(
         alices.lock().unwrap().len(),
         1,
@@ -440,11 +428,7 @@ async fn a_slow_handler_keeps_its_dm_with_heartbeats_and_it_is_not_redelivered()
     support::send_dm(hub.client(), "alice", "bob", "m-slow").await;
     let js = support::js(&server).await;
     wait_handoffs(&seen, 1).await;
-    harness::wait_until_async("the slow DM settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-bob").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-bob").await;
     let handoffs = seen.lock().unwrap().clone();
     assert_eq!(handoffs.len(), 1, "{handoffs:?}");
     assert!(!handoffs[0].2, "not a redelivery");
@@ -494,11 +478,7 @@ async fn a_termination_forged_on_another_inbox_s_dm_dead_letters_nothing() {
     .unwrap();
     // Nothing of bob's DM was dead-lettered, and alice was told nothing.
     assert!(dead_letters(&js, "bob").await.is_empty());
-    harness::wait_until_async("alice's inbox settled", support::DEADLINE, || async {
-        support::consumer_backlog(&js, "HUB_INBOX", "inbox-alice").await == (0, 0)
-    })
-    .await
-    .unwrap();
+    support::wait_settled(&js, "inbox-alice").await;
     assert!(
         alices.lock().unwrap().is_empty(),
         "alice was told something"

@@ -16,6 +16,25 @@ use protocol::QueueName;
 use runtime::system::tasks::new_task;
 use support::oneshot::{assert_exit, run_cli, stdout};
 
+/// Waits until the router made consumer `name` on `stream`, and returns it.
+async fn wait_consumer(js: &jetstream::Context, stream: &str, name: &str) -> PullConsumer {
+    harness::wait_until_async(&format!("consumer {name}"), support::DEADLINE, || async {
+        let stream = js.get_stream(stream).await.unwrap();
+        stream
+            .get_consumer::<jetstream::consumer::pull::Config>(name)
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap();
+    js.get_stream(stream)
+        .await
+        .unwrap()
+        .get_consumer(name)
+        .await
+        .unwrap()
+}
+
 /// `runtime dlq list --json`.
 async fn dead_letters(server: &harness::NatsServer) -> Vec<serde_json::Value> {
     let out = run_cli(&["dlq", "--nats-url", &server.url(), "list", "--json"]).await;
@@ -42,23 +61,7 @@ async fn a_task_input_handed_back_task_max_deliver_times_is_dead_lettered_and_it
     let receipt = hub.delegate(&alice, &queue, None, &spec).await.unwrap();
     // A worker of the queue that cannot take it: every delivery is handed back at once.
     let js = support::js(&server).await;
-    harness::wait_until_async("the queue's consumer", support::DEADLINE, || async {
-        js.get_stream("HUB_WORK")
-            .await
-            .unwrap()
-            .get_consumer::<jetstream::consumer::pull::Config>("queue-poison")
-            .await
-            .is_ok()
-    })
-    .await
-    .unwrap();
-    let consumer: PullConsumer = js
-        .get_stream("HUB_WORK")
-        .await
-        .unwrap()
-        .get_consumer("queue-poison")
-        .await
-        .unwrap();
+    let consumer = wait_consumer(&js, "HUB_WORK", "queue-poison").await;
     let mut messages = consumer
         .stream()
         .expires(Duration::from_secs(1))
@@ -145,16 +148,7 @@ async fn an_answer_for_a_worker_that_no_longer_exists_is_dead_lettered_and_its_a
     )
     .await;
     let js = support::js(&server).await;
-    harness::wait_until_async("ghost's answers consumer", support::DEADLINE, || async {
-        js.get_stream("HUB_ANSWERS")
-            .await
-            .unwrap()
-            .get_consumer::<jetstream::consumer::pull::Config>("answers-ghost")
-            .await
-            .is_ok()
-    })
-    .await
-    .unwrap();
+    wait_consumer(&js, "HUB_ANSWERS", "answers-ghost").await;
     gone.shutdown(Duration::from_secs(10)).await.unwrap();
     let alice = support::agent("alice");
     let alices = support::attach_collect(&hub, &alice).await;

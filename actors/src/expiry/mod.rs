@@ -481,15 +481,15 @@ impl ExpiryPump {
         if let Some(ct) = stored.headers.get(protocol::headers::CONTENT_TYPE) {
             headers.insert(protocol::headers::CONTENT_TYPE, ct.as_str());
         }
-        let sent = self
-            .js
-            .publish_with_headers(subjects::dlq(&to), headers, stored.payload.clone())
-            .await;
-        let acked = match sent {
-            Ok(ack) => tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, ack).await,
-            Err(_) => return Handled::Retry,
-        };
-        if !matches!(acked, Ok(Ok(_))) {
+        let copied = crate::streams::publish_acked(
+            &self.js,
+            subjects::dlq(&to),
+            headers,
+            stored.payload.clone(),
+            crate::PUBLISH_ACK_TIMEOUT,
+        )
+        .await;
+        if copied.is_err() {
             return Handled::Retry;
         }
         self.counters.dead_lettered.bump();

@@ -186,19 +186,15 @@ impl ExpiryPump {
         if let Some(ct) = stored.headers.get(protocol::headers::CONTENT_TYPE) {
             headers.insert(protocol::headers::CONTENT_TYPE, ct.as_str());
         }
-        let copied = async {
-            self.js
-                .publish_with_headers(copy.dlq_subject.clone(), headers, stored.payload.clone())
-                .await?
-                .await
-                .map_err(async_nats::Error::from)
-        };
-        if !matches!(
-            tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, copied).await,
-            Ok(Ok(_))
-        ) {
-            return Err(Handled::Retry);
-        }
+        crate::streams::publish_acked(
+            &self.js,
+            copy.dlq_subject.clone(),
+            headers,
+            stored.payload.clone(),
+            crate::PUBLISH_ACK_TIMEOUT,
+        )
+        .await
+        .map_err(|_| Handled::Retry)?;
         let handle = self
             .js
             .get_stream_no_info(copy.stream)

@@ -16,26 +16,23 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Writes `record` as `id`'s presence.
 ///
 /// # Errors
-/// The reason, when the broker did not store it in time.
+/// [`AckedError`](crate::streams::AckedError) when the broker did not store it in time.
 pub(super) async fn write(
     js: &jetstream::Context,
     id: &AgentId,
     record: &PresenceRecord,
-) -> Result<(), String> {
+) -> Result<(), crate::streams::AckedError> {
     let subject = subjects::kv_subject(subjects::PRESENCE_BUCKET, id.as_str());
     let payload = serde_json::to_vec(record).expect("a presence record serializes");
-    let stored = async {
-        js.publish(subject, payload.into())
-            .await
-            .map_err(|e| e.to_string())?
-            .await
-            .map_err(|e| e.to_string())
-    };
-    match tokio::time::timeout(WRITE_TIMEOUT, stored).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err("no ack in time".to_owned()),
-    }
+    crate::streams::publish_acked(
+        js,
+        subject,
+        async_nats::HeaderMap::new(),
+        payload.into(),
+        WRITE_TIMEOUT,
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Beats `online` for `id` every `every`, the first at once, until dropped (its owner, the

@@ -248,8 +248,9 @@ impl DurablePump {
                         headers.insert(protocol::headers::NATS_TTL, ttl.to_string().as_str());
                     }
                     // A DM: a limit the broker refuses it for is told to its sender.
-                    let dm = protocol::subjects::parse_inbox(&subject)
-                        .ok()
+                    let dm = protocol::subjects::is_inbox(&subject)
+                        .then(|| protocol::subjects::parse_inbox(&subject).ok())
+                        .flatten()
                         .map(|to| Refusable { from, to, id, seq });
                     // Over its sender's rate: refused before it is stored (awaited here, so the
                     // store order stays the pull order).
@@ -287,10 +288,12 @@ impl DurablePump {
                     // An answer: checked after `answer_max_wait_secs`, dead-lettered if no worker
                     // took it by then.
                     let answer = match dm {
-                        None => protocol::subjects::parse_answer(&subject)
-                            .ok()
-                            .and_then(|worker| self.plan_answer(worker, &payload, codec)),
-                        Some(_) => None,
+                        None if protocol::subjects::is_answer(&subject) => {
+                            protocol::subjects::parse_answer(&subject)
+                                .ok()
+                                .and_then(|worker| self.plan_answer(worker, &payload, codec))
+                        }
+                        _ => None,
                     };
                     let pending = store(js, subject, headers, payload, false, dm).await;
                     match answer {

@@ -161,16 +161,15 @@ async fn retry_after(
 async fn put_hold(js: &jetstream::Context, key: &str, hold: &Hold) {
     let subject = protocol::subjects::kv_subject(protocol::subjects::HOLDS_BUCKET, key);
     let payload = serde_json::to_vec(hold).expect("a hold serializes");
-    let stored = async {
-        js.publish(subject, payload.into())
-            .await
-            .map_err(async_nats::Error::from)?
-            .await
-            .map_err(async_nats::Error::from)
-    };
-    match tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, stored).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, key, "a hold was not stored"),
-        Err(_) => tracing::warn!(key, "a hold was not acked in time"),
+    let stored = crate::streams::publish_acked(
+        js,
+        subject,
+        async_nats::HeaderMap::new(),
+        payload.into(),
+        crate::PUBLISH_ACK_TIMEOUT,
+    )
+    .await;
+    if let Err(e) = stored {
+        tracing::warn!(error = %e, key, "a hold was not stored");
     }
 }

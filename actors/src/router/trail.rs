@@ -7,14 +7,14 @@
 //! Emitted without waiting ([`crate::audit`]).
 
 use async_nats::jetstream::Message;
-use protocol::audit::{subject_of, AuditEvent, Details, Subject};
+use protocol::audit::{subject_of, About, AuditEvent, Details};
 use protocol::routing::RouteDecision;
 
 use super::durable::{Done, DurablePump, Pending};
 
 /// What one envelope's events are about, and its trace.
 pub(super) struct Trail {
-    about: Subject,
+    about: About,
     trace: Option<String>,
     /// A task channel message's events (decoded only with audit events on).
     channel: Vec<(&'static str, Option<protocol::task::TaskState>)>,
@@ -69,18 +69,20 @@ impl DurablePump {
                 ..
             } => match subject_of(subject, msg_id, id.as_str()) {
                 Some(about) => {
-                    if matches!(about, Subject::Task { channel: true, .. }) {
+                    if matches!(about, About::Task { channel: true, .. }) {
                         channel = channel_events(payload, *codec);
                     }
                     about
                 }
                 None => {
                     // An answer to a worker: `answered`, once stored.
-                    protocol::subjects::parse_answer(subject).ok()?;
+                    if !protocol::subjects::is_answer(subject) {
+                        return None;
+                    }
                     let env = protocol::decode(payload, *codec).ok()?;
                     let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
                     channel.push(("answered", None));
-                    let about = Subject::Task {
+                    let about = About::Task {
                         task_id: answer.task_id.to_string(),
                         channel: true,
                     };
@@ -123,15 +125,15 @@ impl DurablePump {
             _ => return None,
         };
         let event = match &about {
-            Subject::Msg(id) => AuditEvent::msg("accepted", id, at, ""),
-            Subject::Task { channel: true, .. } => {
+            About::Msg(id) => AuditEvent::msg("accepted", id, at, ""),
+            About::Task { channel: true, .. } => {
                 return Some(Trail {
                     about,
                     trace,
                     channel,
                 })
             }
-            Subject::Task { task_id, .. } => AuditEvent::task("accepted", task_id, at, ""),
+            About::Task { task_id, .. } => AuditEvent::task("accepted", task_id, at, ""),
         };
         self.audit.emit(
             event
@@ -172,12 +174,12 @@ impl DurablePump {
             };
             let emit = |event: &'static str, details: Details| {
                 let event = match &trail.about {
-                    Subject::Msg(id) => AuditEvent::msg(event, id, sent_at, ""),
-                    Subject::Task { task_id, .. } => AuditEvent::task(event, task_id, sent_at, ""),
+                    About::Msg(id) => AuditEvent::msg(event, id, sent_at, ""),
+                    About::Task { task_id, .. } => AuditEvent::task(event, task_id, sent_at, ""),
                 };
                 audit.emit(event.traced(trail.trace.as_deref()).details(details));
             };
-            if matches!(trail.about, Subject::Task { channel: true, .. }) {
+            if matches!(trail.about, About::Task { channel: true, .. }) {
                 for (event, state) in &trail.channel {
                     emit(
                         event,

@@ -197,6 +197,11 @@ pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 
 pub(crate) const INGRESS_PREFIX: &str = "hub.pub.";
 pub(crate) const INBOX_PREFIX: &str = "channel.inbox.";
+
+/// Whether `subject` is an inbox subject (`channel.inbox.…`): a prefix test, no allocation.
+pub fn is_inbox(subject: &str) -> bool {
+    subject.starts_with(INBOX_PREFIX)
+}
 pub(crate) const TASK_PREFIX: &str = "channel.task.";
 pub(crate) const BROADCAST_PREFIX: &str = "channel.";
 pub(crate) const ATTACH_PREFIX: &str = "hub.delivery.";

@@ -234,6 +234,12 @@ pub fn is_work(subject: &str) -> bool {
     subject.starts_with(WORK_PREFIX)
 }
 
+/// Whether `subject` is an answer subject (`answer.…`): a prefix test, no allocation (a
+/// router's hot path asks it of every store).
+pub fn is_answer(subject: &str) -> bool {
+    subject.starts_with(ANSWER_PREFIX)
+}
+
 /// Parses `work.<queue>` or `work.<queue>.<worker>`.
 ///
 /// # Errors

@@ -275,6 +275,16 @@ pub async fn consumer_backlog(
     (info.num_pending, info.num_ack_pending)
 }
 
+/// Waits until the inbox consumer `consumer` has nothing pending and nothing unacked: every DM
+/// stored for it was handed over and settled.
+pub async fn wait_settled(js: &jetstream::Context, consumer: &str) {
+    harness::wait_until_async(&format!("{consumer} settled"), DEADLINE, || async {
+        consumer_backlog(js, "HUB_INBOX", consumer).await == (0, 0)
+    })
+    .await
+    .unwrap();
+}
+
 /// Starts worker `id` on `queue` in `system` with `handler`, its journal under `journal`.
 pub async fn start_worker(
     system: &ActorSystem,

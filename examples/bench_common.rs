@@ -61,6 +61,23 @@ pub fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run 
     }
 }
 
+/// CPU time (user and system) the process `pid` has used so far, in ms (Linux `/proc`; 0
+/// elsewhere). CPU per message is steadier than throughput on a shared machine.
+#[allow(dead_code)]
+pub fn cpu_ms(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .map_or(0, |f| f.iter().filter_map(|t| t.parse::<u64>().ok()).sum());
+    // Linux reports them in clock ticks of 10 ms (USER_HZ = 100).
+    ticks * 10
+}
+
 /// The median of `v` (not empty).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

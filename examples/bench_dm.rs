@@ -10,10 +10,11 @@
 //! (b) hub: publish envelopes to `hub.pub.alice.inbox`; the router actor stores them in
 //!     `HUB_INBOX`; bob's inbox actor hands each to a handler and acks it.
 //!
-//! Prints msgs/s for both with the producer live, the ratio b/a, and p50/p99 end-to-end latency
-//! at a paced 1,000 msgs/s.
+//! Prints msgs/s for each with the producer live, the ratios b/a and c/a, and p50/p99 end-to-end
+//! latency at a paced 1,000 msgs/s (raw, and the hub with the audit trail on).
 //!
-//! The audit trail is on, as by default (`audit_events`); `BENCH_AUDIT=0` turns it off.
+//! (c) the same as (b) with the audit trail off (`audit_events = false`): what the trail costs
+//!     is the difference, measured side by side in each round.
 //!
 //! `BENCH_OTLP=1` installs the runtime's telemetry (`runtime::telemetry::init`, as the `runtime`
 //! binary does) before anything runs, so that with `OTEL_EXPORTER_OTLP_ENDPOINT` set the
@@ -33,8 +34,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench_common;
 
 use bench_common::{
-    median, now_us, produce, raw_payload, spawn_relay, spawn_sink, stream_with_consumer, summarize,
-    Run, PAYLOAD,
+    cpu_ms, median, now_us, produce, raw_payload, spawn_relay, spawn_sink, stream_with_consumer,
+    summarize, Run, PAYLOAD,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,13 +104,13 @@ async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) 
     summarize(n, elapsed, &latencies)
 }
 
-/// (b) The same traffic through the router actor and bob's inbox actor.
-async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId) -> Run {
+/// (b) The same traffic through the router actor and bob's inbox actor, with the audit trail
+/// on (the default) or, for (c), off.
+async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) -> Run {
     // Keep every DM of the run: the default keeps the newest 10,000 per recipient.
     let mut delivery = protocol::DeliveryConfig::default();
     delivery.inbox.max_msgs_per_subject = -1;
-    // `BENCH_AUDIT=0`: without the audit trail (what it costs is the difference).
-    delivery.audit_events = std::env::var("BENCH_AUDIT").map_or(true, |v| v != "0");
+    delivery.audit_events = audit;
     let system = ActorSystem::builder()
         .nats(NatsSettings::new(url))
         .durable(true)
@@ -152,7 +153,8 @@ async fn main() -> anyhow::Result<()> {
         "bench_dm",
         &["N", "PACED_SECS", "ROUNDS"],
         "N DMs per throughput run (default 50000), PACED_SECS of latency at 1,000 msgs/s \
-         (default 5), ROUNDS of raw and hub alternating (default 3; medians are printed)",
+         (default 5), ROUNDS of raw, hub and hub without audit alternating (default 3; medians are \
+         printed)",
     );
     let n = args[0].unwrap_or(50_000);
     let paced_secs = args[1].unwrap_or(5);
@@ -166,40 +168,73 @@ async fn main() -> anyhow::Result<()> {
     let server = harness::run_server().await?;
     let client = server.client().await?;
     println!(
-        "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads; {rounds} rounds, raw and hub alternating, medians",
+        "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads; {rounds} rounds, raw, hub and hub without audit alternating, medians",
         server.url()
     );
     if let Some(t) = &telemetry {
         println!("BENCH_OTLP=1: spans exported over OTLP: {}", t.exporting());
     }
 
-    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    // CPU used per DM by this process and by nats-server, for each arm: on a shared machine
+    // it moves far less than throughput does.
+    let server_pid = server.pid().unwrap_or(0);
+    let me = std::process::id();
+    let cpu = || (cpu_ms(me), cpu_ms(server_pid));
+    let per_dm = |before: (u64, u64), after: (u64, u64)| {
+        let us = |b: u64, a: u64| a.saturating_sub(b) as f64 * 1_000.0 / n as f64;
+        (us(before.0, after.0), us(before.1, after.1))
+    };
+    let (mut ra, mut rb, mut rc) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cpus: [Vec<(f64, f64)>; 3] = Default::default();
     for round in 0..rounds {
+        let t0 = cpu();
         let a = raw(client.clone(), &format!("T{round}"), n, None).await;
+        let t1 = cpu();
         // Each hub run gets its own recipient, so it starts with an empty inbox.
-        let b = hub(
-            &server.url(),
-            n,
-            None,
-            &AgentId::new(format!("bob{round}"))?,
-        )
-        .await;
+        let bob = AgentId::new(format!("bob{round}"))?;
+        let b = hub(&server.url(), n, None, &bob, true).await;
+        let t2 = cpu();
+        let dave = AgentId::new(format!("dave{round}"))?;
+        let c = hub(&server.url(), n, None, &dave, false).await;
+        let t3 = cpu();
         println!(
-            "  round {round}: raw {:>8.0} msgs/s, hub {:>8.0} msgs/s",
-            a.rate, b.rate
+            "  round {round}: raw {:>8.0} msgs/s, hub {:>8.0} msgs/s, hub without audit {:>8.0} msgs/s",
+            a.rate, b.rate, c.rate
         );
         ra.push(a.rate);
         rb.push(b.rate);
+        rc.push(c.rate);
+        cpus[0].push(per_dm(t0, t1));
+        cpus[1].push(per_dm(t1, t2));
+        cpus[2].push(per_dm(t2, t3));
     }
-    let (a, b) = (median(ra), median(rb));
+    let (a, b, c) = (median(ra), median(rb), median(rc));
     println!("throughput, producer live, {n} msgs:");
     println!("  (a) raw two hops      {a:>9.0} msgs/s");
     println!("  (b) router + inbox    {b:>9.0} msgs/s");
+    println!("  (c) (b) without audit {c:>9.0} msgs/s");
     println!("  ratio b/a             {:>9.2}", b / a);
+    println!("  ratio c/a             {:>9.2}", c / a);
+    println!("CPU per DM (medians; this process, which runs both clients, and nats-server):");
+    for (name, arm) in ["(a)", "(b)", "(c)"].iter().zip(cpus) {
+        let client = median(arm.iter().map(|c| c.0).collect());
+        let broker = median(arm.iter().map(|c| c.1).collect());
+        println!(
+            "  {name} process {client:>6.1} us  nats-server {broker:>6.1} us  total {:>6.1} us",
+            client + broker
+        );
+    }
 
     let paced = 1_000 * paced_secs;
     let a = raw(client.clone(), "P", paced, Some(1_000)).await;
-    let b = hub(&server.url(), paced, Some(1_000), &AgentId::new("carol")?).await;
+    let b = hub(
+        &server.url(),
+        paced,
+        Some(1_000),
+        &AgentId::new("carol")?,
+        true,
+    )
+    .await;
     println!("latency at 1,000 msgs/s for {paced_secs} s:");
     println!(
         "  (a) raw two hops      p50 {:>6.2} ms  p99 {:>6.2} ms",

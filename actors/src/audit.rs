@@ -104,7 +104,8 @@ impl Auditor {
 /// Every [`FLUSH_EVERY`], takes what was emitted meanwhile and publishes it in batches of at
 /// most [`MAX_BATCH`] (core publishes: no store ack is awaited); ends, after a last flush, once
 /// every handle is gone. Emitters only take an uncontended lock to push: nothing wakes the
-/// flusher per event.
+/// flusher per event. The two buffers swap and keep their room, so a steady stream of events
+/// allocates nothing per flush.
 async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, shared: Arc<Shared>) {
     let mut taken: Vec<AuditEvent> = Vec::new();
     loop {
@@ -114,23 +115,26 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             std::mem::swap(&mut *pending, &mut taken);
         }
-        let mut events = std::mem::take(&mut taken);
-        while !events.is_empty() {
-            let rest = events.split_off(events.len().min(MAX_BATCH));
-            let batch = AuditBatch {
-                actor: actor.to_string(),
-                events,
-            };
-            if let Err(e) = client.publish(subject.clone(), batch.encode().into()).await {
+        for events in taken.chunks(MAX_BATCH) {
+            let batch = AuditBatch::encode_events(&actor, events);
+            if let Err(e) = client.publish(subject.clone(), batch.into()).await {
                 tracing::debug!(error = %e, "audit batch not published");
             }
-            events = rest;
+        }
+        let taken_now = taken.len();
+        taken.clear();
+        // A burst's room is given back once it is over (an idle emitter holds little).
+        if taken_now < KEEP && taken.capacity() > KEEP {
+            taken.shrink_to(KEEP);
         }
         if last {
             return;
         }
     }
 }
+
+/// The room a buffer keeps between bursts.
+const KEEP: usize = MAX_BATCH;
 
 #[cfg(test)]
 mod tests {

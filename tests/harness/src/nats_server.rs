@@ -236,6 +236,11 @@ impl NatsServer {
         self.signal("-CONT");
     }
 
+    /// The server process's id while it runs (benchmarks read its CPU time).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
     fn signal(&self, signal: &str) {
         let pid = self
             .child

@@ -22,6 +22,10 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+mod wire;
+
+pub use wire::{BatchError, EVENTS};
+
 /// Most events in one published batch.
 pub const MAX_BATCH: usize = 1024;
 
@@ -35,93 +39,7 @@ pub struct AuditBatch {
     pub events: Vec<AuditEvent>,
 }
 
-/// One event on the wire: short keys, its time after the batch's base. Written from borrowed
-/// fields (encoding copies nothing), read back owned.
-#[derive(Serialize, Deserialize)]
-struct WireEvent<'a> {
-    #[serde(rename = "e", borrow)]
-    event: Cow<'a, str>,
-    #[serde(rename = "m", default, borrow, skip_serializing_if = "Option::is_none")]
-    msg_id: Option<Cow<'a, str>>,
-    #[serde(rename = "k", default, borrow, skip_serializing_if = "Option::is_none")]
-    task_id: Option<Cow<'a, str>>,
-    #[serde(rename = "r", default, borrow, skip_serializing_if = "Option::is_none")]
-    trace_id: Option<Cow<'a, str>>,
-    #[serde(rename = "t")]
-    after_base: u64,
-    #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
-    attempt: Option<u64>,
-    #[serde(rename = "d", default, skip_serializing_if = "Details::is_empty")]
-    details: Cow<'a, Details>,
-}
-
-/// A batch on the wire (MessagePack, named fields).
-#[derive(Serialize, Deserialize)]
-struct WireBatch<'a> {
-    #[serde(rename = "a", borrow)]
-    actor: Cow<'a, str>,
-    #[serde(rename = "b")]
-    base_ms: u64,
-    #[serde(rename = "v", borrow)]
-    events: Vec<WireEvent<'a>>,
-}
-
-/// Why a stored audit message cannot be read back.
-#[derive(Debug, thiserror::Error)]
-#[error("unreadable audit batch: {0}")]
-pub struct BatchError(#[source] rmp_serde::decode::Error);
-
 impl AuditBatch {
-    /// The batch as stored: MessagePack with short keys, each event's time after the
-    /// earliest one's (about half the bytes of its JSON).
-    pub fn encode(&self) -> Vec<u8> {
-        let base_ms = self.events.iter().map(|e| e.at).min().unwrap_or(0);
-        let wire = WireBatch {
-            actor: Cow::Borrowed(&self.actor),
-            base_ms,
-            events: self
-                .events
-                .iter()
-                .map(|e| WireEvent {
-                    event: Cow::Borrowed(&e.event),
-                    msg_id: e.msg_id.as_deref().map(Cow::Borrowed),
-                    task_id: e.task_id.as_deref().map(Cow::Borrowed),
-                    trace_id: e.trace_id.as_deref().map(Cow::Borrowed),
-                    after_base: e.at - base_ms,
-                    attempt: e.attempt,
-                    details: Cow::Borrowed(&e.details),
-                })
-                .collect(),
-        };
-        rmp_serde::to_vec_named(&wire).expect("an audit batch encodes")
-    }
-
-    /// Reads a stored batch back ([`Self::encode`]).
-    ///
-    /// # Errors
-    /// [`BatchError`] when `bytes` is not one.
-    pub fn decode(bytes: &[u8]) -> Result<AuditBatch, BatchError> {
-        let wire: WireBatch = rmp_serde::from_slice(bytes).map_err(BatchError)?;
-        let actor = wire.actor.into_owned();
-        Ok(AuditBatch {
-            actor: actor.clone(),
-            events: wire
-                .events
-                .into_iter()
-                .map(|e| AuditEvent {
-                    event: Cow::Owned(e.event.into_owned()),
-                    msg_id: e.msg_id.map(Cow::into_owned),
-                    task_id: e.task_id.map(Cow::into_owned),
-                    trace_id: e.trace_id.map(Cow::into_owned),
-                    at: wire.base_ms.saturating_add(e.after_base),
-                    actor: actor.clone(),
-                    attempt: e.attempt,
-                    details: e.details.into_owned(),
-                })
-                .collect(),
-        })
-    }
-
     /// The events, each naming the batch's actor.
     pub fn into_events(self) -> Vec<AuditEvent> {
         let actor = self.actor;

@@ -101,6 +101,19 @@ impl Auditor {
     }
 }
 
+/// Publishes `event` alone as process `name` of `role` (`hub.audit.<role>.<name>`) and flushes:
+/// for a command or client whose events are rare (`runtime dlq`, an idempotency key's hit).
+/// Best effort, as every audit event: a failure is a gap in `runtime trace`, not an error.
+pub async fn emit_one(client: &async_nats::Client, role: &str, name: &str, event: AuditEvent) {
+    let payload =
+        AuditBatch::encode_events(&format!("{role}:{name}"), std::slice::from_ref(&event));
+    let subject = protocol::subjects::audit(role, name);
+    if let Err(e) = client.publish(subject, payload.into()).await {
+        tracing::debug!(error = %e, "audit event not published");
+    }
+    let _ = client.flush().await;
+}
+
 /// Every [`FLUSH_EVERY`], takes what was emitted meanwhile and publishes it in batches of at
 /// most [`MAX_BATCH`] (core publishes: no store ack is awaited); ends, after a last flush, once
 /// every handle is gone. Emitters only take an uncontended lock to push: nothing wakes the

@@ -161,3 +161,67 @@ async fn runtime_trace_prints_a_tasks_timeline() {
     assert!(rows.iter().all(|r| r["task_id"] == spec.task_id.as_str()));
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_timeline_has_the_workers_fetch_and_the_idempotency_keys_hit() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let queue = QueueName::new("traced-idem").unwrap();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = support::Counting::default();
+    support::start_worker(
+        &hub,
+        "tw2",
+        &queue,
+        1,
+        Arc::new(handler.clone()),
+        journal.path(),
+    )
+    .await;
+    let alice = support::agent("alice");
+    let mut first = new_task("charge order 9", Vec::new());
+    first.idempotency_key = Some("order-9".into());
+    let mut retry = new_task("charge order 9", Vec::new());
+    retry.idempotency_key = Some("order-9".into());
+    let a = hub.delegate(&alice, &queue, None, &first).await.unwrap();
+    harness::wait_until("the task ran", support::DEADLINE, || handler.total() == 1)
+        .await
+        .unwrap();
+    let b = hub.delegate(&alice, &queue, None, &retry).await.unwrap();
+    assert!(b.existing && b.task_id == a.task_id);
+    // accepted, routed, fetched, deduplicated, and the result's events.
+    let rows = std::sync::Mutex::new(Vec::new());
+    let got = harness::wait_until_async(
+        "the fetch and the hit in the trail",
+        support::DEADLINE,
+        || async {
+            let read = trace(&server.url(), a.task_id.as_str(), 4).await;
+            let has = |e: &str| read.iter().any(|r| r["event"] == e);
+            let all = has("fetched") && has("deduplicated") && has("result_published");
+            *rows.lock().unwrap() = read;
+            all
+        },
+    )
+    .await;
+    let rows = rows.into_inner().unwrap();
+    got.unwrap_or_else(|e| panic!("{e}: {rows:#?}"));
+    let fetched: Vec<_> = rows.iter().filter(|r| r["event"] == "fetched").collect();
+    assert_eq!(fetched.len(), 1, "{rows:#?}");
+    assert_eq!(fetched[0]["actor"], "worker:tw2");
+    assert_eq!(fetched[0]["attempt"], 1);
+    assert!(fetched[0]["details"]["work_seq"].as_u64().is_some());
+    let hit: Vec<_> = rows
+        .iter()
+        .filter(|r| r["event"] == "deduplicated")
+        .collect();
+    assert_eq!(hit.len(), 1, "{rows:#?}");
+    assert_eq!(hit[0]["actor"], "agent:alice");
+    assert_eq!(hit[0]["details"]["reason"], "idempotency key order-9");
+    // In order: the router's accepted and routed before the worker's fetch.
+    let seen = events(&rows);
+    let at = |e: &str| seen.iter().position(|s| *s == e).unwrap();
+    assert!(at("routed") < at("fetched"), "{rows:#?}");
+    assert!(at("result_published") < at("deduplicated"), "{rows:#?}");
+    assert_eq!(handler.total(), 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -53,6 +53,24 @@ impl Worker {
                 return;
             }
         };
+        if state.audit.is_on() {
+            let delivered = msg.info().map_or(1, |i| i.delivered);
+            let event = state.audit.task("fetched", task.task_id.as_str());
+            state.audit.emit(
+                event
+                    .attempt(u64::try_from(delivered).unwrap_or(1))
+                    .traced(
+                        msg.headers
+                            .as_ref()
+                            .and_then(|h| h.get("traceparent"))
+                            .map(|v| v.as_str()),
+                    )
+                    .details(protocol::audit::Details {
+                        work_seq: Some(seq),
+                        ..protocol::audit::Details::default()
+                    }),
+            );
+        }
         if state.running.by_task(&delegator, &task.task_id).is_some() {
             state.counters.aliased.bump();
             tracing::info!(task_id = %task.task_id, input_seq = seq, "task id already running: input acked as an alias");

@@ -129,6 +129,9 @@ pub struct Worker {
     /// (default [`subjects::DEFAULT_REPLY_PREFIX`], `_INBOX`): the requesters' connections'
     /// inbox prefix. A request aimed elsewhere is counted (`replies_refused`) and ignored.
     pub reply_prefix: String,
+    /// Whether it emits audit events (`fetched`) on `hub.audit.worker.<id>` (default true,
+    /// the delivery config's `audit_events`).
+    pub audit_events: bool,
 }
 
 impl Worker {
@@ -153,6 +156,7 @@ impl Worker {
             compact_after: attempt::COMPACT_AFTER,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             reply_prefix: subjects::DEFAULT_REPLY_PREFIX.to_owned(),
+            audit_events: true,
         }
     }
 }
@@ -256,6 +260,9 @@ pub struct WorkerState {
     baseline: Arc<Baseline<WorkMark>>,
     /// Takes the baseline again when it is dropped.
     baseline_task: Option<Owned>,
+    /// Where its audit events go, and their flusher.
+    audit: crate::audit::Auditor,
+    audit_flusher: Option<Owned>,
 }
 
 /// Why a join failed.
@@ -375,6 +382,16 @@ impl Actor for Worker {
             .await?,
         );
         let (stop, _) = watch::channel(false);
+        let (audit, audit_flusher) = if self.audit_events {
+            let (audit, flusher) = crate::audit::Auditor::spawn(
+                self.client.clone(),
+                "worker",
+                self.worker_id.as_str(),
+            );
+            (audit, Some(flusher))
+        } else {
+            (crate::audit::Auditor::off(), None)
+        };
         let mut state = WorkerState {
             journal,
             streams: bound.streams.clone(),
@@ -392,6 +409,8 @@ impl Actor for Worker {
             started: Instant::now(),
             baseline: Baseline::new(self.client.clone(), Some(WORK_MARK_AGE)),
             baseline_task: None,
+            audit,
+            audit_flusher,
         };
         self.keep_baseline(&mut state, &bound).await;
         self.start_fetch(&myself, &mut state, bound);
@@ -412,6 +431,11 @@ impl Actor for Worker {
         state.sweep = None;
         state.subscriptions.clear();
         state.requests.abort_all();
+        // Its last audit events out (the state's handle was the only one).
+        state.audit = crate::audit::Auditor::off();
+        if let Some(flusher) = state.audit_flusher.take() {
+            flusher.join_within(Duration::from_secs(1)).await;
+        }
         // Running attempts get the grace to finish; the rest hand their inputs back.
         let attempts = state.running.actors();
         if attempts.is_empty() {

@@ -82,8 +82,10 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     // Query and cancel, with itself as the requester (any worker).
                     format!("hub.ctl.*.*.{me}"),
                     own_holds(me),
-                    // Its inbox's audit events, under its own name.
+                    // Its inbox's audit events, and its own as a client (an idempotency
+                    // key's hit), under its own name.
                     subjects::audit("inbox", me),
+                    subjects::audit("agent", me),
                     // Its own presence (its inbox's beats and offline marker), and anyone's
                     // read (the receipt of a send says whether its recipient is online).
                     subjects::kv_subject(subjects::PRESENCE_BUCKET, me),
@@ -221,8 +223,10 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 subjects::task_read_request(&identity.name),
                 // `runtime dlq replay`: a dead letter stored in its recipient's inbox again.
                 format!("{}*", "channel.inbox."),
-                // The audit events of its dlq commands (replayed, discarded).
+                // The audit events of its dlq commands (replayed, discarded), and its own
+                // as a client (an idempotency key's hit).
                 "hub.audit.admin.>".to_owned(),
+                subjects::audit("agent", identity.name.as_str()),
             ],
             subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             allow_responses: false,

@@ -248,16 +248,7 @@ async fn audit(
     let Some(id) = &letter.message_id else {
         return;
     };
-    let event =
-        protocol::audit::AuditEvent::msg(event, id, protocol::expiry::now_ms(), "admin:cli")
-            .details(details);
-    let batch = protocol::audit::AuditBatch {
-        actor: event.actor.clone(),
-        events: vec![event],
-    };
-    let payload = batch.encode();
-    let _ = client
-        .publish(subjects::audit("admin", "cli"), payload.into())
-        .await;
-    let _ = client.flush().await;
+    let event = protocol::audit::AuditEvent::msg(event, id, protocol::expiry::now_ms(), "")
+        .details(details);
+    actors::audit::emit_one(client, "admin", "cli", event).await;
 }

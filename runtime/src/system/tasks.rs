@@ -133,11 +133,12 @@ impl ActorSystem {
                     .map_err(|e| SystemError::publish(bucket, e))?;
                 let mut record = match existing {
                     Existing::Stored(task_id) => {
+                        self.audit_deduplicated(from, &task_id, key).await;
                         return Ok(TaskReceipt {
                             task_id,
                             ingress_seq: None,
                             existing: true,
-                        })
+                        });
                     }
                     Existing::Republish(record) => record,
                 };
@@ -168,6 +169,7 @@ impl ActorSystem {
                     .await?;
                 let task_id = record.task_id.clone();
                 mark_stored(&kv, &entry, *record, found.revision).await;
+                self.audit_deduplicated(from, &task_id, key).await;
                 Ok(TaskReceipt {
                     task_id,
                     ingress_seq: Some(ack.sequence),
@@ -176,6 +178,27 @@ impl ActorSystem {
             }
             Err(e) => Err(SystemError::publish(bucket, e)),
         }
+    }
+}
+
+impl ActorSystem {
+    /// The `deduplicated` event of a submission whose idempotency key named an existing task,
+    /// as the delegating agent (`hub.audit.agent.<from>`), when audit events are on.
+    async fn audit_deduplicated(&self, from: &AgentId, task_id: &TaskId, key: &str) {
+        if !self.delivery.audit_events {
+            return;
+        }
+        let event = protocol::audit::AuditEvent::task(
+            "deduplicated",
+            task_id.as_str(),
+            protocol::expiry::now_ms(),
+            "",
+        )
+        .details(protocol::audit::Details {
+            reason: Some(format!("idempotency key {key}")),
+            ..protocol::audit::Details::default()
+        });
+        actors::audit::emit_one(&self.client, "agent", from.as_str(), event).await;
     }
 }
 

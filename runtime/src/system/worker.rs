@@ -82,6 +82,7 @@ impl ActorSystem {
         worker.concurrency = settings.concurrency;
         worker.shutdown_grace = settings.shutdown_grace;
         worker.reply_prefix = self.reply_prefix.clone();
+        worker.audit_events = self.delivery.audit_events;
         let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             name.clone(),
             worker,

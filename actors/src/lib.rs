@@ -24,6 +24,7 @@
 pub mod attach;
 pub mod audit;
 mod background;
+pub mod clock;
 pub mod consumers;
 pub mod counters;
 mod decode;

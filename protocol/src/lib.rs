@@ -51,6 +51,7 @@
 pub mod attach;
 pub mod audit;
 pub mod backpressure;
+pub mod clock;
 pub mod config;
 pub mod dedupe;
 pub mod envelope;

@@ -194,6 +194,54 @@ async fn expiry_checked_before_present() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_uses_server_time() {
+    // Bob's process clock runs 10 minutes ahead, carol's 10 minutes behind: each inbox
+    // judges deadlines in the server's time (measured from its consumer's info), so bob still
+    // gets a DM with a minute left and carol does not get one that expired a second ago.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let js = support::js(&server).await;
+    let (bob, carol) = (support::agent("bob"), support::agent("carol"));
+    actors::clock::skew_for_tests(&hub.inbox_name(&bob), 600_000);
+    actors::clock::skew_for_tests(&hub.inbox_name(&carol), -600_000);
+    let now = protocol::expiry::now_ms();
+    for (to, id, expires_at) in [
+        (&bob, "m-minute-left", now + 60_000),
+        (&bob, "m-no-deadline", 0),
+        (&carol, "m-just-expired", now - 1_000),
+        (&carol, "m-no-deadline", 0),
+    ] {
+        let mut dm = support::dm(to, id);
+        dm.meta.from = Some(support::agent("alice"));
+        dm.meta
+            .set_expires_at((expires_at > 0).then_some(expires_at));
+        let payload = protocol::encode(&dm, protocol::Codec::Json).unwrap();
+        let dedupe = format!("{to}-{id}");
+        support::js_publish(&js, &subjects::inbox(to), &dedupe, payload).await;
+    }
+    let seen_bob = support::attach_collect(&hub, &bob).await;
+    let seen_carol = support::attach_collect(&hub, &carol).await;
+    support::wait_for(&seen_bob, 2).await;
+    support::wait_for(&seen_carol, 1).await;
+    support::wait_settled(&js, "inbox-carol").await;
+    assert_eq!(
+        support::bodies(&seen_bob),
+        ["m-minute-left", "m-no-deadline"]
+    );
+    assert_eq!(support::bodies(&seen_carol), ["m-no-deadline"]);
+    let (b, c) = (
+        hub.inbox_snapshot(&bob).await.unwrap(),
+        hub.inbox_snapshot(&carol).await.unwrap(),
+    );
+    assert_eq!((b.counters.expired, c.counters.expired), (0, 1));
+    // What each measured: the server's clock 10 minutes behind bob's, ahead of carol's.
+    let (ob, oc) = (b.clock_offset_ms.unwrap(), c.clock_offset_ms.unwrap());
+    assert!((ob + 600_000).abs() < 2_000, "{ob}");
+    assert!((oc - 600_000).abs() < 2_000, "{oc}");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlog_drains_in_order_after_reconnect() {
     let server = harness::run_server().await.unwrap();
     let hub = hub(&server).await;
@@ -312,4 +360,85 @@ async fn task_uses_idempotency_key() {
     assert_eq!(handler.total(), 1);
     assert_eq!(handler.runs(retry.task_id.as_str()), 0);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_outbox_survives_gateway_outage() {
+    // A read receipt generated while the broker is down is kept in the inbox's outbox and
+    // delivered once the broker is back: alice gets exactly one, and bob's handler sees the DM
+    // once (a redelivery after the restart is deduplicated).
+    let mut server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (gate, handled) = (release.clone(), Arc::new(AtomicU32::new(0)));
+    let count = handled.clone();
+    hub.attach_inbox(&bob, move |d| {
+        let (gate, count) = (gate.clone(), count.clone());
+        let ours = d.envelope.meta.id.as_str() == "m-ack";
+        async move {
+            if ours {
+                count.fetch_add(1, Ordering::SeqCst);
+                gate.notified().await;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let mut dm = support::dm(&bob, "m-ack");
+    dm.meta.extra.insert(
+        protocol::receipt::REQUIRES_ACK_FIELD.into(),
+        serde_json::Value::Bool(true),
+    );
+    hub.send_envelope(&alice, &Channel::Inbox, &dm)
+        .await
+        .unwrap();
+    harness::wait_until("the DM handed over", support::DEADLINE, || {
+        handled.load(Ordering::SeqCst) == 1
+    })
+    .await
+    .unwrap();
+    // The broker goes away (kill -9) while the handler works; then the handler is done.
+    server.stop().await;
+    release.notify_one();
+    let last = std::sync::Mutex::new(None);
+    harness::wait_until_async("the receipt kept in the outbox", support::DEADLINE, || async {
+        let counters = hub.inbox_snapshot(&bob).await.map(|s| s.counters);
+        let pending = counters.is_some_and(|c| c.receipts_failed == 1);
+        *last.lock().unwrap() = counters;
+        pending
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", last.lock().unwrap()));
+    // The broker comes back on its store.
+    server.start().await.unwrap();
+    let receipts = |seen: &support::Seen| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                d.envelope.body
+                    == serde_json::json!({"receipt": {"kind": "read", "message_id": "m-ack"}})
+            })
+            .count()
+    };
+    harness::wait_until("alice's receipt", support::DEADLINE, || receipts(&alices) >= 1)
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {:?}", hub_counters_now(&hub, &bob)));
+    let js = support::js(&server).await;
+    support::wait_settled(&js, "inbox-alice").await;
+    support::wait_settled(&js, "inbox-bob").await;
+    assert_eq!(receipts(&alices), 1, "one receipt handed to alice");
+    assert_eq!(
+        support::count_on(&js, "HUB_INBOX", &subjects::inbox(&alice)).await,
+        1,
+        "one receipt stored in alice's inbox"
+    );
+    assert_eq!(handled.load(Ordering::SeqCst), 1, "bob's handler saw the DM once");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+fn hub_counters_now(_hub: &ActorSystem, _bob: &AgentId) -> &'static str {
+    "see the log"
 }

@@ -131,6 +131,10 @@ pub struct InboxSnapshot {
     pub binding: Binding,
     /// Counters of this incarnation.
     pub counters: InboxCountersSnapshot,
+    /// The server's clock minus this process's, ms, as last measured (durable bindings;
+    /// deadlines are judged in server time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_offset_ms: Option<i64>,
 }
 
 /// State of one incarnation.
@@ -143,6 +147,10 @@ pub struct InboxState {
     presence: Option<Owned>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<InboxCounters>,
+    /// Server time, and the task that measures it (a durable binding only; held, it ends
+    /// with the state).
+    clock: Arc<crate::clock::ServerClock>,
+    _clock_refresh: Option<Owned>,
 }
 
 /// Inbox failures.
@@ -205,6 +213,14 @@ impl Actor for InboxConsumer {
             (crate::audit::Auditor::off(), None)
         };
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let clock = crate::clock::ServerClock::new(&self.name);
+        let clock_refresh = match &binding {
+            Binding::Durable { stream, consumer } => Some(Owned::spawn(clock.clone().refresh(
+                self.client.clone(),
+                protocol::subjects::consumer_info_request(stream, consumer),
+            ))),
+            Binding::Core => None,
+        };
         let pump = pump::InboxPump {
             client: self.client.clone(),
             id: self.id.clone(),
@@ -213,6 +229,7 @@ impl Actor for InboxConsumer {
             batch: self.batch,
             fault_name: self.name.clone(),
             audit,
+            clock: clock.clone(),
         };
         let pump = crate::background::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
             let _ = myself.cast(InboxMsg::PumpFailed(e));
@@ -234,6 +251,8 @@ impl Actor for InboxConsumer {
             presence,
             stop,
             counters,
+            clock,
+            _clock_refresh: clock_refresh,
         })
     }
 
@@ -280,6 +299,7 @@ impl Actor for InboxConsumer {
                     id: self.id.to_string(),
                     binding: state.binding.clone(),
                     counters: state.counters.snapshot(),
+                    clock_offset_ms: state.clock.offset_ms(),
                 });
             }
             InboxMsg::PumpFailed(reason) => return Err(InboxError::Pump(reason).into()),

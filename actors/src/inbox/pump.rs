@@ -104,6 +104,8 @@ pub(super) struct InboxPump {
     pub fault_name: String,
     /// Where its audit events go (`fetched`, `delivered`, `nacked`, ...).
     pub audit: crate::audit::Auditor,
+    /// Server time, which deadlines are judged in ([`crate::clock`]).
+    pub clock: Arc<crate::clock::ServerClock>,
 }
 
 /// What one DM's audit events name.
@@ -136,6 +138,8 @@ impl InboxPump {
         consumer: String,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), PumpError> {
+        // The first deadline is judged in server time too.
+        self.clock.settled().await;
         let js = jetstream::new(self.client.clone());
         let pull = |source: async_nats::Error| PumpError::Pull {
             stream: stream.clone(),
@@ -463,10 +467,10 @@ impl InboxPump {
             self.counters.duplicates.bump();
             return Verdict::Duplicate;
         }
-        // Checked against this process's clock right before the handoff: a DM that expired
+        // Checked against the server's clock right before the handoff: a DM that expired
         // while it waited (stored, fetched, or queued behind a slow handler) is never handed
         // over.
-        let now = protocol::expiry::now_ms();
+        let now = self.clock.now_ms();
         if protocol::expiry::expiry(envelope.meta.expires_at(), now)
             == protocol::expiry::Expiry::Expired
         {

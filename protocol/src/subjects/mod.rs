@@ -165,6 +165,12 @@ pub const HOLDS_BUCKET: &str = "HUB_HOLDS";
 /// entry per agent identity, written by its attached inbox.
 pub const PRESENCE_BUCKET: &str = "HUB_PRESENCE";
 
+/// The JetStream API request for the info of `consumer` on `stream`: what an inbox reads the
+/// server's clock from (its reply's `ts`, [`crate::clock`]), within its own grants.
+pub fn consumer_info_request(stream: &str, consumer: &str) -> String {
+    format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}")
+}
+
 /// The stream of the audit trail ([`crate::audit`]).
 pub const AUDIT_STREAM: &str = "HUB_AUDIT";
 /// The subjects of [`AUDIT_STREAM`].

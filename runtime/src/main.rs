@@ -24,6 +24,9 @@ const EXEC_KILL_GRACE: Duration = Duration::from_secs(5);
 /// How long `runtime status` collects worker snapshots.
 const WORKER_STATUS_WINDOW: Duration = Duration::from_millis(500);
 
+/// The test hook that skews `runtime doctor`'s clock (fault-injection builds only).
+const CLOCK_SKEW_ENV: &str = "RUNTIME_CLOCK_SKEW_MS";
+
 fn main() -> ExitCode {
     let cli = match cli::parse_args(std::env::args_os()) {
         Parsed::Run(cli) => cli,
@@ -57,6 +60,15 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> (i32, Option<String>) {
     // Crash tests arm faults in builds with the fault-injection hook (a no-op otherwise).
+    // Tests: `RUNTIME_CLOCK_SKEW_MS` skews this process's clock as `runtime doctor` reads it
+    // (compiled in only with the fault-injection hook).
+    if let Some(ms) = std::env::var(CLOCK_SKEW_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|_| actors::fault::ENABLED)
+    {
+        actors::clock::skew_for_tests("runtime-doctor", ms);
+    }
     if let Ok(spec) = std::env::var(actors::fault::FAULTS_ENV) {
         if let Err(e) = actors::fault::arm_from_spec(&spec) {
             return (cli::EXIT_USAGE, Some(e.to_string()));
@@ -77,6 +89,7 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Status(args) => status(args).await,
         Command::Presence(args) => presence(args).await,
         Command::Trace(args) => trace(args).await,
+        Command::Doctor(args) => doctor(args).await,
         Command::Send(args) => send(args).await,
         Command::Inbox(args) => cli::messaging::inbox(args).await.map_err(Into::into),
         Command::Task(args) => task(args).await,
@@ -133,6 +146,12 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     }
     if e.downcast_ref::<cli::tasks::TaskWaiting>().is_some() {
         return cli::EXIT_WAITING;
+    }
+    if e.downcast_ref::<ClockSkew>().is_some() {
+        return 1;
+    }
+    if e.downcast_ref::<NoServerTime>().is_some() {
+        return cli::EXIT_UNAVAILABLE;
     }
     match e.downcast_ref::<SystemError>() {
         Some(SystemError::Held { .. }) => cli::EXIT_WAITING,
@@ -277,6 +296,63 @@ async fn presence(args: cli::PresenceArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A finding of `runtime doctor` (exit 1): the report is printed before it.
+#[derive(Debug, thiserror::Error)]
+#[error("clock_skew: this host's clock is {offset_ms} ms off the server's (more than 30 s)")]
+struct ClockSkew {
+    offset_ms: i64,
+}
+
+/// `runtime doctor` could not read the server's clock (exit 69: the hub is unavailable to it).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the server's time")]
+struct NoServerTime {
+    #[source]
+    source: actors::clock::MeasureError,
+}
+
+async fn doctor(args: cli::DoctorArgs) -> anyhow::Result<()> {
+    let client = args
+        .nats
+        .settings()
+        .connect("runtime-doctor")
+        .await
+        .map_err(SystemError::from)?;
+    let delivery = protocol::DeliveryConfig::default();
+    let subject = match &args.agent {
+        Some(id) => {
+            let id = protocol::AgentId::new(id.as_str())
+                .map_err(|e| SystemError::InvalidSetting(format!("--agent: {e}")))?;
+            protocol::subjects::consumer_info_request(
+                &delivery.inbox.name,
+                &protocol::subjects::inbox_consumer(&id),
+            )
+        }
+        None => format!("$JS.API.STREAM.INFO.{}", delivery.ingress.name),
+    };
+    let clock = actors::clock::ServerClock::new("runtime-doctor");
+    let measured = clock
+        .measure(&client, &subject)
+        .await
+        .map_err(|e| NoServerTime { source: e })?;
+    let verdict = protocol::clock::skew_verdict(measured.offset_ms);
+    println!(
+        "{}",
+        serde_json::json!({
+            "clock_offset_ms": measured.offset_ms,
+            "uncertainty_ms": measured.uncertainty_ms,
+            "clock": verdict,
+        })
+    );
+    match verdict {
+        protocol::clock::SkewVerdict::Ok => Ok(()),
+        protocol::clock::SkewVerdict::Skewed => Err(ClockSkew {
+            offset_ms: measured.offset_ms,
+        }
+        .into()),
+    }
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {

@@ -89,6 +89,22 @@ pub enum Command {
     Presence(PresenceArgs),
     /// Print the timeline of a DM or a task from the audit trail (an operator's command).
     Trace(TraceArgs),
+    /// Check this host against the hub: its clock against the server's. Exits 1 when it
+    /// finds a problem (`clock_skew`: more than 30 s off).
+    Doctor(DoctorArgs),
+}
+
+/// `runtime doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Measure with this agent's inbox consumer (what an agent's grants allow) instead of the
+    /// ingress stream's info (an operator's or a router's).
+    #[arg(long, value_name = "ID", env = "RUNTIME_AGENT_ID")]
+    pub agent: Option<String>,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 }
 
 /// `runtime trace`.

@@ -3,12 +3,13 @@
 //!
 //! [`Auditor::spawn`] returns the handle the actor (and its pumps) emit through, and the
 //! flusher task, which the actor's state owns. An emit pushes the event on a shared buffer
-//! (an uncontended lock, no wake-up); every [`FLUSH_EVERY`] the flusher takes the buffer and
-//! publishes it as batches of up to [`MAX_BATCH`](protocol::audit::MAX_BATCH) events
+//! (an uncontended lock; only the first event after a flush wakes the flusher);
+//! [`FLUSH_EVERY`] after that event the flusher takes the buffer and publishes it as batches of up to [`MAX_BATCH`](protocol::audit::MAX_BATCH) events
 //! ([`AuditBatch::encode`]) on `hub.audit.<role>.<name>`, with core publishes (no store ack is
 //! awaited: the audit trail is best effort). An event that finds [`QUEUE`] events waiting is
 //! dropped and counted ([`Auditor::dropped`]); once every handle is dropped the flusher
-//! publishes what is left and ends.
+//! publishes what is left and ends. An emitter with nothing to say costs nothing: its flusher
+//! sleeps without a timer until an event comes (many idle inboxes in one process).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,12 +30,24 @@ pub const QUEUE: usize = 32 * MAX_BATCH;
 struct Shared {
     pending: Mutex<Vec<AuditEvent>>,
     dropped: AtomicU64,
+    /// Wakes the flusher: for the first event after a flush, and when the last handle goes.
+    wake: tokio::sync::Notify,
+}
+
+/// What every clone of one emitter holds: when the last one goes, the flusher is woken to
+/// publish what is left and end.
+struct Handles(Arc<Shared>);
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        self.0.wake.notify_one();
+    }
 }
 
 /// A cheap handle to emit audit events through (clone it into every pump).
 #[derive(Clone)]
 pub struct Auditor {
-    shared: Option<Arc<Shared>>,
+    shared: Option<Arc<Handles>>,
     actor: Arc<str>,
 }
 
@@ -54,7 +67,7 @@ impl Auditor {
         let actor: Arc<str> = Arc::from(format!("{role}:{name}"));
         let flusher = Owned::spawn(flush(client, subject, actor.clone(), shared.clone()));
         let auditor = Auditor {
-            shared: Some(shared),
+            shared: Some(Arc::new(Handles(shared))),
             actor,
         };
         (auditor, flusher)
@@ -73,12 +86,20 @@ impl Auditor {
     /// Keeps `event` for the next flush, never waiting on I/O: when [`QUEUE`] events are
     /// already waiting it is dropped (counted).
     pub fn emit(&self, event: AuditEvent) {
-        if let Some(shared) = &self.shared {
-            let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if pending.len() < QUEUE {
+        if let Some(handles) = &self.shared {
+            let shared = &handles.0;
+            let first = {
+                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.len() >= QUEUE {
+                    shared.dropped.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
                 pending.push(event);
-            } else {
-                shared.dropped.fetch_add(1, Ordering::Relaxed);
+                pending.len() == 1
+            };
+            // One wake-up per flush window, none per event: the flusher sleeps while idle.
+            if first {
+                shared.wake.notify_one();
             }
         }
     }
@@ -97,7 +118,7 @@ impl Auditor {
     pub fn dropped(&self) -> u64 {
         self.shared
             .as_ref()
-            .map_or(0, |s| s.dropped.load(Ordering::Relaxed))
+            .map_or(0, |s| s.0.dropped.load(Ordering::Relaxed))
     }
 }
 
@@ -114,14 +135,27 @@ pub async fn emit_one(client: &async_nats::Client, role: &str, name: &str, event
     let _ = client.flush().await;
 }
 
-/// Every [`FLUSH_EVERY`], takes what was emitted meanwhile and publishes it in batches of at
-/// most [`MAX_BATCH`] (core publishes: no store ack is awaited); ends, after a last flush, once
-/// every handle is gone. Emitters only take an uncontended lock to push: nothing wakes the
-/// flusher per event. The two buffers swap and keep their room, so a steady stream of events
+/// [`FLUSH_EVERY`] after the first event of a window, takes what was emitted meanwhile and
+/// publishes it in batches of at most [`MAX_BATCH`] (core publishes: no store ack is awaited);
+/// ends, after a last flush, once every handle is gone. Emitters only take an uncontended lock
+/// to push, and wake the flusher for a window's first event only. The two buffers swap and keep their room, so a steady stream of events
 /// allocates nothing per flush.
 async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, shared: Arc<Shared>) {
     let mut taken: Vec<AuditEvent> = Vec::new();
     loop {
+        // Idle until the first event of a window (or the last handle's end): an emitter with
+        // nothing to say costs no wake-ups.
+        loop {
+            let idle = shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty();
+            if !idle || Arc::strong_count(&shared) == 1 {
+                break;
+            }
+            shared.wake.notified().await;
+        }
         tokio::time::sleep(FLUSH_EVERY).await;
         let last = Arc::strong_count(&shared) == 1;
         {
@@ -192,5 +226,35 @@ mod tests {
         let off = Auditor::off();
         off.emit(off.msg("x", "y"));
         assert!(!off.is_on());
+    }
+
+    #[tokio::test]
+    async fn an_idle_flusher_wakes_for_an_event_and_ends_with_its_last_handle() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let mut sub = client.subscribe("hub.audit.inbox.>").await.unwrap();
+        client.flush().await.unwrap();
+        let (auditor, flusher) = Auditor::spawn(client.clone(), "inbox", "idle");
+        // Idle, then one event: published within a window.
+        tokio::time::sleep(FLUSH_EVERY * 5).await;
+        let clone = auditor.clone();
+        clone.emit(clone.msg("fetched", "m1"));
+        let msg = tokio::time::timeout(Duration::from_secs(2), sub.next())
+            .await
+            .expect("the event is published")
+            .unwrap();
+        let events = AuditBatch::decode(&msg.payload).unwrap().events;
+        assert_eq!(events.len(), 1);
+        // Every handle gone while idle: the flusher ends by itself.
+        drop((auditor, clone));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            flusher.join_within(Duration::from_secs(30)).await;
+            let _ = done_tx.send(());
+        });
+        tokio::time::timeout(Duration::from_secs(2), done_rx)
+            .await
+            .expect("the flusher ended once its last handle went")
+            .unwrap();
     }
 }

@@ -242,6 +242,42 @@ async fn expiry_uses_server_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_reports_skew() {
+    // `runtime doctor` compares this host's clock with the server's: in step it exits 0; a
+    // clock a minute ahead is `clock_skew` (exit 1), as an operator's and as an agent's.
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let bob = support::agent("bob");
+    support::make_consumer(&hub, &bob).await;
+    let url = server.url();
+    let report = |out: &std::process::Output| -> serde_json::Value {
+        serde_json::from_str(support::oneshot::stdout(out).trim()).unwrap()
+    };
+    let out = support::oneshot::run_cli(&["doctor", "--nats-url", &url]).await;
+    support::oneshot::assert_exit(&out, 0, "runtime doctor");
+    let r = report(&out);
+    assert_eq!(r["clock"], "ok", "{r}");
+    assert!(r["clock_offset_ms"].as_i64().unwrap().abs() < 1_000, "{r}");
+    for args in [
+        vec!["doctor", "--nats-url", url.as_str()],
+        vec!["doctor", "--agent", "bob", "--nats-url", url.as_str()],
+    ] {
+        let out = support::oneshot::run_cli_env(&args, &[("RUNTIME_CLOCK_SKEW_MS", "60000")]).await;
+        support::oneshot::assert_exit(&out, 1, "runtime doctor, skewed");
+        let r = report(&out);
+        assert_eq!(r["clock"], "skewed", "{r}");
+        assert!(
+            (r["clock_offset_ms"].as_i64().unwrap() + 60_000).abs() < 1_000,
+            "{r}"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("clock_skew"), "{err}");
+    }
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlog_drains_in_order_after_reconnect() {
     let server = harness::run_server().await.unwrap();
     let hub = hub(&server).await;
@@ -362,19 +398,16 @@ async fn task_uses_idempotency_key() {
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ack_outbox_survives_gateway_outage() {
-    // A read receipt generated while the broker is down is kept in the inbox's outbox and
-    // delivered once the broker is back: alice gets exactly one, and bob's handler sees the DM
-    // once (a redelivery after the restart is deduplicated).
-    let mut server = harness::run_server().await.unwrap();
-    let hub = hub(&server).await;
-    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
-    let alices = support::attach_collect(&hub, &alice).await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    let (gate, handled) = (release.clone(), Arc::new(AtomicU32::new(0)));
+/// Attaches bob's inbox with a handler that counts its handoffs of `m-ack` and, for each,
+/// waits for `gate`; returns the count.
+async fn attach_gated(
+    hub: &ActorSystem,
+    bob: &AgentId,
+    gate: Arc<tokio::sync::Notify>,
+) -> Arc<AtomicU32> {
+    let handled = Arc::new(AtomicU32::new(0));
     let count = handled.clone();
-    hub.attach_inbox(&bob, move |d| {
+    hub.attach_inbox(bob, move |d| {
         let (gate, count) = (gate.clone(), count.clone());
         let ours = d.envelope.meta.id.as_str() == "m-ack";
         async move {
@@ -386,59 +419,163 @@ async fn ack_outbox_survives_gateway_outage() {
     })
     .await
     .unwrap();
-    let mut dm = support::dm(&bob, "m-ack");
+    handled
+}
+
+/// Alice sends bob the DM `m-ack`, asking for a read receipt.
+async fn send_requiring_ack(hub: &ActorSystem, alice: &AgentId, bob: &AgentId) {
+    let mut dm = support::dm(bob, "m-ack");
     dm.meta.extra.insert(
         protocol::receipt::REQUIRES_ACK_FIELD.into(),
         serde_json::Value::Bool(true),
     );
-    hub.send_envelope(&alice, &Channel::Inbox, &dm)
+    hub.send_envelope(alice, &Channel::Inbox, &dm)
         .await
         .unwrap();
-    harness::wait_until("the DM handed over", support::DEADLINE, || {
-        handled.load(Ordering::SeqCst) == 1
+}
+
+/// The read receipts for `m-ack` among what alice's handler saw.
+fn receipts_of_m_ack(alices: &support::Seen) -> usize {
+    let read = serde_json::json!({"receipt": {"kind": "read", "message_id": "m-ack"}});
+    alices
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|d| d.envelope.body == read)
+        .count()
+}
+
+/// Waits until `cond` holds for bob's inbox counters; returns them.
+async fn wait_inbox(
+    hub: &ActorSystem,
+    bob: &AgentId,
+    what: &str,
+    cond: impl Fn(&actors::inbox::InboxCountersSnapshot) -> bool,
+) -> actors::inbox::InboxCountersSnapshot {
+    let last = std::sync::Mutex::new(None);
+    let waited = harness::wait_until_async(what, support::DEADLINE, || {
+        let (last, cond) = (&last, &cond);
+        async move {
+            let Some(snapshot) = hub.inbox_snapshot(bob).await else {
+                return false;
+            };
+            *last.lock().unwrap() = Some(snapshot.counters);
+            cond(&snapshot.counters)
+        }
+    })
+    .await;
+    let last = last.into_inner().unwrap();
+    match waited {
+        Ok(()) => last.unwrap(),
+        Err(e) => panic!("{e}: last counters {last:?}"),
+    }
+}
+
+/// After the broker is back: alice gets exactly one receipt for `m-ack` (one stored in her
+/// inbox), bob's handler saw `m-ack` once, and bob's outbox is empty.
+async fn one_receipt_and_one_handoff(
+    server: &harness::NatsServer,
+    hub: &ActorSystem,
+    alices: &support::Seen,
+    handled: &AtomicU32,
+) {
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    harness::wait_until("alice's receipt", support::DEADLINE, || {
+        receipts_of_m_ack(alices) >= 1
     })
     .await
     .unwrap();
-    // The broker goes away (kill -9) while the handler works; then the handler is done.
-    server.stop().await;
-    release.notify_one();
-    let last = std::sync::Mutex::new(None);
-    harness::wait_until_async("the receipt kept in the outbox", support::DEADLINE, || async {
-        let counters = hub.inbox_snapshot(&bob).await.map(|s| s.counters);
-        let pending = counters.is_some_and(|c| c.receipts_failed == 1);
-        *last.lock().unwrap() = counters;
-        pending
+    let counters = wait_inbox(hub, &bob, "the outbox emptied", |c| {
+        c.receipts == 1 && c.receipts_pending == 0
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}: {:?}", last.lock().unwrap()));
-    // The broker comes back on its store.
-    server.start().await.unwrap();
-    let receipts = |seen: &support::Seen| {
-        seen.lock()
-            .unwrap()
-            .iter()
-            .filter(|d| {
-                d.envelope.body
-                    == serde_json::json!({"receipt": {"kind": "read", "message_id": "m-ack"}})
-            })
-            .count()
-    };
-    harness::wait_until("alice's receipt", support::DEADLINE, || receipts(&alices) >= 1)
-        .await
-        .unwrap_or_else(|e| panic!("{e}: {:?}", hub_counters_now(&hub, &bob)));
-    let js = support::js(&server).await;
-    support::wait_settled(&js, "inbox-alice").await;
+    .await;
+    assert_eq!(
+        (counters.receipts_failed, counters.receipts_dropped),
+        (1, 0),
+        "{counters:?}"
+    );
+    assert!(counters.receipts_retried >= 1, "{counters:?}");
+    let js = support::js(server).await;
     support::wait_settled(&js, "inbox-bob").await;
-    assert_eq!(receipts(&alices), 1, "one receipt handed to alice");
+    support::wait_settled(&js, "inbox-alice").await;
+    assert_eq!(receipts_of_m_ack(alices), 1, "one receipt handed to alice");
     assert_eq!(
         support::count_on(&js, "HUB_INBOX", &subjects::inbox(&alice)).await,
         1,
         "one receipt stored in alice's inbox"
     );
-    assert_eq!(handled.load(Ordering::SeqCst), 1, "bob's handler saw the DM once");
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        1,
+        "bob's handler saw the DM once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_outbox_survives_gateway_outage() {
+    // A read receipt generated while the broker is down waits in bob's outbox and is
+    // delivered once the broker is back on its store: alice gets exactly one, and bob's
+    // handler sees the DM once (a redelivery after the restart is deduplicated).
+    let mut server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handled = attach_gated(&hub, &bob, release.clone()).await;
+    send_requiring_ack(&hub, &alice, &bob).await;
+    harness::wait_until("the DM handed over", support::DEADLINE, || {
+        handled.load(Ordering::SeqCst) == 1
+    })
+    .await
+    .unwrap();
+    // The broker is killed while the handler works; then the handler is done.
+    server.stop().await;
+    release.notify_one();
+    wait_inbox(&hub, &bob, "the receipt pending in the outbox", |c| {
+        c.receipts_pending == 1
+    })
+    .await;
+    server.start().await.unwrap();
+    one_receipt_and_one_handoff(&server, &hub, &alices, &handled).await;
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
-fn hub_counters_now(_hub: &ActorSystem, _bob: &AgentId) -> &'static str {
-    "see the log"
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_outbox_resends_a_receipt_lost_with_its_connection() {
+    // The receipt is published to a broker that hangs (its store ack never comes), which is
+    // then killed: what the client wrote to that connection is gone, so only a retry from the
+    // outbox delivers it once the broker is back.
+    let mut server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handled = attach_gated(&hub, &bob, release.clone()).await;
+    send_requiring_ack(&hub, &alice, &bob).await;
+    harness::wait_until("the DM handed over", support::DEADLINE, || {
+        handled.load(Ordering::SeqCst) == 1
+    })
+    .await
+    .unwrap();
+    let probe = server.client().await.unwrap();
+    server.freeze();
+    harness::wait_until_async("the broker hangs", support::DEADLINE, || async {
+        let info = probe.request("$JS.API.INFO", Vec::new().into());
+        tokio::time::timeout(Duration::from_millis(500), info)
+            .await
+            .is_err()
+    })
+    .await
+    .unwrap();
+    release.notify_one();
+    // The first send waits for its store ack in vain (the publish timeout), then the receipt
+    // waits in the outbox.
+    wait_inbox(&hub, &bob, "the receipt pending in the outbox", |c| {
+        c.receipts_pending == 1
+    })
+    .await;
+    server.stop().await;
+    server.start().await.unwrap();
+    one_receipt_and_one_handoff(&server, &hub, &alices, &handled).await;
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -10,7 +10,11 @@
 //! acked DM, and the dedupe set drops what the previous incarnation handled but did not ack...
 //! within its own memory only: a fresh incarnation starts with an empty set (see
 //! docs/SEMANTICS.md).
+//!
+//! Read receipts (`meta.requires_ack`) that cannot be sent at once wait in the incarnation's
+//! outbox and are tried again until stored ([`outbox`]).
 
+mod outbox;
 mod presence;
 mod pump;
 
@@ -29,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
+pub use outbox::CAPACITY as RECEIPT_OUTBOX_CAPACITY;
 pub use pump::{InboxCounters, InboxCountersSnapshot};
 
 /// One DM handed to the handler.
@@ -145,6 +150,8 @@ pub struct InboxState {
     audit_flusher: Option<Owned>,
     /// The presence beats (a durable binding with a beat only).
     presence: Option<Owned>,
+    /// The outbox of read receipts and its retry task (a durable binding only).
+    receipts: Option<outbox::ReceiptOutbox>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<InboxCounters>,
     /// Server time, and the task that measures it (a durable binding only; held, it ends
@@ -221,6 +228,12 @@ impl Actor for InboxConsumer {
             ))),
             Binding::Core => None,
         };
+        let receipts_out = outbox::Outbox::new(outbox::CAPACITY, counters.clone());
+        let sender = outbox::ReceiptSender::new(self.client.clone(), &self.id);
+        // Only a durable inbox sends receipts (nothing is acked in core mode).
+        let receipts = durable.then(|| {
+            outbox::ReceiptOutbox::spawn(receipts_out.clone(), sender.clone(), audit.clone())
+        });
         let pump = pump::InboxPump {
             client: self.client.clone(),
             id: self.id.clone(),
@@ -230,6 +243,8 @@ impl Actor for InboxConsumer {
             fault_name: self.name.clone(),
             audit,
             clock: clock.clone(),
+            outbox: receipts_out,
+            receipts: sender,
         };
         let pump = crate::background::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
             let _ = myself.cast(InboxMsg::PumpFailed(e));
@@ -249,6 +264,7 @@ impl Actor for InboxConsumer {
             pump: Some(pump),
             audit_flusher,
             presence,
+            receipts,
             stop,
             counters,
             clock,
@@ -265,6 +281,11 @@ impl Actor for InboxConsumer {
         if let Some(pump) = state.pump.take() {
             // The pump finishes the DM in hand (acks it) and stops pulling.
             pump.join_within(Duration::from_secs(5)).await;
+        }
+        if let Some(receipts) = state.receipts.take() {
+            // Once the pump is gone (it queues no more): one try to flush the outbox, before
+            // the audit flusher is joined (its `read` events go out with the rest).
+            receipts.close().await;
         }
         if let Some(flusher) = state.audit_flusher.take() {
             flusher.join_within(Duration::from_secs(1)).await;

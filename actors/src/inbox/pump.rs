@@ -15,6 +15,7 @@ use protocol::{subjects, AgentId};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use super::outbox::{Outbox, PendingReceipt, ReceiptSender};
 use super::{Binding, Delivery, InboxHandler};
 use crate::fault::{self, FaultPoint};
 
@@ -41,10 +42,19 @@ crate::counters! {
         rejected,
         /// DMs handed over flagged `out_of_order`.
         out_of_order,
-        /// Read receipts sent (the sender set `meta.requires_ack`).
+        /// Read receipts stored by the ingress (the sender set `meta.requires_ack`), at once or
+        /// from the outbox.
         receipts,
-        /// Read receipts that could not be sent.
+        /// Read receipts that could not be sent at once (the broker unreachable, no store ack
+        /// in time, or older receipts still waiting): each went to the outbox, to be tried again.
         receipts_failed,
+        /// Tries of receipts from the outbox (retries and the flush at a clean stop), stored or
+        /// not.
+        receipts_retried,
+        /// Read receipts in the outbox now (a gauge).
+        receipts_pending,
+        /// Read receipts dropped from a full outbox (its oldest), never sent.
+        receipts_dropped,
         /// Pulls re-issued after a missed heartbeat or a pull error.
         repulls,
         /// Presence beats stored (`online`).
@@ -106,14 +116,36 @@ pub(super) struct InboxPump {
     pub audit: crate::audit::Auditor,
     /// Server time, which deadlines are judged in ([`crate::clock`]).
     pub clock: Arc<crate::clock::ServerClock>,
+    /// Where read receipts that could not be sent at once wait ([`super::outbox`]).
+    pub outbox: Arc<Outbox>,
+    /// Publishes read receipts through this identity's ingress.
+    pub receipts: ReceiptSender,
 }
 
 /// What one DM's audit events name.
-#[derive(Clone)]
-struct Trail {
+#[derive(Debug, Clone)]
+pub(super) struct Trail {
     id: String,
     trace: Option<String>,
     attempt: u64,
+}
+
+/// Emits `event` about the DM of `trail` (nothing without a trail: audit events off).
+pub(super) fn emit(
+    audit: &crate::audit::Auditor,
+    trail: &Option<Trail>,
+    event: &'static str,
+    details: Details,
+) {
+    if let Some(t) = trail {
+        audit.emit(
+            audit
+                .msg(event, &t.id)
+                .attempt(t.attempt)
+                .traced(t.trace.as_deref())
+                .details(details),
+        );
+    }
 }
 
 /// What the pump decided about one message.
@@ -243,9 +275,7 @@ impl InboxPump {
                             }
                             // The second level: the sender asked to know it was read.
                             if let Some(receipt) = receipt {
-                                if self.send_receipt(&js, &receipt).await {
-                                    self.emit(&trail, "read", Details::default());
-                                }
+                                self.send_receipt(&receipt, trail).await;
                             }
                             continue;
                         }
@@ -337,32 +367,31 @@ impl InboxPump {
     }
 
     /// Sends a read receipt through this identity's ingress (`hub.pub.<me>.inbox`, dedupe id
-    /// `<me>:<receipt id>`), and waits for the ingress to store it. A receipt that could not
-    /// be sent is logged and counted (`receipts_failed`): the DM was handled and acked.
-    async fn send_receipt(&self, js: &jetstream::Context, receipt: &protocol::Envelope) -> bool {
-        let subject = subjects::ingress(&self.id, &protocol::Channel::Inbox);
-        let sent = async {
-            let payload = protocol::encode(receipt, protocol::Codec::Json)?;
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(
-                protocol::headers::NATS_MSG_ID,
-                format!("{}:{}", self.id, receipt.meta.id).as_str(),
-            );
-            let ack = js
-                .publish_with_headers(subject.clone(), headers, payload.into())
-                .await?;
-            tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, ack).await??;
-            Ok::<(), async_nats::Error>(())
+    /// `<me>:<receipt id>`), and waits for the ingress to store it. One that cannot be sent at
+    /// once (or that older receipts still wait before) goes to the outbox, which tries it
+    /// again until it is stored ([`super::outbox`]): the DM was handled and acked.
+    async fn send_receipt(&self, receipt: &protocol::Envelope, trail: Option<Trail>) {
+        let pending = match PendingReceipt::new(&self.id, receipt, trail) {
+            Ok(pending) => pending,
+            Err(e) => {
+                self.counters.receipts_dropped.bump();
+                tracing::warn!(error = %e, id = %receipt.meta.id, "read receipt dropped");
+                return;
+            }
         };
-        match sent.await {
+        if !self.outbox.is_empty() {
+            // Behind the receipts still waiting: receipts go out in the order of their DMs.
+            self.outbox.push(pending);
+            return;
+        }
+        match self.receipts.send(&pending).await {
             Ok(()) => {
                 self.counters.receipts.bump();
-                true
+                emit(&self.audit, &pending.trail, "read", Details::default());
             }
             Err(e) => {
-                self.counters.receipts_failed.bump();
-                tracing::warn!(error = %e, id = %receipt.meta.id, "read receipt not sent");
-                false
+                tracing::warn!(error = %e, id = %pending.id, "read receipt not sent; kept in the outbox");
+                self.outbox.push(pending);
             }
         }
     }
@@ -436,15 +465,7 @@ impl InboxPump {
     }
 
     fn emit(&self, trail: &Option<Trail>, event: &'static str, details: Details) {
-        if let Some(t) = trail {
-            self.audit.emit(
-                self.audit
-                    .msg(event, &t.id)
-                    .attempt(t.attempt)
-                    .traced(t.trace.as_deref())
-                    .details(details),
-            );
-        }
+        emit(&self.audit, trail, event, details);
     }
 
     fn judge(

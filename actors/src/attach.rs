@@ -9,6 +9,9 @@
 //! requester itself ([`protocol::attach::TaskRead`]). These are served by the listener, off the
 //! actor's mailbox (a consumer creation does not hold up a read).
 //!
+//! An attach of a removed agent (its tombstone in `HUB_REMOVED`, `runtime agent remove`) is
+//! refused with the kind `recipient_deleted`.
+//!
 //! Only the router side ever creates consumers; agents and workers never do. Runs in durable
 //! mode only.
 
@@ -347,6 +350,15 @@ impl Attach {
             }
         };
         let js = jetstream::new(self.client.clone());
+        if is_removed(&js, &id).await {
+            tracing::info!(%id, "attach of a removed agent refused");
+            return AttachResponse::Refused {
+                error: WireError::new(
+                    WireErrorKind::RecipientDeleted,
+                    format!("{id} was removed from the hub"),
+                ),
+            };
+        }
         let config = crate::consumers::inbox_consumer(&self.delivery, &id);
         let consumer = config.durable_name.clone().unwrap_or_default();
         let created = async {
@@ -368,6 +380,28 @@ impl Attach {
             Err(_) => AttachResponse::Refused {
                 error: WireError::new(WireErrorKind::Internal, "jetstream did not answer in time"),
             },
+        }
+    }
+}
+
+/// Whether `id` has a tombstone in the removed bucket: one direct get per attach (attaches
+/// are rare; the router's per-DM check is the in-memory set of [`crate::removed`]), so an
+/// agent restored a moment ago attaches at once. A read that fails lets the attach through
+/// (logged): the router still refuses every DM to a removed agent, and its inbox was emptied.
+async fn is_removed(js: &jetstream::Context, id: &protocol::AgentId) -> bool {
+    let read = async {
+        let kv = js.get_key_value(subjects::REMOVED_BUCKET).await?;
+        Ok::<_, async_nats::Error>(kv.get(id.as_str()).await?.is_some())
+    };
+    match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, read).await {
+        Ok(Ok(removed)) => removed,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, %id, "cannot read whether the agent was removed; attaching");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(%id, "no answer reading whether the agent was removed; attaching");
+            false
         }
     }
 }
@@ -424,6 +458,39 @@ mod tests {
         assert!(matches!(joined, JoinResponse::Joined(_)), "{joined:?}");
         let snap = ractor::call_t!(actor, AttachMsg::Snapshot, 2000).unwrap();
         assert_eq!((snap.joined, snap.refused), (1, 1), "{snap:?}");
+        actor.stop(None);
+    }
+
+    #[tokio::test]
+    async fn the_attach_of_a_removed_agent_is_refused_until_it_is_restored() {
+        let (_server, client, actor) = started("attach-removed-test").await;
+        let bob = AgentId::new("bob").unwrap();
+        let attach = || async {
+            let reply = client
+                .request(subjects::attach_request(&bob), "{}".into())
+                .await
+                .unwrap();
+            serde_json::from_slice::<AttachResponse>(&reply.payload).unwrap()
+        };
+        let js = jetstream::new(client.clone());
+        let kv = js.get_key_value(subjects::REMOVED_BUCKET).await.unwrap();
+        kv.put("bob", "{}".into()).await.unwrap();
+        let refused = attach().await;
+        assert!(
+            matches!(&refused, AttachResponse::Refused { error } if error.kind == WireErrorKind::RecipientDeleted),
+            "{refused:?}"
+        );
+        let inbox = js.get_stream(subjects::INBOX_STREAM).await.unwrap();
+        assert!(
+            inbox.consumer_info("inbox-bob").await.is_err(),
+            "no consumer made"
+        );
+        kv.delete("bob").await.unwrap();
+        let attached = attach().await;
+        assert!(
+            matches!(attached, AttachResponse::Attached(_)),
+            "{attached:?}"
+        );
         actor.stop(None);
     }
 

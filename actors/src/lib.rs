@@ -8,6 +8,8 @@
 //! - [`journal`]: the worker's local durable journal (admissions, results, answers; one
 //!   process per worker identity).
 //! - [`consumers`]: the consumer configurations the router creates.
+//! - [`dead_letter`]: a DM's dead-letter copy and its sender's `undeliverable` notice.
+//! - [`removed`]: the routers' set of removed agents, fed by a watch of their tombstones.
 //! - [`streams`]: creating or updating the JetStream streams to the configured limits.
 //! - [`router`]: the router actor (stream provisioning and status answers).
 //! - [`worker`]: the worker role (join a work queue, fetch one task per free slot, run each as
@@ -27,12 +29,14 @@ mod background;
 pub mod clock;
 pub mod consumers;
 pub mod counters;
+pub mod dead_letter;
 mod decode;
 mod epoch;
 pub mod expiry;
 pub mod fault;
 pub mod inbox;
 pub mod journal;
+pub mod removed;
 mod reply;
 pub mod router;
 pub mod streams;

@@ -296,6 +296,14 @@ pub async fn ensure_streams(
         cfg.inbox.max_age().unwrap_or_default(),
     )
     .await?;
+    // Tombstones of removed agents (`runtime agent remove`), kept until restored.
+    ensure_bucket(
+        js,
+        protocol::subjects::REMOVED_BUCKET,
+        "removed agents' tombstones (runtime agent remove)",
+        std::time::Duration::ZERO,
+    )
+    .await?;
     Ok(out)
 }
 

@@ -19,6 +19,8 @@
 //!   why its envelope was refused;
 //! - [`backpressure`]: full inboxes, sender rate limits and when to try again;
 //! - [`presence`]: whether an agent is online, from its inbox's heartbeats;
+//! - [`removal`]: removing an agent (its tombstone, the fate of its stored DMs, the routers'
+//!   set of removed agents);
 //! - [`audit`]: the audit trail's events and the timeline of one message or task;
 //! - [`dedupe`]: the bounded [`SeenSet`] inboxes drop redeliveries with;
 //! - [`attach`]: attaching to a durable inbox and the client fallback rules
@@ -62,6 +64,7 @@ pub mod ordering;
 pub mod presence;
 pub mod receipt;
 pub mod rejection;
+pub mod removal;
 pub mod routing;
 pub mod security;
 pub mod subjects;

@@ -42,6 +42,9 @@ pub enum WireErrorKind {
     InboxFull,
     /// The sender is over its rate (`sender_rate_per_min`); try again after `retry_after_secs`.
     RateLimited,
+    /// The recipient was removed (`runtime agent remove`): a DM to it, or its attach, is
+    /// refused until it is restored. Sending again does not help.
+    RecipientDeleted,
     /// A bug or an infrastructure failure on the hub side.
     Internal,
     /// A kind this version does not know (sent by a newer peer). Serialized
@@ -52,7 +55,7 @@ pub enum WireErrorKind {
 
 impl WireErrorKind {
     /// Every kind, in declaration order.
-    pub const ALL: [WireErrorKind; 16] = [
+    pub const ALL: [WireErrorKind; 17] = [
         WireErrorKind::Malformed,
         WireErrorKind::MissingField,
         WireErrorKind::InvalidRecipient,
@@ -67,6 +70,7 @@ impl WireErrorKind {
         WireErrorKind::Expired,
         WireErrorKind::InboxFull,
         WireErrorKind::RateLimited,
+        WireErrorKind::RecipientDeleted,
         WireErrorKind::Internal,
         WireErrorKind::Unknown,
     ];
@@ -88,6 +92,7 @@ impl WireErrorKind {
             WireErrorKind::Expired => "expired",
             WireErrorKind::InboxFull => "inbox_full",
             WireErrorKind::RateLimited => "rate_limited",
+            WireErrorKind::RecipientDeleted => "recipient_deleted",
             WireErrorKind::Internal => "internal",
             WireErrorKind::Unknown => "unknown",
         }
@@ -165,6 +170,7 @@ mod tests {
             "expired",
             "inbox_full",
             "rate_limited",
+            "recipient_deleted",
             "internal",
             "unknown",
         ];

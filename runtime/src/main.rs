@@ -98,6 +98,9 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Dlq(args) => cli::dlq::dlq(args, |line| println!("{line}"))
             .await
             .map_err(Into::into),
+        Command::Agent(args) => cli::agent::agent(args, |line| println!("{line}"))
+            .await
+            .map_err(Into::into),
         Command::Delegate(args) => cli::tasks::delegate(args, |line| println!("{line}"))
             .await
             .map_err(|e| match e {

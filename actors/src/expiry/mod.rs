@@ -42,6 +42,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 
 use crate::background::{Owned, PumpFailure};
+use crate::dead_letter::NoticeStored;
 use crate::fault::{self, FaultPoint};
 
 /// The delay before a check or advisory that could not be handled is tried again.
@@ -460,35 +461,7 @@ impl ExpiryPump {
             Ok(dm) => dm,
             Err(handled) => return handled,
         };
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            protocol::headers::NATS_MSG_ID,
-            format!("hub-dlq:{inbox_seq}").as_str(),
-        );
-        headers.insert(
-            protocol::headers::DLQ_ORIGINAL_SUBJECT,
-            stored.subject.as_str(),
-        );
-        headers.insert(
-            protocol::headers::DLQ_ORIGINAL_SEQ,
-            inbox_seq.to_string().as_str(),
-        );
-        headers.insert(protocol::headers::DLQ_REASON, reason);
-        headers.insert(
-            protocol::headers::DLQ_DELIVERIES,
-            deliveries.to_string().as_str(),
-        );
-        if let Some(ct) = stored.headers.get(protocol::headers::CONTENT_TYPE) {
-            headers.insert(protocol::headers::CONTENT_TYPE, ct.as_str());
-        }
-        let copied = crate::streams::publish_acked(
-            &self.js,
-            subjects::dlq(&to),
-            headers,
-            stored.payload.clone(),
-            crate::PUBLISH_ACK_TIMEOUT,
-        )
-        .await;
+        let copied = crate::dead_letter::copy_dm(&self.js, &to, &stored, reason, deliveries).await;
         if copied.is_err() {
             return Handled::Retry;
         }
@@ -545,30 +518,17 @@ impl ExpiryPump {
         msg_id: String,
         notice: &protocol::Envelope,
     ) -> Handled {
-        let Ok(payload) = protocol::encode(notice, protocol::Codec::Json) else {
-            return Handled::Malformed;
-        };
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
-        let sent = self
-            .js
-            .publish_with_headers(subject, headers, payload.into())
-            .await;
-        let acked = match sent {
-            Ok(ack) => tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, ack).await,
-            Err(_) => return Handled::Retry,
-        };
-        match acked {
-            Ok(Ok(_)) => {
+        match crate::dead_letter::store_notice(&self.js, subject, &msg_id, notice).await {
+            NoticeStored::Stored => {
                 self.counters.notices.bump();
                 Handled::Done
             }
-            Ok(Err(e)) if crate::streams::store_refusal(&e).is_some() => {
+            NoticeStored::Dropped => {
                 self.counters.notices_dropped.bump();
-                tracing::warn!(error = %e, "the sender's inbox refused its notice; dropped");
                 Handled::Done
             }
-            _ => Handled::Retry,
+            NoticeStored::Failed => Handled::Retry,
+            NoticeStored::Unencodable => Handled::Malformed,
         }
     }
 

@@ -36,6 +36,8 @@ crate::counters! {
         refused_full,
         /// DMs refused because their sender was over `sender_rate_per_min` (`rate_limited`).
         rate_limited,
+        /// DMs refused because their recipient was removed (`recipient_deleted`).
+        refused_deleted,
         /// Refusal notices that could not be stored because the sender's own inbox was full
         /// (the refused envelope is terminated; nothing is retried for ever).
         notices_dropped,

@@ -56,6 +56,8 @@ pub struct DurablePump {
     pub known_queues: std::sync::Mutex<std::collections::HashSet<protocol::QueueName>>,
     /// Where its audit events go ([`crate::audit`]; off: nowhere).
     pub audit: crate::audit::Auditor,
+    /// The removed agents (kept current by the router's watch): a DM to one is refused.
+    pub removed: crate::removed::RemovedAgents,
 }
 
 /// The outcome of one envelope, resolved in pull order.
@@ -252,6 +254,11 @@ impl DurablePump {
                         .then(|| protocol::subjects::parse_inbox(&subject).ok())
                         .flatten()
                         .map(|to| Refusable { from, to, id, seq });
+                    // To a removed agent: refused before it is stored, and before it takes a
+                    // token (a lookup in memory: the set is fed by a watch).
+                    if let Some(dm) = dm.as_ref().filter(|dm| self.removed.contains(&dm.to)) {
+                        return self.recipient_deleted(js, dm.clone());
+                    }
                     // Over its sender's rate: refused before it is stored (awaited here, so the
                     // store order stays the pull order).
                     if let (Some(rate), Some(dm)) = (rate, dm.as_ref()) {

@@ -75,6 +75,9 @@ pub struct RouterState {
     pump: Option<Owned>,
     /// Publishes the pump's audit events (ends once the pump is gone).
     audit_flusher: Option<Owned>,
+    /// The removed agents (durable mode) and the watch that keeps them current, owned so that
+    /// it ends with this incarnation.
+    removed: Option<(crate::removed::RemovedAgents, Owned)>,
     stop: tokio::sync::watch::Sender<bool>,
     counters: Arc<RouterCounters>,
     status_requests: u64,
@@ -96,6 +99,10 @@ pub struct RouterSnapshot {
     pub uptime_ms: u64,
     /// Routing counters of this incarnation.
     pub counters: RouterCountersSnapshot,
+    /// How many agents this incarnation knows as removed (durable mode; a DM to one is
+    /// refused `recipient_deleted`).
+    #[serde(default)]
+    pub removed_agents: usize,
 }
 
 /// Router failures.
@@ -113,6 +120,9 @@ pub enum RouterError {
     /// The senders' rate bucket could not be opened (`sender_rate_per_min` is set).
     #[error("cannot open the rate bucket: {0}")]
     RateBucket(#[source] async_nats::Error),
+    /// The removed agents could not be read (they are known before anything is routed).
+    #[error(transparent)]
+    Removed(#[from] crate::removed::WatchError),
     /// The message stream or subscription ended (connection closed).
     #[error("the router's message stream ended")]
     PullEnded,
@@ -191,8 +201,19 @@ impl Actor for Router {
         } else {
             (Auditor::off(), None)
         };
+        // Every tombstone is known before the first DM is routed.
+        let removed = if self.durable {
+            Some(
+                crate::removed::watch(self.client.clone())
+                    .await
+                    .map_err(RouterError::from)?,
+            )
+        } else {
+            None
+        };
         let pump = if self.durable {
             let pump = durable::DurablePump {
+                removed: removed.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
                 client: self.client.clone(),
                 delivery: self.delivery.clone(),
                 counters: counters.clone(),
@@ -219,6 +240,7 @@ impl Actor for Router {
             status_task: Some(status_task),
             pump: Some(pump),
             audit_flusher,
+            removed,
             stop,
             counters,
             status_requests: 0,
@@ -293,6 +315,7 @@ impl Router {
             status_requests: state.status_requests,
             uptime_ms: state.started.elapsed().as_millis() as u64,
             counters: state.counters.snapshot(),
+            removed_agents: state.removed.as_ref().map_or(0, |(r, _)| r.len()),
         }
     }
 }

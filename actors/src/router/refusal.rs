@@ -6,7 +6,8 @@
 //! inbox (kind `inbox_full` with `retry_after_secs`, or `too_large`), and terminates the ingress
 //! message. A refusal notice the sender's own full inbox refuses too is dropped and counted
 //! (`notices_dropped`): retrying it could never end. A DM of a sender over its rate
-//! (`sender_rate_per_min`) is refused the same way, kind `rate_limited`, before it is stored.
+//! (`sender_rate_per_min`) is refused the same way, kind `rate_limited`, before it is stored,
+//! and a DM to a removed agent (its tombstone in `HUB_REMOVED`) with kind `recipient_deleted`.
 
 use async_nats::jetstream;
 use protocol::backpressure::{
@@ -79,6 +80,22 @@ impl DurablePump {
             notify(&js, &counters, &audit, &dm, &error, Some(retry_after_secs)).await
         })
     }
+
+    /// Refuses `dm` now, before any store, because its recipient was removed (`runtime agent
+    /// remove`): no `retry_after_secs`, sending again does not help until it is restored.
+    pub(super) fn recipient_deleted(&self, js: &jetstream::Context, dm: Refusable) -> Pending {
+        let js = js.clone();
+        let counters = self.counters.clone();
+        let audit = self.audit.clone();
+        Box::pin(async move {
+            counters.refused_deleted.bump();
+            let error = WireError::new(
+                WireErrorKind::RecipientDeleted,
+                format!("{} was removed from the hub", dm.to),
+            );
+            notify(&js, &counters, &audit, &dm, &error, None).await
+        })
+    }
 }
 
 /// Stores the refusal of `dm` in its sender's inbox; the ingress message is then terminated.
@@ -90,7 +107,7 @@ async fn notify(
     error: &WireError,
     retry_after: Option<u64>,
 ) -> Done {
-    tracing::info!(from = %dm.from, to = %dm.to, kind = error.kind.as_str(), ?retry_after, "dm refused for a limit");
+    tracing::info!(from = %dm.from, to = %dm.to, kind = error.kind.as_str(), ?retry_after, "dm refused");
     audit.emit(
         audit
             .msg("rejected", dm.id.as_str())

@@ -185,6 +185,16 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             publish.push("hub.sched.>".to_owned());
             // Dead letters: the copies of DMs their inbox could not take.
             publish.push(subjects::DLQ_FILTER.to_owned());
+            // The removed agents: read only. Its watch is an ordered pull consumer on the
+            // bucket's stream (made with `CONSUMER.CREATE.>`, named by the server: hence `*`),
+            // pulled to learn every tombstone and each change; an attach request is checked
+            // with one subject-suffixed direct get of the agent's own key. No write.
+            let removed = subjects::kv_stream(subjects::REMOVED_BUCKET);
+            publish.push(api(&format!("CONSUMER.MSG.NEXT.{removed}.*")));
+            publish.push(api(&format!(
+                "DIRECT.GET.{removed}.{}",
+                subjects::kv_subject(subjects::REMOVED_BUCKET, "*")
+            )));
             for (stream, consumer) in [
                 (subjects::SCHEDULES_STREAM, subjects::EXPIRY_CONSUMER),
                 (subjects::ADVISORIES_STREAM, subjects::ADVISORIES_CONSUMER),
@@ -227,6 +237,12 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 // as a client (an idempotency key's hit).
                 "hub.audit.admin.>".to_owned(),
                 subjects::audit("agent", identity.name.as_str()),
+                // `runtime agent remove|restore`: a removed agent's tombstone written or
+                // deleted (one key per agent; routers only read the bucket)...
+                subjects::kv_subject(subjects::REMOVED_BUCKET, "*"),
+                // ...and the dead-letter copies of its waiting DMs, on agents' dead-letter
+                // subjects only (`dlq.<agent>`, not the routers' `dlq.work.>`/`dlq.answer.>`).
+                "dlq.*".to_owned(),
             ],
             subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             allow_responses: false,
@@ -377,6 +393,61 @@ mod tests {
             assert!(!may_publish(&g, denied), "w1 may publish {denied}");
         }
         assert!(!may_subscribe(&g, "hub.ctl.w2.cancel"));
+    }
+
+    #[test]
+    fn the_router_reads_the_removed_agents_and_only_the_admins_write_them() {
+        let router = grants(
+            identities().get("router-1").unwrap(),
+            &DeliveryConfig::default(),
+        );
+        assert!(may_publish(
+            &router,
+            "$JS.API.CONSUMER.CREATE.KV_HUB_REMOVED.abc.$KV.HUB_REMOVED.>"
+        ));
+        assert!(may_publish(
+            &router,
+            "$JS.API.CONSUMER.MSG.NEXT.KV_HUB_REMOVED.abc"
+        ));
+        assert!(may_publish(
+            &router,
+            "$JS.API.DIRECT.GET.KV_HUB_REMOVED.$KV.HUB_REMOVED.bob"
+        ));
+        for denied in [
+            "$KV.HUB_REMOVED.bob",
+            "$JS.API.CONSUMER.DELETE.HUB_INBOX.inbox-bob",
+            "$JS.API.STREAM.PURGE.HUB_INBOX",
+        ] {
+            assert!(
+                !may_publish(&router, denied),
+                "the router may publish {denied}"
+            );
+        }
+        let admin = of("ops");
+        for allowed in [
+            "$KV.HUB_REMOVED.bob",
+            "dlq.bob",
+            "channel.inbox.alice",
+            "$JS.API.CONSUMER.DELETE.HUB_INBOX.inbox-bob",
+            "$JS.API.STREAM.PURGE.HUB_INBOX",
+        ] {
+            assert!(
+                may_publish(&admin, allowed),
+                "ops may not publish {allowed}"
+            );
+        }
+        assert!(!may_publish(&admin, "dlq.work.q"));
+        for denied in [
+            "$KV.HUB_REMOVED.bob",
+            "dlq.bob",
+            "$JS.API.DIRECT.GET.KV_HUB_REMOVED.$KV.HUB_REMOVED.bob",
+        ] {
+            assert!(
+                !may_publish(&of("alice"), denied),
+                "alice may publish {denied}"
+            );
+            assert!(!may_publish(&of("w1"), denied), "w1 may publish {denied}");
+        }
     }
 
     #[test]

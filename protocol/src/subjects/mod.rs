@@ -111,6 +111,12 @@ pub fn dlq(to: &AgentId) -> String {
     format!("dlq.{to}")
 }
 
+/// The `Nats-Msg-Id` of the dead letter of the DM stored at `inbox_seq`: `hub-dlq:<inbox seq>`
+/// (one copy per DM, whoever makes it: the routers' advisories pump, `runtime agent remove`).
+pub fn dlq_msg_id(inbox_seq: u64) -> String {
+    format!("hub-dlq:{inbox_seq}")
+}
+
 /// The dead-letter subject of the task inputs of `queue`: `dlq.work.<queue>` (three tokens, so
 /// never an agent's `dlq.<to>`).
 pub fn dlq_work(queue: &crate::ids::QueueName) -> String {
@@ -170,6 +176,11 @@ pub const PRESENCE_BUCKET: &str = "HUB_PRESENCE";
 pub fn consumer_info_request(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}")
 }
+
+/// The KV bucket of removed agents: one [`crate::removal::Tombstone`] per agent removed with
+/// `runtime agent remove`, written by admins, watched by routers (a DM to a removed agent is
+/// refused `recipient_deleted`); `runtime agent restore` deletes it. Kept for ever.
+pub const REMOVED_BUCKET: &str = "HUB_REMOVED";
 
 /// The stream of the audit trail ([`crate::audit`]).
 pub const AUDIT_STREAM: &str = "HUB_AUDIT";

@@ -5,6 +5,7 @@
 //! Usage errors exit with [`EXIT_USAGE`] (64) and one line saying what is wrong; see
 //! [`parse_args`].
 
+pub mod agent;
 pub mod dlq;
 pub mod messaging;
 pub mod render;
@@ -85,6 +86,8 @@ pub enum Command {
     RenderConfig(RenderConfigArgs),
     /// List, replay or discard the dead letters (DMs their inbox could not take).
     Dlq(dlq::DlqArgs),
+    /// Remove an agent (its waiting DMs are dead-lettered, its senders told) or restore it.
+    Agent(agent::AgentArgs),
     /// List the agents and when each was last seen (an operator's command).
     Presence(PresenceArgs),
     /// Print the timeline of a DM or a task from the audit trail (an operator's command).

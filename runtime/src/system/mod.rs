@@ -42,6 +42,7 @@ pub mod control;
 mod holds;
 pub mod messaging;
 pub mod presence;
+pub mod removal;
 pub mod tasks;
 pub mod trace;
 pub mod worker;

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod dlq;
 pub mod messaging;
+mod operator;
 pub mod render;
 pub mod tasks;
 
@@ -16,6 +17,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use protocol::config::DeliveryConfig;
 use runtime::{NatsSettings, SystemError};
+
+pub use operator::{DoctorArgs, PresenceArgs, TraceArgs};
 
 /// A flag's value refused: exit [`EXIT_USAGE`], one line naming the flag.
 pub fn invalid(flag: &str, e: &dyn std::fmt::Display) -> SystemError {
@@ -95,46 +98,6 @@ pub enum Command {
     /// Check this host against the hub: its clock against the server's. Exits 1 when it
     /// finds a problem (`clock_skew`: more than 30 s off).
     Doctor(DoctorArgs),
-}
-
-/// `runtime doctor`.
-#[derive(Debug, Args)]
-pub struct DoctorArgs {
-    /// Measure with this agent's inbox consumer (what an agent's grants allow) instead of the
-    /// ingress stream's info (an operator's or a router's).
-    #[arg(long, value_name = "ID", env = "RUNTIME_AGENT_ID")]
-    pub agent: Option<String>,
-
-    /// How to reach NATS.
-    #[command(flatten)]
-    pub nats: NatsArgs,
-}
-
-/// `runtime trace`.
-#[derive(Debug, Args)]
-pub struct TraceArgs {
-    /// The DM's `meta.id` or the task id.
-    pub id: String,
-
-    /// One JSON object per event, one per line.
-    #[arg(long)]
-    pub json: bool,
-
-    /// How to reach NATS.
-    #[command(flatten)]
-    pub nats: NatsArgs,
-}
-
-/// `runtime presence`.
-#[derive(Debug, Args)]
-pub struct PresenceArgs {
-    /// One JSON object per agent, one per line.
-    #[arg(long)]
-    pub json: bool,
-
-    /// How to reach NATS.
-    #[command(flatten)]
-    pub nats: NatsArgs,
 }
 
 /// `runtime render-config`.

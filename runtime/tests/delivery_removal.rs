@@ -193,6 +193,19 @@ async fn recipient_deleted_with_pending_messages() {
     // 40 dead letters for bob, listed by `runtime dlq`: the 40 waiting, not the 2 handled.
     let letters = dlq_list(&url, "bob").await;
     assert_eq!(letters.len(), 40, "{letters:?}");
+    // While bob is removed, a replay is refused (exit 64) and keeps the letter.
+    let first_letter = letters[0]["id"].as_u64().unwrap();
+    let out = run_cli(&[
+        "dlq",
+        "--nats-url",
+        &url,
+        "replay",
+        &first_letter.to_string(),
+    ])
+    .await;
+    assert_exit(&out, 64, "runtime dlq replay of a removed agent's letter");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed"));
+    assert_eq!(dlq_list(&url, "bob").await.len(), 40);
     assert!(letters.iter().all(|l| l["reason"] == RECIPIENT_DELETED
         && l["subject"] == "channel.inbox.bob"
         && l["deliveries"] == 0));
@@ -272,6 +285,18 @@ async fn recipient_deleted_with_pending_messages() {
         .map(|d| d.envelope.meta.id.to_string())
         .collect();
     assert_eq!(ids, ["after-restore"]);
+    // Restored, his dead letters may be replayed again: one goes back to his inbox.
+    let out = run_cli(&[
+        "dlq",
+        "--nats-url",
+        &url,
+        "replay",
+        &first_letter.to_string(),
+    ])
+    .await;
+    assert_exit(&out, 0, "runtime dlq replay after restore");
+    support::wait_for(&seen, 2).await;
+    assert_eq!(dlq_list(&url, "bob").await.len(), 39);
     bobs.shutdown(support::GRACE).await.unwrap();
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

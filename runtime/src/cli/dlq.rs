@@ -123,9 +123,16 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
             let msg = get(&stream, id).await?;
             let letter = dead_letter(&msg);
             let subject = letter.subject.clone();
-            if subjects::parse_inbox(&subject).is_err() {
+            let Ok(to) = subjects::parse_inbox(&subject) else {
                 return Err(SystemError::InvalidSetting(format!(
                     "dead letter {id} names no inbox ({subject:?})"
+                )));
+            };
+            // Its recipient was removed: the router would refuse it again (and the letter
+            // would be gone from here). It stays until the agent is restored.
+            if runtime::system::removal::is_removed(&client, &to).await? {
+                return Err(SystemError::InvalidSetting(format!(
+                    "dead letter {id} is for {to}, which is removed: run `runtime agent restore {to}` first"
                 )));
             }
             // A fresh dedupe id: the original's may still be in the inbox's duplicate window.
@@ -140,12 +147,15 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
             if let Some(ct) = msg.headers.get(CONTENT_TYPE) {
                 headers.insert(CONTENT_TYPE, ct.as_str());
             }
-            let ack = js
-                .publish_with_headers(subject.clone(), headers, msg.payload.clone())
-                .await
-                .map_err(|e| failed(&subject, e))?
-                .await
-                .map_err(|e| failed(&subject, e))?;
+            let ack = actors::streams::publish_acked(
+                &js,
+                subject.clone(),
+                headers,
+                msg.payload.clone(),
+                actors::PUBLISH_ACK_TIMEOUT,
+            )
+            .await
+            .map_err(|e| failed(&subject, e))?;
             delete(&stream, id).await?;
             audit(
                 &client,

@@ -127,6 +127,26 @@ pub async fn remove(
     Ok(sweep.out)
 }
 
+/// Whether `agent` is removed now (a tombstone in `HUB_REMOVED`; none when the bucket does
+/// not exist yet).
+///
+/// # Errors
+/// [`SystemError::Request`] when the bucket cannot be read.
+pub async fn is_removed(client: &Client, agent: &AgentId) -> Result<bool, SystemError> {
+    let js = jetstream::new(client.clone());
+    let bucket = subjects::REMOVED_BUCKET;
+    let kv = match js.get_key_value(bucket).await {
+        Ok(kv) => kv,
+        Err(e) if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket => return Ok(false),
+        Err(e) => return Err(SystemError::request(bucket, e)),
+    };
+    Ok(kv
+        .get(agent.as_str())
+        .await
+        .map_err(|e| SystemError::request(bucket, e))?
+        .is_some())
+}
+
 /// Deletes `agent`'s tombstone (it may attach and receive DMs again); whether it had one.
 ///
 /// # Errors

@@ -28,9 +28,13 @@ jetstream {
 CONF
 export NATS_URL="nats://127.0.0.1:$port"
 pids=()
+# Stops in the reverse order of the starts, each before the next: the router finishes its
+# graceful stop (its last acks and audit events) while nats-server still runs.
 cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
+  done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

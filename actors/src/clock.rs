@@ -43,6 +43,8 @@ pub enum MeasureError {
 pub struct ServerClock {
     offset_ms: AtomicI64,
     measured: AtomicBool,
+    /// The first measurement was tried (kept or failed).
+    tried: AtomicBool,
     settled: tokio::sync::Notify,
     /// What this process's clock is off by on purpose (tests only; 0 otherwise).
     local_skew_ms: i64,
@@ -54,6 +56,7 @@ impl ServerClock {
         Arc::new(ServerClock {
             offset_ms: AtomicI64::new(0),
             measured: AtomicBool::new(false),
+            tried: AtomicBool::new(false),
             settled: tokio::sync::Notify::new(),
             local_skew_ms: imp::skew(name),
         })
@@ -120,7 +123,7 @@ impl ServerClock {
     /// Cancel safe.
     pub async fn settled(&self) {
         let notified = self.settled.notified();
-        if self.measured.load(Ordering::Relaxed) {
+        if self.tried.load(Ordering::Acquire) {
             return;
         }
         let _ = tokio::time::timeout(SETTLE_WITHIN, notified).await;
@@ -139,6 +142,7 @@ impl ServerClock {
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "server time not measured"),
             }
+            self.tried.store(true, Ordering::Release);
             self.settled.notify_waiters();
             tokio::time::sleep(REFRESH_EVERY).await;
         }

@@ -30,15 +30,7 @@ async fn agent_cli(url: &str, action: &str, id: &str) -> serde_json::Value {
 async fn send_dm_with_deadline(client: &async_nats::Client, from: &str, to: &str, id: &str) {
     let at = protocol::expiry::now_ms() + 3_600_000;
     let dm = serde_json::json!({"meta": {"id": id, "to": to, "expires_at": at}, "body": "hi"});
-    jetstream::new(client.clone())
-        .publish(
-            format!("hub.pub.{from}.inbox"),
-            serde_json::to_vec(&dm).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    support::publish_dm(client, from, dm).await;
 }
 
 /// Waits until `subject` of the inbox stream holds `n` messages.

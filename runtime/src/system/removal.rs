@@ -67,14 +67,9 @@ pub async fn remove(
 ) -> Result<Removal, SystemError> {
     let js = jetstream::new(client.clone());
     let bucket = subjects::REMOVED_BUCKET;
-    let kv = js
-        .get_key_value(bucket)
-        .await
-        .map_err(|e| SystemError::request(bucket, e))?;
-    let existing = kv
-        .get(agent.as_str())
-        .await
-        .map_err(|e| SystemError::request(bucket, e))?
+    let kv = removed_bucket(&js).await?;
+    let existing = tombstone_entry(&kv, agent)
+        .await?
         .and_then(|v| serde_json::from_slice::<Tombstone>(&v).ok());
     let inbox_name = &delivery.inbox.name;
     let inbox = js
@@ -134,17 +129,31 @@ pub async fn remove(
 /// [`SystemError::Request`] when the bucket cannot be read.
 pub async fn is_removed(client: &Client, agent: &AgentId) -> Result<bool, SystemError> {
     let js = jetstream::new(client.clone());
-    let bucket = subjects::REMOVED_BUCKET;
-    let kv = match js.get_key_value(bucket).await {
+    let kv = match js.get_key_value(subjects::REMOVED_BUCKET).await {
         Ok(kv) => kv,
         Err(e) if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket => return Ok(false),
-        Err(e) => return Err(SystemError::request(bucket, e)),
+        Err(e) => return Err(SystemError::request(subjects::REMOVED_BUCKET, e)),
     };
-    Ok(kv
-        .get(agent.as_str())
+    Ok(tombstone_entry(&kv, agent).await?.is_some())
+}
+
+/// The `HUB_REMOVED` bucket.
+async fn removed_bucket(js: &jetstream::Context) -> Result<jetstream::kv::Store, SystemError> {
+    let bucket = subjects::REMOVED_BUCKET;
+    js.get_key_value(bucket)
         .await
-        .map_err(|e| SystemError::request(bucket, e))?
-        .is_some())
+        .map_err(|e| SystemError::request(bucket, e))
+}
+
+/// `agent`'s tombstone as stored, if it has one.
+async fn tombstone_entry(
+    kv: &jetstream::kv::Store,
+    agent: &AgentId,
+) -> Result<Option<Vec<u8>>, SystemError> {
+    kv.get(agent.as_str())
+        .await
+        .map(|v| v.map(|b| b.to_vec()))
+        .map_err(|e| SystemError::request(subjects::REMOVED_BUCKET, e))
 }
 
 /// Deletes `agent`'s tombstone (it may attach and receive DMs again); whether it had one.
@@ -152,17 +161,9 @@ pub async fn is_removed(client: &Client, agent: &AgentId) -> Result<bool, System
 /// # Errors
 /// [`SystemError::Request`] when the bucket cannot be read or written.
 pub async fn restore(client: &Client, agent: &AgentId) -> Result<bool, SystemError> {
-    let js = jetstream::new(client.clone());
     let bucket = subjects::REMOVED_BUCKET;
-    let kv = js
-        .get_key_value(bucket)
-        .await
-        .map_err(|e| SystemError::request(bucket, e))?;
-    let had = kv
-        .get(agent.as_str())
-        .await
-        .map_err(|e| SystemError::request(bucket, e))?
-        .is_some();
+    let kv = removed_bucket(&jetstream::new(client.clone())).await?;
+    let had = tombstone_entry(&kv, agent).await?.is_some();
     if had {
         kv.delete(agent.as_str())
             .await

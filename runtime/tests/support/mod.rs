@@ -252,7 +252,16 @@ pub fn dm(to: &AgentId, id: &str) -> protocol::Envelope {
 /// `from` sends a DM `{"meta": {"id", "to"}, "body": "hi"}` to `to` through its ingress
 /// (`hub.pub.<from>.inbox`) on `client`, and waits for the stream ack.
 pub async fn send_dm(client: &async_nats::Client, from: &str, to: &str, id: &str) {
-    let dm = serde_json::json!({"meta": {"id": id, "to": to}, "body": "hi"});
+    publish_dm(
+        client,
+        from,
+        serde_json::json!({"meta": {"id": id, "to": to}, "body": "hi"}),
+    )
+    .await;
+}
+
+/// `from` publishes the envelope `dm` through its ingress and waits for the stream ack.
+pub async fn publish_dm(client: &async_nats::Client, from: &str, dm: serde_json::Value) {
     jetstream::new(client.clone())
         .publish(
             format!("hub.pub.{from}.inbox"),

@@ -86,16 +86,24 @@ impl Auditor {
     /// Keeps `event` for the next flush, never waiting on I/O: when [`QUEUE`] events are
     /// already waiting it is dropped (counted).
     pub fn emit(&self, event: AuditEvent) {
+        self.emit_all([event]);
+    }
+
+    /// Keeps `events` for the next flush, in order, under one lock ([`Self::emit`]).
+    pub fn emit_all(&self, events: impl IntoIterator<Item = AuditEvent>) {
         if let Some(handles) = &self.shared {
             let shared = &handles.0;
             let first = {
                 let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-                if pending.len() >= QUEUE {
-                    shared.dropped.fetch_add(1, Ordering::Relaxed);
-                    return;
+                let was_empty = pending.is_empty();
+                for event in events {
+                    if pending.len() >= QUEUE {
+                        shared.dropped.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    pending.push(event);
                 }
-                pending.push(event);
-                pending.len() == 1
+                was_empty && !pending.is_empty()
             };
             // One wake-up per flush window, none per event: the flusher sleeps while idle.
             if first {
@@ -195,9 +203,11 @@ mod tests {
         let mut sub = client.subscribe("hub.audit.>").await.unwrap();
         client.flush().await.unwrap();
         let (auditor, flusher) = Auditor::spawn(client.clone(), "router", "sys1/router.a");
-        for n in 0..1300 {
+        for n in 0..650 {
             auditor.emit(auditor.msg("routed", &format!("m{n}")));
         }
+        // Several under one lock keep their order too.
+        auditor.emit_all((650..1300).map(|n| auditor.msg("routed", &format!("m{n}"))));
         let mut seen = Vec::new();
         while seen.len() < 1300 {
             let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())

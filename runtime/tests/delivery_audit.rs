@@ -184,9 +184,14 @@ async fn a_tasks_timeline_has_the_workers_fetch_and_the_idempotency_keys_hit() {
     let mut retry = new_task("charge order 9", Vec::new());
     retry.idempotency_key = Some("order-9".into());
     let a = hub.delegate(&alice, &queue, None, &first).await.unwrap();
-    harness::wait_until("the task ran", support::DEADLINE, || handler.total() == 1)
-        .await
-        .unwrap();
+    // The retry comes once the result is stored (the handler's return alone does not order
+    // the two: the worker publishes its result after).
+    harness::wait_until_async("the result stored", support::DEADLINE, || async {
+        let read = trace(&server.url(), a.task_id.as_str(), 1).await;
+        read.iter().any(|r| r["event"] == "result_published")
+    })
+    .await
+    .unwrap();
     let b = hub.delegate(&alice, &queue, None, &retry).await.unwrap();
     assert!(b.existing && b.task_id == a.task_id);
     // accepted, routed, fetched, deduplicated, and the result's events.

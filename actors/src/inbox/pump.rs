@@ -126,7 +126,8 @@ pub(super) struct InboxPump {
 #[derive(Debug, Clone)]
 pub(super) struct Trail {
     id: String,
-    trace: Option<String>,
+    /// The W3C trace id of its `traceparent` (parsed once for all its events).
+    trace_id: Option<String>,
     attempt: u64,
 }
 
@@ -138,14 +139,15 @@ pub(super) fn emit(
     details: Details,
 ) {
     if let Some(t) = trail {
-        audit.emit(
-            audit
-                .msg(event, &t.id)
-                .attempt(t.attempt)
-                .traced(t.trace.as_deref())
-                .details(details),
-        );
+        emit_ref(audit, t, event, details);
     }
+}
+
+/// [`emit`] for a trail at hand.
+fn emit_ref(audit: &crate::audit::Auditor, t: &Trail, event: &'static str, details: Details) {
+    let mut event = audit.msg(event, &t.id).attempt(t.attempt).details(details);
+    event.trace_id.clone_from(&t.trace_id);
+    audit.emit(event);
 }
 
 /// What the pump decided about one message.
@@ -439,11 +441,12 @@ impl InboxPump {
         };
         let trail = Trail {
             id,
-            trace: msg
+            trace_id: msg
                 .headers
                 .as_ref()
                 .and_then(|h| h.get("traceparent"))
-                .map(|v| v.as_str().to_owned()),
+                .and_then(|v| v.as_str().parse::<protocol::trace::TraceParent>().ok())
+                .map(|t| t.trace_id_hex()),
             attempt: delivered,
         };
         let seq = Details {
@@ -452,13 +455,13 @@ impl InboxPump {
         };
         match verdict {
             Verdict::Handle(d) => {
-                self.emit(&Some(trail.clone()), "fetched", seq.clone());
+                emit_ref(&self.audit, &trail, "fetched", seq.clone());
                 if d.redelivered {
-                    self.emit(&Some(trail.clone()), "redelivered", seq);
+                    emit_ref(&self.audit, &trail, "redelivered", seq);
                 }
             }
-            Verdict::Duplicate => self.emit(&Some(trail.clone()), "deduplicated", seq),
-            Verdict::Expired => self.emit(&Some(trail.clone()), "expired", seq),
+            Verdict::Duplicate => emit_ref(&self.audit, &trail, "deduplicated", seq),
+            Verdict::Expired => emit_ref(&self.audit, &trail, "expired", seq),
             Verdict::Malformed => {}
         }
         Some(trail)

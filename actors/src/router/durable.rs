@@ -27,6 +27,7 @@ use super::outbound::{header_pairs, routed_headers, view};
 use super::rate::RateLimiter;
 use super::refusal::Refusable;
 use super::schedule::Planned;
+use super::trail::Trail;
 use super::RouterError;
 use crate::background::Owned;
 use crate::epoch::{broker_mark, Baseline, BrokerMark};
@@ -84,7 +85,7 @@ pub(super) enum Done {
 }
 
 /// Resolves to the outcome of one envelope; the message itself waits, in the same order, in
-/// the pump's `held` queue (so a shutdown can nak what never resolved).
+/// the pump's `held` queue with its audit trail (so a shutdown can nak what never resolved).
 pub(super) type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
 
 impl DurablePump {
@@ -148,7 +149,7 @@ impl DurablePump {
             None => None,
         };
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
-        let mut held: VecDeque<Message> = VecDeque::new();
+        let mut held: VecDeque<(Message, Option<Trail>)> = VecDeque::new();
         let mut seq_fallback = 0u64;
         loop {
             tokio::select! {
@@ -159,8 +160,8 @@ impl DurablePump {
                     }
                 }
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                    let msg = held.pop_front().expect("one held message per pending outcome");
-                    self.finish(msg, done).await;
+                    let (msg, trail) = held.pop_front().expect("one held message per pending outcome");
+                    self.finish(msg, trail, done).await;
                 }
                 next = messages.next(), if in_flight.len() < max_in_flight => match next {
                     Some(Ok(msg)) => {
@@ -168,8 +169,9 @@ impl DurablePump {
                         seq_fallback += 1;
                         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
                         self.counters.in_flight.bump();
-                        in_flight.push_back(self.start(&js, &msg, seq, &broker, rate.as_ref()).await);
-                        held.push_back(msg);
+                        let (pending, trail) = self.start(&js, &msg, seq, &broker, rate.as_ref()).await;
+                        in_flight.push_back(pending);
+                        held.push_back((msg, trail));
                     }
                     Some(Err(e)) => match e.kind() {
                         MessagesErrorKind::MissingHeartbeat => {
@@ -197,7 +199,7 @@ impl DurablePump {
     }
 
     /// Decides and issues the publish for one message; returns the future that resolves when
-    /// the store is acked (or at once when nothing is stored).
+    /// the store is acked (or at once when nothing is stored), and its audit trail.
     // The async block yields the *store-ack* future on purpose: awaiting it here would
     // serialize the pipeline.
     #[allow(clippy::async_yields_async)]
@@ -208,7 +210,7 @@ impl DurablePump {
         seq: u64,
         broker: &Baseline<BrokerMark>,
         rate: Option<&RateLimiter>,
-    ) -> Pending {
+    ) -> (Pending, Option<Trail>) {
         let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         let pairs = header_pairs(msg.headers.as_ref());
@@ -389,7 +391,7 @@ impl DurablePump {
         }
         .instrument(span)
         .await;
-        self.audited(pending, trail)
+        (pending, trail.map(Trail::sent_now))
     }
 
     /// Whether a task stored from `msg` is flagged (`Hub-Check`) for the worker to read its
@@ -475,8 +477,9 @@ impl DurablePump {
         })
     }
 
-    async fn finish(&self, msg: Message, done: Done) {
+    async fn finish(&self, msg: Message, trail: Option<Trail>, done: Done) {
         self.counters.in_flight.sub();
+        self.audit_outcome(trail, Some(&done));
         // A DM the broker refused for a limit: its sender is told first (only on this path
         // does the pipeline wait for a second store).
         let done = match done {
@@ -527,13 +530,17 @@ impl DurablePump {
 
     /// Finishes what is in flight for up to [`DRAIN_TIMEOUT`], then naks (without delay, so
     /// another router takes them at once) what did not resolve, and flushes.
-    async fn drain(&self, mut in_flight: FuturesOrdered<Pending>, mut held: VecDeque<Message>) {
+    async fn drain(
+        &self,
+        mut in_flight: FuturesOrdered<Pending>,
+        mut held: VecDeque<(Message, Option<Trail>)>,
+    ) {
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while let Ok(Some(done)) = tokio::time::timeout_at(deadline, in_flight.next()).await {
-            let msg = held
+            let (msg, trail) = held
                 .pop_front()
                 .expect("one held message per pending outcome");
-            self.finish(msg, done).await;
+            self.finish(msg, trail, done).await;
         }
         if !held.is_empty() {
             tracing::warn!(
@@ -541,7 +548,8 @@ impl DurablePump {
                 "drain timed out; nak'ing the rest for redelivery"
             );
         }
-        for msg in held {
+        for (msg, trail) in held {
+            self.audit_outcome(trail, None);
             self.counters.in_flight.sub();
             self.counters.naks.bump();
             let _ = msg.ack_with(AckKind::Nak(None)).await;

@@ -4,20 +4,29 @@
 //! A task input's events name its task; a worker's status or result stored on its task channel
 //! is `state_changed` (and `started`, `result_published`, `cancelled`:
 //! [`protocol::audit::channel_events`]), and an answer routed to a worker is `answered`.
-//! Emitted without waiting ([`crate::audit`]).
+//! Emitted without waiting ([`crate::audit`]), and only where the pump finishes the ingress
+//! message: `accepted` and what its store became go out together, under one lock, and no
+//! future wraps the store ack to emit them.
 
 use async_nats::jetstream::Message;
 use protocol::audit::{subject_of, About, AuditEvent, Details};
 use protocol::routing::RouteDecision;
 
-use super::durable::{Done, DurablePump, Pending};
+use super::durable::{Done, DurablePump};
 
-/// What one envelope's events are about, and its trace.
+/// What one envelope's events are about, and its trace: made when the pump takes it, emitted
+/// when the pump finishes it ([`DurablePump::audit_outcome`]).
 pub(super) struct Trail {
     about: About,
-    trace: Option<String>,
+    /// The W3C trace id of its `traceparent` (parsed once for all its events).
+    trace_id: Option<String>,
     /// A task channel message's events (decoded only with audit events on).
     channel: Vec<(&'static str, Option<protocol::task::TaskState>)>,
+    /// `accepted` (a DM's or a task input's), dated at the ingress's store time.
+    accepted: Option<AuditEvent>,
+    /// When its store was sent: what `routed` is dated (the recipient may fetch it before
+    /// the store ack is read).
+    sent_at: u64,
 }
 
 /// The task channel events of a stored item (`payload` in `codec`).
@@ -32,10 +41,18 @@ fn channel_events(
         .unwrap_or_default()
 }
 
+impl Trail {
+    /// Dated now: its store has just been sent.
+    pub(super) fn sent_now(mut self) -> Trail {
+        self.sent_at = protocol::expiry::now_ms();
+        self
+    }
+}
+
 impl DurablePump {
-    /// Emits `accepted` (or `rejected`) for `msg` and what the router decided; the [`Trail`]
-    /// follows its store to [`Self::audited`]. `None` when audit events are off or the trail
-    /// does not follow this message.
+    /// The [`Trail`] of `msg` and what the router decided, `accepted` in it; a rejection's
+    /// `rejected` is emitted now. `None` when audit events are off or the trail does not
+    /// follow this message. [`Trail::sent_now`] dates it once its store is sent.
     pub(super) fn accepted(
         &self,
         msg: &Message,
@@ -49,7 +66,8 @@ impl DurablePump {
             .headers
             .as_ref()
             .and_then(|h| h.get("traceparent"))
-            .map(|v| v.as_str().to_owned());
+            .and_then(|v| v.as_str().parse::<protocol::trace::TraceParent>().ok())
+            .map(|t| t.trace_id_hex());
         let (info_at, attempt) = msg
             .info()
             .map(|i| {
@@ -58,6 +76,15 @@ impl DurablePump {
             })
             .unwrap_or((None, 1));
         let at = info_at.unwrap_or_else(protocol::expiry::now_ms);
+        let trail = |about, trace_id, channel, accepted| {
+            Some(Trail {
+                about,
+                trace_id,
+                channel,
+                accepted,
+                sent_at: 0,
+            })
+        };
         let mut channel = Vec::new();
         let about = match decision {
             RouteDecision::Store {
@@ -86,11 +113,7 @@ impl DurablePump {
                         task_id: answer.task_id.to_string(),
                         channel: true,
                     };
-                    return Some(Trail {
-                        about,
-                        trace,
-                        channel,
-                    });
+                    return trail(about, trace, channel, None);
                 }
             },
             RouteDecision::StoreAll {
@@ -111,96 +134,84 @@ impl DurablePump {
                 error,
                 ..
             } => {
-                let event = AuditEvent::msg("rejected", id.as_str(), at, "")
+                let mut event = AuditEvent::msg("rejected", id.as_str(), at, "")
                     .attempt(attempt)
-                    .traced(trace.as_deref())
                     .details(Details {
                         ingress_seq: Some(seq),
                         kind: Some(error.kind.as_str().to_owned()),
                         ..Details::default()
                     });
+                event.trace_id = trace;
                 self.audit.emit(event);
                 return None;
             }
             _ => return None,
         };
-        let event = match &about {
+        let accepted = match &about {
             About::Msg(id) => AuditEvent::msg("accepted", id, at, ""),
-            About::Task { channel: true, .. } => {
-                return Some(Trail {
-                    about,
-                    trace,
-                    channel,
-                })
-            }
+            About::Task { channel: true, .. } => return trail(about, trace, channel, None),
             About::Task { task_id, .. } => AuditEvent::task("accepted", task_id, at, ""),
         };
-        self.audit.emit(
-            event
-                .attempt(attempt)
-                .traced(trace.as_deref())
-                .details(Details {
-                    ingress_seq: Some(seq),
-                    ..Details::default()
-                }),
-        );
-        Some(Trail {
-            about,
-            trace,
-            channel,
-        })
+        let mut accepted = accepted.attempt(attempt).details(Details {
+            ingress_seq: Some(seq),
+            ..Details::default()
+        });
+        accepted.trace_id.clone_from(&trace);
+        trail(about, trace, channel, Some(accepted))
     }
 
-    /// `stored`, emitting once it resolves as stored: `routed` or `deduplicated` (with the
-    /// stored sequence), or a task channel message's own events (`state_changed`, ...). The
-    /// events are dated when the store was sent (now: `stored` was made after its publish went
-    /// out), not when its ack is read: the recipient may fetch it before that.
-    pub(super) fn audited(&self, stored: Pending, trail: Option<Trail>) -> Pending {
-        let Some(trail) = trail else {
-            return stored;
+    /// Emits what `trail` says and its store came to, as the pump finishes its ingress
+    /// message: `accepted`, then `routed` or `deduplicated` (with the stored sequence) or a
+    /// task channel message's own events (`state_changed`, ...) when it was stored; `accepted`
+    /// alone when it was not (`None`: it never resolved).
+    pub(super) fn audit_outcome(&self, trail: Option<Trail>, done: Option<&Done>) {
+        let Some(mut trail) = trail else {
+            return;
         };
-        let audit = self.audit.clone();
-        let sent_at = protocol::expiry::now_ms();
-        Box::pin(async move {
-            let done = stored.await;
-            let (seq, duplicate) = match &done {
-                Done::Stored {
-                    terminate: false,
-                    duplicate,
-                    seq,
-                } => (Some(*seq), *duplicate),
-                Done::StoredAll { .. } => (None, false),
-                _ => return done,
+        let stored = match done {
+            Some(Done::Stored {
+                terminate: false,
+                duplicate,
+                seq,
+            }) => Some((Some(*seq), *duplicate)),
+            Some(Done::StoredAll { .. }) => Some((None, false)),
+            _ => None,
+        };
+        let accepted = trail.accepted.take();
+        let Some((seq, duplicate)) = stored else {
+            self.audit.emit_all(accepted);
+            return;
+        };
+        let event = |event: &'static str, details: Details| {
+            let mut event = match &trail.about {
+                About::Msg(id) => AuditEvent::msg(event, id, trail.sent_at, ""),
+                About::Task { task_id, .. } => AuditEvent::task(event, task_id, trail.sent_at, ""),
             };
-            let emit = |event: &'static str, details: Details| {
-                let event = match &trail.about {
-                    About::Msg(id) => AuditEvent::msg(event, id, sent_at, ""),
-                    About::Task { task_id, .. } => AuditEvent::task(event, task_id, sent_at, ""),
-                };
-                audit.emit(event.traced(trail.trace.as_deref()).details(details));
-            };
-            if matches!(trail.about, About::Task { channel: true, .. }) {
-                for (event, state) in &trail.channel {
-                    emit(
-                        event,
-                        Details {
-                            seq,
-                            state: *state,
-                            ..Details::default()
-                        },
-                    );
-                }
-            } else {
-                let event = if duplicate { "deduplicated" } else { "routed" };
-                emit(
-                    event,
+            event.trace_id.clone_from(&trail.trace_id);
+            event.details(details)
+        };
+        if matches!(trail.about, About::Task { channel: true, .. }) {
+            let events = trail.channel.iter().map(|(name, state)| {
+                event(
+                    name,
                     Details {
                         seq,
+                        state: *state,
                         ..Details::default()
                     },
-                );
-            }
-            done
-        })
+                )
+            });
+            self.audit.emit_all(accepted.into_iter().chain(events));
+        } else {
+            let name = if duplicate { "deduplicated" } else { "routed" };
+            let outcome = event(
+                name,
+                Details {
+                    seq,
+                    ..Details::default()
+                },
+            );
+            self.audit.emit_all(accepted.into_iter().chain([outcome]));
+        }
     }
 }

@@ -3,6 +3,9 @@
 
 /// A usage or configuration error (`EX_USAGE`).
 pub const USAGE: i32 = 64;
+/// `runtime send`: the recipient was removed from the hub (`EX_NOUSER`: addressee unknown);
+/// nothing was sent.
+pub const NO_USER: i32 = 67;
 /// NATS cannot be reached or refuses a request (`EX_UNAVAILABLE`).
 pub const UNAVAILABLE: i32 = 69;
 /// An internal failure (`EX_SOFTWARE`).

@@ -158,6 +158,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     }
     match e.downcast_ref::<SystemError>() {
         Some(SystemError::Held { .. }) => cli::EXIT_WAITING,
+        Some(SystemError::RecipientDeleted { .. }) => runtime::exit::NO_USER,
         Some(se) if se.is_usage() => cli::EXIT_USAGE,
         Some(se) if se.is_unavailable() => cli::EXIT_UNAVAILABLE,
         Some(_) => cli::EXIT_SOFTWARE,

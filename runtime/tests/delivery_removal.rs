@@ -14,8 +14,8 @@ use protocol::attach::{AttachResponse, DurableInboxMode};
 use protocol::rejection::{parse_notice, parse_rejection};
 use protocol::removal::RECIPIENT_DELETED;
 use protocol::{subjects, WireErrorKind};
-use runtime::ActorSystem;
-use support::oneshot::{assert_exit, run_cli, stdout};
+use runtime::{ActorSystem, SystemError};
+use support::oneshot::{assert_exit, one_stderr_line, run_cli, stdout};
 
 /// `runtime agent <action> <id>` against `url`: its one JSON line.
 async fn agent_cli(url: &str, action: &str, id: &str) -> serde_json::Value {
@@ -242,8 +242,24 @@ async fn recipient_deleted_with_pending_messages() {
     assert_eq!(refusal.rejected_id.unwrap().as_str(), "late-1");
     assert_eq!(refusal.to.unwrap().as_str(), "bob");
     assert_eq!(refusal.retry_after_secs, None);
+    // A client that sends to bob now is refused at once, and publishes nothing: the next DM
+    // the router refuses is the one sent after it.
+    let sent = hub
+        .send(&alice, &bob, serde_json::json!("refused at send"))
+        .await;
+    assert!(
+        matches!(&sent, Err(SystemError::RecipientDeleted { to }) if *to == bob),
+        "{sent:?}"
+    );
+    support::send_dm(&client, "alice", "bob", "late-2").await;
+    support::wait_for(&alices, 32).await;
+    let refused: Vec<String> = alices.lock().unwrap()[30..]
+        .iter()
+        .map(|d| parse_rejection(&d.envelope).unwrap().rejected_id.unwrap().to_string())
+        .collect();
+    assert_eq!(refused, ["late-1", "late-2"]);
     let counters = support::router_counters(&hub).await;
-    assert_eq!(counters.refused_deleted, 1, "{counters:?}");
+    assert_eq!(counters.refused_deleted, 2, "{counters:?}");
     assert_eq!(
         support::count_on(&js, subjects::INBOX_STREAM, "channel.inbox.bob").await,
         0
@@ -420,6 +436,15 @@ async fn an_admin_removes_and_restores_an_agent_on_the_rendered_grants() {
     )
     .await
     .unwrap();
+    // `runtime send` as bob, on his own grants: refused at once (it reads alice's tombstone),
+    // exit 67, one line; nothing is published.
+    let out = hub
+        .rendered
+        .run_as("bob", &["send", "--as", "bob", "--to", "alice", "refused at send"])
+        .await;
+    assert_exit(&out, 67, "runtime send to a removed agent");
+    let line = one_stderr_line(&out, "runtime send to a removed agent");
+    assert!(line.contains("recipient_deleted"), "{line}");
     hub.send(&hub.bob, "bob", "alice", "m-late").await;
     hub.wait_inbox("bob", 2).await;
     let stored = support::stored_on(&hub.admin, subjects::INBOX_STREAM, "channel.inbox.bob").await;

@@ -62,6 +62,16 @@ fn own_holds(me: &str) -> String {
     ))
 }
 
+/// Anyone's tombstone read, never written: a send to a removed agent is refused before it is
+/// published (who is removed is no secret among a hub's identities).
+fn tombstone_reads() -> String {
+    api(&format!(
+        "DIRECT.GET.{}.{}",
+        subjects::kv_stream(subjects::REMOVED_BUCKET),
+        subjects::kv_subject(subjects::REMOVED_BUCKET, "*")
+    ))
+}
+
 /// The grants of `identity` on a hub with `delivery`'s stream names.
 pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
     let me = identity.name.as_str();
@@ -94,6 +104,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                         subjects::kv_stream(subjects::PRESENCE_BUCKET),
                         subjects::kv_subject(subjects::PRESENCE_BUCKET, "*")
                     )),
+                    tombstone_reads(),
                 ],
                 own_consumer(
                     &delivery.inbox.name,
@@ -109,7 +120,12 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             let worker = identity
                 .worker_id()
                 .expect("a worker identity has a worker id");
-            let mut publish = vec![own_ingress, own_holds(me), subjects::audit("worker", me)];
+            let mut publish = vec![
+                own_ingress,
+                own_holds(me),
+                subjects::audit("worker", me),
+                tombstone_reads(),
+            ];
             for queue in queues {
                 publish.push(subjects::join_request(queue, &worker));
                 publish.extend(own_consumer(
@@ -437,11 +453,12 @@ mod tests {
             );
         }
         assert!(!may_publish(&admin, "dlq.work.q"));
-        for denied in [
-            "$KV.HUB_REMOVED.bob",
-            "dlq.bob",
-            "$JS.API.DIRECT.GET.KV_HUB_REMOVED.$KV.HUB_REMOVED.bob",
-        ] {
+        // An agent reads a tombstone (its send is refused before it is published).
+        assert!(may_publish(
+            &of("alice"),
+            "$JS.API.DIRECT.GET.KV_HUB_REMOVED.$KV.HUB_REMOVED.bob"
+        ));
+        for denied in ["$KV.HUB_REMOVED.bob", "dlq.bob"] {
             assert!(
                 !may_publish(&of("alice"), denied),
                 "alice may publish {denied}"

@@ -96,6 +96,7 @@ impl ActorSystem {
     ///
     /// # Errors
     /// [`SystemError::Held`] while a hold is in force (nothing is published);
+    /// [`SystemError::RecipientDeleted`] when the recipient is removed (nothing is published);
     /// [`SystemError::Publish`] when the envelope cannot be encoded or the ingress does not
     /// ack in time.
     ///
@@ -133,6 +134,13 @@ impl ActorSystem {
                 duplicate: false,
                 recipient_state: None,
             });
+        }
+        // A removed recipient is refused before anything is published (its tombstone, read
+        // at most once per cache period).
+        if let (Channel::Inbox, Some(to)) = (channel, envelope.meta.to.as_ref()) {
+            if self.presence.is_removed(&self.client, to).await {
+                return Err(SystemError::RecipientDeleted { to: to.clone() });
+            }
         }
         let msg_id = format!("{from}:{}", envelope.meta.id);
         let published = self.publish_ingress(&subject, &msg_id, payload, Retry::No);

@@ -135,6 +135,15 @@ pub enum SystemError {
         /// Whole seconds left.
         retry_after_secs: u64,
     },
+    /// The recipient was removed from the hub (`runtime agent remove`): nothing was
+    /// published. Its tombstone is read before the send (cached for up to 5 s), so a send in
+    /// the seconds after a removal may still be published, and then refused by the router
+    /// with a `recipient_deleted` notice.
+    #[error("recipient_deleted: {to} was removed from the hub")]
+    RecipientDeleted {
+        /// The removed recipient.
+        to: AgentId,
+    },
     /// The task is not in the state the operation needs (unknown, not waiting...).
     #[error("task {task_id}: {what}")]
     Task {

@@ -16,12 +16,44 @@ use super::SystemError;
 /// How long one presence read may take before the receipt says `unknown`.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The recipients' states a system read lately: a send reads a recipient's record at most once
-/// per `ttl` (a fifth of the beat, at most 5 s), so a stream of sends costs no read each.
+/// What a system read lately of its recipients: their presence states and whether they are
+/// removed. A send reads each at most once per `ttl` (a fifth of the beat, at most 5 s), so a
+/// stream of sends costs no read each.
 #[derive(Debug)]
 pub(crate) struct PresenceCache {
     ttl: Duration,
-    seen: Mutex<HashMap<AgentId, (Instant, PresenceState)>>,
+    seen: Recent<PresenceState>,
+    removed: Recent<bool>,
+}
+
+/// Values read at most once per ttl, for at most [`Recent::MAX`] agents.
+#[derive(Debug)]
+struct Recent<V>(Mutex<HashMap<AgentId, (Instant, V)>>);
+
+impl<V> Default for Recent<V> {
+    fn default() -> Self {
+        Recent(Mutex::default())
+    }
+}
+
+impl<V: Copy> Recent<V> {
+    /// Agents remembered at most (the whole cache is dropped past it).
+    const MAX: usize = 10_000;
+
+    fn get(&self, to: &AgentId, ttl: Duration) -> Option<V> {
+        let seen = self.0.lock().expect("presence lock");
+        seen.get(to)
+            .filter(|(at, _)| at.elapsed() < ttl)
+            .map(|(_, v)| *v)
+    }
+
+    fn put(&self, to: &AgentId, value: V) {
+        let mut seen = self.0.lock().expect("presence lock");
+        if seen.len() > Self::MAX {
+            seen.clear();
+        }
+        seen.insert(to.clone(), (Instant::now(), value));
+    }
 }
 
 impl PresenceCache {
@@ -29,27 +61,69 @@ impl PresenceCache {
     pub fn new(beat: Duration) -> PresenceCache {
         PresenceCache {
             ttl: (beat / 5).min(Duration::from_secs(5)),
-            seen: Mutex::default(),
+            seen: Recent::default(),
+            removed: Recent::default(),
         }
     }
 
     /// `to`'s state now: from the cache, else one direct get of its record.
     pub async fn state(&self, client: &async_nats::Client, to: &AgentId) -> PresenceState {
-        if let Some((at, state)) = self.seen.lock().expect("presence lock").get(to) {
-            if at.elapsed() < self.ttl {
-                return *state;
-            }
+        if let Some(state) = self.seen.get(to, self.ttl) {
+            return state;
         }
         let state = match tokio::time::timeout(READ_TIMEOUT, read(client, to)).await {
             Ok(record) => state_of(record.as_ref(), protocol::expiry::now_ms()),
             Err(_) => PresenceState::Unknown,
         };
-        let mut seen = self.seen.lock().expect("presence lock");
-        if seen.len() > 10_000 {
-            seen.clear();
-        }
-        seen.insert(to.clone(), (Instant::now(), state));
+        self.seen.put(to, state);
         state
+    }
+
+    /// Whether `to` is removed (a tombstone in `HUB_REMOVED`): from the cache, else one
+    /// direct get of its key. A read that fails says no: the routers refuse its DMs anyway.
+    pub async fn is_removed(&self, client: &async_nats::Client, to: &AgentId) -> bool {
+        if let Some(removed) = self.removed.get(to, self.ttl) {
+            return removed;
+        }
+        // A read that fails is remembered too: a hub without the bucket costs no read per send.
+        let removed = matches!(
+            tokio::time::timeout(READ_TIMEOUT, read_removed(client, to)).await,
+            Ok(Some(true))
+        );
+        self.removed.put(to, removed);
+        removed
+    }
+}
+
+/// Whether `id` has a tombstone: one subject-suffixed direct get of its key in `HUB_REMOVED`
+/// (what every agent may read); `None` when it cannot be read. A key deleted by
+/// `runtime agent restore` reads as its delete marker, or as nothing once purged.
+async fn read_removed(client: &async_nats::Client, id: &AgentId) -> Option<bool> {
+    use async_nats::jetstream::stream::DirectGetErrorKind;
+    let js = jetstream::new(client.clone());
+    let Ok(stream) = js
+        .get_stream_no_info(subjects::kv_stream(subjects::REMOVED_BUCKET))
+        .await
+    else {
+        return None;
+    };
+    let subject = subjects::kv_subject(subjects::REMOVED_BUCKET, id.as_str());
+    match stream.direct_get_last_for_subject(subject).await {
+        Ok(message) => {
+            let header = |name: &str| {
+                message
+                    .headers
+                    .get(name)
+                    .map(|v| v.as_str().to_owned())
+            };
+            let change = protocol::removal::change_of(
+                header("KV-Operation").as_deref(),
+                header("Nats-Marker-Reason").as_deref(),
+            );
+            Some(change == protocol::removal::Change::Put)
+        }
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Some(false),
+        Err(_) => None,
     }
 }
 

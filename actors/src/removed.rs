@@ -204,6 +204,17 @@ async fn keep(
 mod tests {
     use super::*;
 
+    /// A broker with the hub's streams and buckets, a client of it and its context.
+    async fn broker() -> (harness::NatsServer, async_nats::Client, jetstream::Context) {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = jetstream::new(client.clone());
+        crate::streams::ensure_streams(&js, &protocol::DeliveryConfig::default())
+            .await
+            .unwrap();
+        (server, client, js)
+    }
+
     async fn put(js: &jetstream::Context, key: &str) {
         let kv = js.get_key_value(REMOVED_BUCKET).await.unwrap();
         kv.put(key, "{}".into()).await.unwrap();
@@ -211,12 +222,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_watch_knows_the_existing_tombstones_and_follows_changes() {
-        let server = harness::run_server().await.unwrap();
-        let client = server.client().await.unwrap();
-        let js = jetstream::new(client.clone());
-        crate::streams::ensure_streams(&js, &protocol::DeliveryConfig::default())
-            .await
-            .unwrap();
+        let (_server, client, js) = broker().await;
         put(&js, "bob").await;
         put(&js, "carol").await;
         let kv = js.get_key_value(REMOVED_BUCKET).await.unwrap();
@@ -238,12 +244,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_watch_is_made_again_after_the_broker_restarts() {
-        let mut server = harness::run_server().await.unwrap();
-        let client = server.client().await.unwrap();
-        let js = jetstream::new(client.clone());
-        crate::streams::ensure_streams(&js, &protocol::DeliveryConfig::default())
-            .await
-            .unwrap();
+        let (mut server, client, js) = broker().await;
         put(&js, "bob").await;
         let (removed, _task) = watch(client.clone()).await.unwrap();
         let before = connects(&client);
@@ -266,12 +267,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_empty_bucket_is_read_at_once() {
-        let server = harness::run_server().await.unwrap();
-        let client = server.client().await.unwrap();
-        let js = jetstream::new(client.clone());
-        crate::streams::ensure_streams(&js, &protocol::DeliveryConfig::default())
-            .await
-            .unwrap();
+        let (_server, client, js) = broker().await;
         let (removed, _task) = watch(client).await.unwrap();
         assert!(removed.is_empty());
         put(&js, "bob").await;

@@ -473,6 +473,31 @@ async fn wait_inbox(
 
 /// After the broker is back: alice gets exactly one receipt for `m-ack` (one stored in her
 /// inbox), bob's handler saw `m-ack` once, and bob's outbox is empty.
+/// A hub on `server` with alice attached and bob's handler holding alice's DM that requires
+/// an ack until `release` is notified: (hub, bob, alice's deliveries, release, handoffs).
+async fn handed_over_requiring_ack(
+    server: &harness::NatsServer,
+) -> (
+    ActorSystem,
+    AgentId,
+    support::Seen,
+    Arc<tokio::sync::Notify>,
+    Arc<AtomicU32>,
+) {
+    let hub = hub(server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handled = attach_gated(&hub, &bob, release.clone()).await;
+    send_requiring_ack(&hub, &alice, &bob).await;
+    harness::wait_until("the DM handed over", support::DEADLINE, || {
+        handled.load(Ordering::SeqCst) == 1
+    })
+    .await
+    .unwrap();
+    (hub, bob, alices, release, handled)
+}
+
 async fn one_receipt_and_one_handoff(
     server: &harness::NatsServer,
     hub: &ActorSystem,
@@ -517,17 +542,7 @@ async fn ack_outbox_survives_gateway_outage() {
     // delivered once the broker is back on its store: alice gets exactly one, and bob's
     // handler sees the DM once (a redelivery after the restart is deduplicated).
     let mut server = harness::run_server().await.unwrap();
-    let hub = hub(&server).await;
-    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
-    let alices = support::attach_collect(&hub, &alice).await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    let handled = attach_gated(&hub, &bob, release.clone()).await;
-    send_requiring_ack(&hub, &alice, &bob).await;
-    harness::wait_until("the DM handed over", support::DEADLINE, || {
-        handled.load(Ordering::SeqCst) == 1
-    })
-    .await
-    .unwrap();
+    let (hub, bob, alices, release, handled) = handed_over_requiring_ack(&server).await;
     // The broker is killed while the handler works; then the handler is done.
     server.stop().await;
     release.notify_one();
@@ -546,17 +561,7 @@ async fn ack_outbox_resends_a_receipt_lost_with_its_connection() {
     // then killed: what the client wrote to that connection is gone, so only a retry from the
     // outbox delivers it once the broker is back.
     let mut server = harness::run_server().await.unwrap();
-    let hub = hub(&server).await;
-    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
-    let alices = support::attach_collect(&hub, &alice).await;
-    let release = Arc::new(tokio::sync::Notify::new());
-    let handled = attach_gated(&hub, &bob, release.clone()).await;
-    send_requiring_ack(&hub, &alice, &bob).await;
-    harness::wait_until("the DM handed over", support::DEADLINE, || {
-        handled.load(Ordering::SeqCst) == 1
-    })
-    .await
-    .unwrap();
+    let (hub, bob, alices, release, handled) = handed_over_requiring_ack(&server).await;
     let probe = server.client().await.unwrap();
     server.freeze();
     harness::wait_until_async("the broker hangs", support::DEADLINE, || async {

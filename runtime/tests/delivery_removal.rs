@@ -18,6 +18,15 @@ use runtime::{ActorSystem, SystemError};
 use support::oneshot::{assert_exit, one_stderr_line, run_cli, stdout};
 
 /// `runtime agent <action> <id>` against `url`: its one JSON line.
+/// What a `runtime agent remove` line counts: (dead_lettered, notified, consumer_deleted).
+fn counts(summary: &serde_json::Value) -> (u64, u64, bool) {
+    (
+        summary["dead_lettered"].as_u64().unwrap(),
+        summary["notified"].as_u64().unwrap(),
+        summary["consumer_deleted"].as_bool().unwrap(),
+    )
+}
+
 async fn agent_cli(url: &str, action: &str, id: &str) -> serde_json::Value {
     let out = run_cli(&["agent", action, id, "--nats-url", url]).await;
     assert_exit(&out, 0, &format!("runtime agent {action} {id}"));
@@ -151,9 +160,7 @@ async fn recipient_deleted_with_pending_messages() {
 
     let summary = agent_cli(&url, "remove", "bob").await;
     assert_eq!(summary["agent"], "bob", "{summary}");
-    assert_eq!(summary["dead_lettered"], 40, "{summary}");
-    assert_eq!(summary["notified"], 40, "{summary}");
-    assert_eq!(summary["consumer_deleted"], true, "{summary}");
+    assert_eq!(counts(&summary), (40, 40, true), "{summary}");
 
     // Each sender told once per DM, by message id, with the reason.
     support::wait_for(&alices, 30).await;
@@ -255,7 +262,13 @@ async fn recipient_deleted_with_pending_messages() {
     support::wait_for(&alices, 32).await;
     let refused: Vec<String> = alices.lock().unwrap()[30..]
         .iter()
-        .map(|d| parse_rejection(&d.envelope).unwrap().rejected_id.unwrap().to_string())
+        .map(|d| {
+            parse_rejection(&d.envelope)
+                .unwrap()
+                .rejected_id
+                .unwrap()
+                .to_string()
+        })
         .collect();
     assert_eq!(refused, ["late-1", "late-2"]);
     let counters = support::router_counters(&hub).await;
@@ -349,26 +362,10 @@ async fn removal_run_again_after_a_partial_run_duplicates_no_dead_letter_or_noti
 
     // Run again: only the 3 not copied are copied; all 5 senders' notices are stored once.
     let first = agent_cli(&url, "remove", "bob").await;
-    assert_eq!(
-        (
-            &first["dead_lettered"],
-            &first["notified"],
-            &first["consumer_deleted"]
-        ),
-        (
-            &serde_json::json!(3),
-            &serde_json::json!(5),
-            &serde_json::json!(false)
-        ),
-        "{first}"
-    );
+    assert_eq!(counts(&first), (3, 5, false), "{first}");
     // And once more: nothing left to do.
     let second = agent_cli(&url, "remove", "bob").await;
-    assert_eq!(
-        (&second["dead_lettered"], &second["notified"]),
-        (&serde_json::json!(0), &serde_json::json!(0)),
-        "{second}"
-    );
+    assert_eq!(counts(&second), (0, 0, false), "{second}");
     let letters = dlq_list(&url, "bob").await;
     assert_eq!(
         counted(letters.iter().map(|l| l["message_id"].as_str().unwrap())),
@@ -406,19 +403,7 @@ async fn an_admin_removes_and_restores_an_agent_on_the_rendered_grants() {
         }
     };
     let summary = run_as("ops", &["agent", "remove", "alice"]).await;
-    assert_eq!(
-        (
-            &summary["dead_lettered"],
-            &summary["notified"],
-            &summary["consumer_deleted"]
-        ),
-        (
-            &serde_json::json!(1),
-            &serde_json::json!(1),
-            &serde_json::json!(true)
-        ),
-        "{summary}"
-    );
+    assert_eq!(counts(&summary), (1, 1, true), "{summary}");
     let notices = notices_stored(&hub.admin, "bob").await;
     assert_eq!(notices.len(), 1, "{notices:?}");
     assert_eq!(notices[0].0, "m-for-alice");
@@ -440,7 +425,10 @@ async fn an_admin_removes_and_restores_an_agent_on_the_rendered_grants() {
     // exit 67, one line; nothing is published.
     let out = hub
         .rendered
-        .run_as("bob", &["send", "--as", "bob", "--to", "alice", "refused at send"])
+        .run_as(
+            "bob",
+            &["send", "--as", "bob", "--to", "alice", "refused at send"],
+        )
         .await;
     assert_exit(&out, 67, "runtime send to a removed agent");
     let line = one_stderr_line(&out, "runtime send to a removed agent");

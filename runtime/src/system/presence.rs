@@ -110,12 +110,7 @@ async fn read_removed(client: &async_nats::Client, id: &AgentId) -> Option<bool>
     let subject = subjects::kv_subject(subjects::REMOVED_BUCKET, id.as_str());
     match stream.direct_get_last_for_subject(subject).await {
         Ok(message) => {
-            let header = |name: &str| {
-                message
-                    .headers
-                    .get(name)
-                    .map(|v| v.as_str().to_owned())
-            };
+            let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
             let change = protocol::removal::change_of(
                 header("KV-Operation").as_deref(),
                 header("Nats-Marker-Reason").as_deref(),

@@ -22,64 +22,117 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::collections::hash_map::RandomState;
 use std::collections::{HashSet, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 
 use crate::ids::{AgentId, MessageId};
 
 /// How many keys an inbox remembers by default.
 pub const DEFAULT_DEDUPE_CAPACITY: usize = 4096;
 
-type Key = (Option<AgentId>, MessageId);
+/// What the set keeps of a key: two 64-bit SipHashes of it under two random keys of the set's
+/// own. Two distinct keys share one with a chance of 2^-128 (a sender cannot aim at one: it
+/// does not know the keys), and a key costs 16 bytes, with nothing allocated.
+type Fingerprint = u128;
+
+/// A key as a [`SeenSet`] keeps it ([`SeenSet::key_of`]); meaningful to that set only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeenKey(Fingerprint);
 
 /// The `capacity` most recently first-seen `(from, id)` keys.
 ///
 /// Eviction is FIFO by first sighting: seeing a key again does not refresh
-/// it. Every operation is O(1).
+/// it. Every operation is O(1) and allocates nothing once the set has grown; an empty set
+/// holds no room (an idle inbox costs nothing), a full one about 40 bytes per key.
 #[derive(Debug, Clone)]
 pub struct SeenSet {
     capacity: usize,
-    keys: HashSet<Key>,
-    order: VecDeque<Key>,
+    hashers: (RandomState, RandomState),
+    keys: HashSet<Fingerprint, BuildHasherDefault<Spread>>,
+    order: VecDeque<Fingerprint>,
+}
+
+/// The hasher of the fingerprints, which are already uniformly spread: their low half.
+#[derive(Default)]
+struct Spread(u64);
+
+impl Hasher for Spread {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u128` is used; anything else is folded in, still well spread.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
 }
 
 impl SeenSet {
     /// An empty set remembering at most `capacity` keys. With capacity 0
-    /// nothing is remembered and every key is seen for the first time.
+    /// nothing is remembered and every key is seen for the first time. It takes room as keys
+    /// come, none before.
     pub fn new(capacity: usize) -> SeenSet {
-        // Pre-allocate modestly: a huge capacity should not cost memory
-        // before it is used.
-        let initial = capacity.min(DEFAULT_DEDUPE_CAPACITY);
         SeenSet {
             capacity,
-            keys: HashSet::with_capacity(initial),
-            order: VecDeque::with_capacity(initial),
+            hashers: (RandomState::new(), RandomState::new()),
+            keys: HashSet::default(),
+            order: VecDeque::new(),
         }
+    }
+
+    fn fingerprint(&self, from: Option<&AgentId>, id: &MessageId) -> Fingerprint {
+        let half = |state: &RandomState| {
+            let mut h = state.build_hasher();
+            from.map(AgentId::as_str).hash(&mut h);
+            id.as_str().hash(&mut h);
+            h.finish()
+        };
+        (u128::from(half(&self.hashers.0)) << 64) | u128::from(half(&self.hashers.1))
     }
 
     /// Records `(from, id)` and returns whether it was not among the last
     /// `capacity` distinct keys recorded. When the set is full, the oldest
     /// key is forgotten to make room.
     pub fn first_time(&mut self, from: Option<&AgentId>, id: &MessageId) -> bool {
-        let key = (from.cloned(), id.clone());
-        if self.keys.contains(&key) {
-            return false;
-        }
+        let key = self.key_of(from, id);
+        self.first_time_key(key)
+    }
+
+    /// What this set keeps of `(from, id)`: taken before the envelope is handed away, so
+    /// it can be recorded after without keeping the envelope's ids ([`Self::first_time_key`]).
+    pub fn key_of(&self, from: Option<&AgentId>, id: &MessageId) -> SeenKey {
+        SeenKey(self.fingerprint(from, id))
+    }
+
+    /// [`Self::first_time`] of the key [`Self::key_of`] took.
+    pub fn first_time_key(&mut self, key: SeenKey) -> bool {
+        let SeenKey(key) = key;
         if self.capacity == 0 {
             return true;
+        }
+        if self.keys.contains(&key) {
+            return false;
         }
         if self.order.len() == self.capacity {
             if let Some(oldest) = self.order.pop_front() {
                 self.keys.remove(&oldest);
             }
         }
-        self.keys.insert(key.clone());
+        self.keys.insert(key);
         self.order.push_back(key);
         true
     }
 
     /// Whether `(from, id)` is remembered, without recording it.
     pub fn contains(&self, from: Option<&AgentId>, id: &MessageId) -> bool {
-        self.keys.contains(&(from.cloned(), id.clone()))
+        self.capacity > 0 && self.keys.contains(&self.fingerprint(from, id))
     }
 
     /// How many keys are remembered.
@@ -117,6 +170,21 @@ mod tests {
 
     fn mid(s: &str) -> MessageId {
         MessageId::new(s).unwrap()
+    }
+
+    #[test]
+    fn an_empty_set_holds_no_room_and_a_key_taken_before_is_recorded_after() {
+        let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
+        assert_eq!((seen.keys.capacity(), seen.order.capacity()), (0, 0));
+        let alice = agent("alice");
+        let key = seen.key_of(Some(&alice), &mid("m1"));
+        assert!(!seen.contains(Some(&alice), &mid("m1")));
+        assert!(seen.first_time_key(key));
+        assert!(!seen.first_time(Some(&alice), &mid("m1")));
+        assert!(!seen.first_time_key(key));
+        // No sender and an empty sender are two keys.
+        assert!(seen.first_time(None, &mid("m2")));
+        assert!(seen.first_time(Some(&agent("x")), &mid("m2")));
     }
 
     #[test]

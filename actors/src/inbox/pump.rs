@@ -245,10 +245,8 @@ impl InboxPump {
             let trail = self.trail(&msg.message, &verdict, stream_seq, delivered);
             let ack = match verdict {
                 Verdict::Handle(delivery) => {
-                    let key = (
-                        delivery.envelope.meta.from.clone(),
-                        delivery.envelope.meta.id.clone(),
-                    );
+                    let key =
+                        seen.key_of(delivery.envelope.meta.from.as_ref(), &delivery.envelope.meta.id);
                     let receipt = protocol::receipt::read_receipt(&delivery.envelope);
                     last_handed = last_handed.max(stream_seq);
                     let handled = {
@@ -268,7 +266,7 @@ impl InboxPump {
                     };
                     match handled {
                         Handled::Done => {
-                            seen.first_time(key.0.as_ref(), &key.1);
+                            seen.first_time_key(key);
                             match msg.ack().await {
                                 Ok(()) => self.emit(&trail, "delivered", Details::default()),
                                 Err(e) => {
@@ -350,10 +348,8 @@ impl InboxPump {
                 next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
             if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, None, &seen) {
-                let key = (
-                    delivery.envelope.meta.from.clone(),
-                    delivery.envelope.meta.id.clone(),
-                );
+                let key =
+                    seen.key_of(delivery.envelope.meta.from.as_ref(), &delivery.envelope.meta.id);
                 // Nothing is redelivered in core mode: whatever the handler says, the DM is
                 // gone once handed over.
                 let handled = self.deliver(delivery, msg.headers.as_ref()).await?;
@@ -363,7 +359,7 @@ impl InboxPump {
                         "core mode cannot redeliver or dead-letter a DM; it is dropped"
                     );
                 }
-                seen.first_time(key.0.as_ref(), &key.1);
+                seen.first_time_key(key);
             }
         }
     }

@@ -245,8 +245,10 @@ impl InboxPump {
             let trail = self.trail(&msg.message, &verdict, stream_seq, delivered);
             let ack = match verdict {
                 Verdict::Handle(delivery) => {
-                    let key =
-                        seen.key_of(delivery.envelope.meta.from.as_ref(), &delivery.envelope.meta.id);
+                    let key = seen.key_of(
+                        delivery.envelope.meta.from.as_ref(),
+                        &delivery.envelope.meta.id,
+                    );
                     let receipt = protocol::receipt::read_receipt(&delivery.envelope);
                     last_handed = last_handed.max(stream_seq);
                     let handled = {
@@ -348,8 +350,10 @@ impl InboxPump {
                 next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
             if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, None, &seen) {
-                let key =
-                    seen.key_of(delivery.envelope.meta.from.as_ref(), &delivery.envelope.meta.id);
+                let key = seen.key_of(
+                    delivery.envelope.meta.from.as_ref(),
+                    &delivery.envelope.meta.id,
+                );
                 // Nothing is redelivered in core mode: whatever the handler says, the DM is
                 // gone once handed over.
                 let handled = self.deliver(delivery, msg.headers.as_ref()).await?;

@@ -25,6 +25,10 @@
 //! BENCH_OTLP=1 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1 \
 //!     cargo run --release -p examples --example bench_dm -- 50000 5 5
 //! ```
+//!
+//! `BENCH_ARM=a|b|c` runs that arm alone, ROUNDS times, and prints its rate and CPU per DM: for
+//! a profiler (`perf record`), whose sample counts of two such runs compare where each arm
+//! spends its CPU.
 
 // The runtime binary's allocator (runtime/src/main.rs), for both sides of the comparison.
 #[global_allocator]
@@ -184,6 +188,24 @@ async fn main() -> anyhow::Result<()> {
         let us = |b: u64, a: u64| a.saturating_sub(b) as f64 * 1_000.0 / n as f64;
         (us(before.0, after.0), us(before.1, after.1))
     };
+    if let Ok(arm) = std::env::var("BENCH_ARM") {
+        for round in 0..rounds {
+            let t0 = cpu();
+            let id = AgentId::new(format!("solo{round}"))?;
+            let run = match arm.as_str() {
+                "a" => raw(client.clone(), &format!("S{round}"), n, None).await,
+                "b" => hub(&server.url(), n, None, &id, true).await,
+                "c" => hub(&server.url(), n, None, &id, false).await,
+                other => anyhow::bail!("BENCH_ARM must be a, b or c, not {other:?}"),
+            };
+            let (process, broker) = per_dm(t0, cpu());
+            println!(
+                "  ({arm}) round {round}: {:>8.0} msgs/s, CPU per DM: process {process:.1} us, nats-server {broker:.1} us",
+                run.rate
+            );
+        }
+        return Ok(());
+    }
     let (mut ra, mut rb, mut rc) = (Vec::new(), Vec::new(), Vec::new());
     let mut cpus: [Vec<(f64, f64)>; 3] = Default::default();
     for round in 0..rounds {

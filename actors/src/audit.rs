@@ -150,17 +150,31 @@ pub async fn emit_one(client: &async_nats::Client, role: &str, name: &str, event
 /// allocates nothing per flush.
 async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, shared: Arc<Shared>) {
     let mut taken: Vec<AuditEvent> = Vec::new();
+    // One buffer to encode into, kept between flushes (a fresh one per batch is a large
+    // allocation whose pages come back zeroed every time).
+    let mut out: Vec<u8> = Vec::new();
     loop {
         // Idle until the first event of a window (or the last handle's end): an emitter with
         // nothing to say costs no wake-ups.
+        let mut rested = false;
         loop {
-            let idle = shared
-                .pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty();
+            let idle = {
+                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                // Idle: a burst's room is given back (an idle emitter holds little). Not
+                // between two windows of a stream of events: a buffer that shrank would grow
+                // again at once, on pages the kernel must zero first.
+                if pending.is_empty() && !rested {
+                    pending.shrink_to(KEEP);
+                }
+                pending.is_empty()
+            };
             if !idle || Arc::strong_count(&shared) == 1 {
                 break;
+            }
+            if !rested {
+                taken.shrink_to(KEEP);
+                out.shrink_to(KEEP * 32);
+                rested = true;
             }
             shared.wake.notified().await;
         }
@@ -171,24 +185,21 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
             std::mem::swap(&mut *pending, &mut taken);
         }
         for events in taken.chunks(MAX_BATCH) {
-            let batch = AuditBatch::encode_events(&actor, events);
-            if let Err(e) = client.publish(subject.clone(), batch.into()).await {
+            out.clear();
+            AuditBatch::encode_events_into(&actor, events, &mut out);
+            let batch = bytes::Bytes::copy_from_slice(&out);
+            if let Err(e) = client.publish(subject.clone(), batch).await {
                 tracing::debug!(error = %e, "audit batch not published");
             }
         }
-        let taken_now = taken.len();
         taken.clear();
-        // A burst's room is given back once it is over (an idle emitter holds little).
-        if taken_now < KEEP && taken.capacity() > KEEP {
-            taken.shrink_to(KEEP);
-        }
         if last {
             return;
         }
     }
 }
 
-/// The room a buffer keeps between bursts.
+/// The room a buffer keeps while its emitter is idle.
 const KEEP: usize = MAX_BATCH;
 
 #[cfg(test)]

@@ -157,8 +157,8 @@ impl From<WireDetails<'_>> for Details {
     }
 }
 
-/// A batch on the wire.
-#[derive(Serialize, Deserialize)]
+/// A batch on the wire, as it is read ([`WireBatchOut`] writes it).
+#[derive(Deserialize)]
 struct WireBatch<'a> {
     #[serde(rename = "a", borrow)]
     actor: Cow<'a, str>,
@@ -166,6 +166,45 @@ struct WireBatch<'a> {
     base_ms: u64,
     #[serde(rename = "v", borrow)]
     events: Vec<WireEvent<'a>>,
+}
+
+/// A batch as it is written: [`WireBatch`]'s fields, its events made on the fly.
+#[derive(Serialize)]
+struct WireBatchOut<'a> {
+    #[serde(rename = "a")]
+    actor: &'a str,
+    #[serde(rename = "b")]
+    base_ms: u64,
+    #[serde(rename = "v")]
+    events: WireEvents<'a>,
+}
+
+/// Events written as a sequence of [`WireEvent`]s, each made as it is written.
+struct WireEvents<'a> {
+    events: &'a [AuditEvent],
+    base_ms: u64,
+}
+
+impl Serialize for WireEvents<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.events.len()))?;
+        for e in self.events {
+            let code = code_of(&e.event);
+            seq.serialize_element(&WireEvent {
+                code,
+                event: code.is_none().then(|| Cow::Borrowed(e.event.as_ref())),
+                msg_id: e.msg_id.as_deref().map(Cow::Borrowed),
+                task_id: e.task_id.as_deref().map(Cow::Borrowed),
+                trace_id: e.trace_id.as_deref().map(Cow::Borrowed),
+                after_base: e.at - self.base_ms,
+                attempt: e.attempt,
+                details: WireDetails::from(&e.details),
+                named_details: None,
+            })?;
+        }
+        seq.end()
+    }
 }
 
 /// The code of `event`, if it has one.
@@ -185,32 +224,24 @@ impl AuditBatch {
     /// The batch of `events` emitted by `actor` as stored, from borrowed events (an emitter
     /// encodes its buffer in place).
     pub fn encode_events(actor: &str, events: &[AuditEvent]) -> Vec<u8> {
-        let base_ms = events.iter().map(|e| e.at).min().unwrap_or(0);
-        let wire = WireBatch {
-            actor: Cow::Borrowed(actor),
-            base_ms,
-            events: events
-                .iter()
-                .map(|e| {
-                    let code = code_of(&e.event);
-                    WireEvent {
-                        code,
-                        event: code.is_none().then(|| Cow::Borrowed(e.event.as_ref())),
-                        msg_id: e.msg_id.as_deref().map(Cow::Borrowed),
-                        task_id: e.task_id.as_deref().map(Cow::Borrowed),
-                        trace_id: e.trace_id.as_deref().map(Cow::Borrowed),
-                        after_base: e.at - base_ms,
-                        attempt: e.attempt,
-                        details: WireDetails::from(&e.details),
-                        named_details: None,
-                    }
-                })
-                .collect(),
-        };
         // Sized for the usual event (about 25 bytes), so the buffer seldom grows.
         let mut out = Vec::with_capacity(64 + 32 * events.len());
-        rmp_serde::encode::write_named(&mut out, &wire).expect("an audit batch encodes");
+        AuditBatch::encode_events_into(actor, events, &mut out);
         out
+    }
+
+    /// [`Self::encode_events`] appended to `out`: an emitter that keeps one buffer allocates
+    /// nothing per batch. Each event is put on the wire as it is written, none is copied
+    /// first (a window of events would make a transient buffer of hundreds of kilobytes,
+    /// whose pages the allocator hands back and faults in again at every flush).
+    pub fn encode_events_into(actor: &str, events: &[AuditEvent], out: &mut Vec<u8>) {
+        let base_ms = events.iter().map(|e| e.at).min().unwrap_or(0);
+        let wire = WireBatchOut {
+            actor,
+            base_ms,
+            events: WireEvents { events, base_ms },
+        };
+        rmp_serde::encode::write_named(out, &wire).expect("an audit batch encodes");
     }
 
     /// Reads a stored batch back ([`Self::encode`], or an earlier version's).

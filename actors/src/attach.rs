@@ -389,21 +389,12 @@ impl Attach {
 /// agent restored a moment ago attaches at once. A read that fails lets the attach through
 /// (logged): the router still refuses every DM to a removed agent, and its inbox was emptied.
 async fn is_removed(js: &jetstream::Context, id: &protocol::AgentId) -> bool {
-    let read = async {
-        let kv = js.get_key_value(subjects::REMOVED_BUCKET).await?;
-        Ok::<_, async_nats::Error>(kv.get(id.as_str()).await?.is_some())
-    };
-    match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, read).await {
-        Ok(Ok(removed)) => removed,
-        Ok(Err(e)) => {
+    crate::removed::is_removed(js, id)
+        .await
+        .unwrap_or_else(|e| {
             tracing::warn!(error = %e, %id, "cannot read whether the agent was removed; attaching");
             false
-        }
-        Err(_) => {
-            tracing::warn!(%id, "no answer reading whether the agent was removed; attaching");
-            false
-        }
-    }
+        })
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use async_nats::jetstream::{self, Message};
 use async_nats::Client;
 use futures::StreamExt;
-use protocol::removal::{change_of, RemovedSet};
+use protocol::removal::{change_of, Change, RemovedSet};
 use protocol::subjects::{kv_stream, kv_subject, REMOVED_BUCKET};
 use protocol::AgentId;
 
@@ -134,21 +134,45 @@ async fn open(js: &jetstream::Context) -> Result<(RemovedSet, pull::Ordered), Wa
         .map_err(WatchError::Watch)
 }
 
+/// The change a message of the removed bucket's stream makes, from its headers.
+fn change_of_headers(headers: Option<&async_nats::HeaderMap>) -> Change {
+    let header = |name: &str| headers.and_then(|h| h.get(name)).map(|v| v.as_str());
+    change_of(
+        header(protocol::headers::KV_OPERATION),
+        header(protocol::headers::NATS_MARKER_REASON),
+    )
+}
+
+/// Whether `id` has a tombstone now: one subject-suffixed direct get of its key (what routers,
+/// agents and workers are granted), within [`STREAM_API_TIMEOUT`]. A key deleted by `runtime
+/// agent restore` reads as its delete marker, or as nothing once purged: not removed.
+///
+/// # Errors
+/// Why the key could not be read (no bucket, no answer in time, no permission).
+pub async fn is_removed(js: &jetstream::Context, id: &AgentId) -> Result<bool, async_nats::Error> {
+    use async_nats::jetstream::stream::DirectGetErrorKind;
+    let read = async {
+        let stream = js.get_stream_no_info(kv_stream(REMOVED_BUCKET)).await?;
+        match stream
+            .direct_get_last_for_subject(kv_subject(REMOVED_BUCKET, id.as_str()))
+            .await
+        {
+            Ok(message) => Ok(change_of_headers(Some(&message.headers)) == Change::Put),
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    };
+    tokio::time::timeout(STREAM_API_TIMEOUT, read)
+        .await
+        .map_err(|_| format!("no answer within {STREAM_API_TIMEOUT:?}"))?
+}
+
 fn apply(set: &mut RemovedSet, msg: &Message) {
     let prefix = kv_subject(REMOVED_BUCKET, "");
     let Some(key) = msg.subject.as_str().strip_prefix(&prefix) else {
         return;
     };
-    let header = |name: &str| {
-        msg.headers
-            .as_ref()
-            .and_then(|h| h.get(name))
-            .map(|v| v.as_str().to_owned())
-    };
-    let change = change_of(
-        header("KV-Operation").as_deref(),
-        header("Nats-Marker-Reason").as_deref(),
-    );
+    let change = change_of_headers(msg.headers.as_ref());
     if set.apply(key, change) {
         tracing::info!(agent = key, ?change, "removed agents changed");
     }

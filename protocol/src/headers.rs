@@ -32,6 +32,10 @@ pub const DLQ_DELIVERIES: &str = "Hub-Deliveries";
 /// Per-message TTL of a stored message, in seconds (nats-server 2.11+, on streams that allow
 /// it): the broker removes the message when it runs out.
 pub const NATS_TTL: &str = "Nats-TTL";
+/// What a KV message did to its key (`DEL`, `PURGE`; absent: a put).
+pub const KV_OPERATION: &str = "KV-Operation";
+/// Why the broker wrote a marker (a key removed or aged out).
+pub const NATS_MARKER_REASON: &str = "Nats-Marker-Reason";
 /// W3C trace context: the parent span.
 pub const TRACEPARENT: &str = "traceparent";
 /// W3C trace context: vendor state.

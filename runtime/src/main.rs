@@ -250,12 +250,7 @@ async fn send(args: cli::SendArgs) -> anyhow::Result<()> {
 }
 
 async fn trace(args: cli::TraceArgs) -> anyhow::Result<()> {
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-trace")
-        .await
-        .map_err(SystemError::from)?;
+    let client = args.nats.connect("runtime-trace").await?;
     for row in runtime::system::trace::trace(&client, &args.id).await? {
         if args.json {
             println!("{}", serde_json::to_string(&row)?);
@@ -280,12 +275,7 @@ async fn trace(args: cli::TraceArgs) -> anyhow::Result<()> {
 }
 
 async fn presence(args: cli::PresenceArgs) -> anyhow::Result<()> {
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-presence")
-        .await
-        .map_err(SystemError::from)?;
+    let client = args.nats.connect("runtime-presence").await?;
     for entry in runtime::system::presence::list(&client).await? {
         if args.json {
             println!("{}", serde_json::to_string(&entry)?);
@@ -318,13 +308,8 @@ struct NoServerTime {
 }
 
 async fn doctor(args: cli::DoctorArgs) -> anyhow::Result<()> {
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-doctor")
-        .await
-        .map_err(SystemError::from)?;
-    let delivery = protocol::DeliveryConfig::default();
+    let client = args.nats.connect("runtime-doctor").await?;
+    let delivery = args.hub.delivery()?;
     let subject = match &args.agent {
         Some(id) => {
             let id = protocol::AgentId::new(id.as_str())
@@ -334,7 +319,7 @@ async fn doctor(args: cli::DoctorArgs) -> anyhow::Result<()> {
                 &protocol::subjects::inbox_consumer(&id),
             )
         }
-        None => format!("$JS.API.STREAM.INFO.{}", delivery.ingress.name),
+        None => protocol::subjects::stream_info_request(&delivery.ingress.name),
     };
     let clock = actors::clock::ServerClock::new("runtime-doctor");
     let measured = clock
@@ -360,12 +345,7 @@ async fn doctor(args: cli::DoctorArgs) -> anyhow::Result<()> {
 }
 
 async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let client = args
-        .nats
-        .settings()
-        .connect("runtime-status")
-        .await
-        .map_err(SystemError::from)?;
+    let client = args.nats.connect("runtime-status").await?;
     let snapshot = runtime::request_status(&client, Duration::from_secs(args.timeout_secs)).await?;
     // The router's snapshot, plus `workers`: the snapshot of every worker that answered
     // within the window.

@@ -270,8 +270,7 @@ async fn doctor_reports_skew() {
             (r["clock_offset_ms"].as_i64().unwrap() + 60_000).abs() < 1_000,
             "{r}"
         );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.lines().count(), 1, "{err}");
+        let err = support::oneshot::one_stderr_line(&out, "runtime doctor, skewed");
         assert!(err.contains("clock_skew"), "{err}");
     }
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
@@ -445,34 +444,6 @@ fn receipts_of_m_ack(alices: &support::Seen) -> usize {
         .count()
 }
 
-/// Waits until `cond` holds for bob's inbox counters; returns them.
-async fn wait_inbox(
-    hub: &ActorSystem,
-    bob: &AgentId,
-    what: &str,
-    cond: impl Fn(&actors::inbox::InboxCountersSnapshot) -> bool,
-) -> actors::inbox::InboxCountersSnapshot {
-    let last = std::sync::Mutex::new(None);
-    let waited = harness::wait_until_async(what, support::DEADLINE, || {
-        let (last, cond) = (&last, &cond);
-        async move {
-            let Some(snapshot) = hub.inbox_snapshot(bob).await else {
-                return false;
-            };
-            *last.lock().unwrap() = Some(snapshot.counters);
-            cond(&snapshot.counters)
-        }
-    })
-    .await;
-    let last = last.into_inner().unwrap();
-    match waited {
-        Ok(()) => last.unwrap(),
-        Err(e) => panic!("{e}: last counters {last:?}"),
-    }
-}
-
-/// After the broker is back: alice gets exactly one receipt for `m-ack` (one stored in her
-/// inbox), bob's handler saw `m-ack` once, and bob's outbox is empty.
 /// A hub on `server` with alice attached and bob's handler holding alice's DM that requires
 /// an ack until `release` is notified: (hub, bob, alice's deliveries, release, handoffs).
 async fn handed_over_requiring_ack(
@@ -498,6 +469,8 @@ async fn handed_over_requiring_ack(
     (hub, bob, alices, release, handled)
 }
 
+/// After the broker is back: alice gets exactly one receipt for `m-ack` (one stored in her
+/// inbox), bob's handler saw `m-ack` once, and bob's outbox is empty.
 async fn one_receipt_and_one_handoff(
     server: &harness::NatsServer,
     hub: &ActorSystem,
@@ -510,7 +483,7 @@ async fn one_receipt_and_one_handoff(
     })
     .await
     .unwrap();
-    let counters = wait_inbox(hub, &bob, "the outbox emptied", |c| {
+    let counters = support::wait_inbox(hub, &bob, "the outbox emptied", |c| {
         c.receipts == 1 && c.receipts_pending == 0
     })
     .await;
@@ -546,7 +519,7 @@ async fn ack_outbox_survives_gateway_outage() {
     // The broker is killed while the handler works; then the handler is done.
     server.stop().await;
     release.notify_one();
-    wait_inbox(&hub, &bob, "the receipt pending in the outbox", |c| {
+    support::wait_inbox(&hub, &bob, "the receipt pending in the outbox", |c| {
         c.receipts_pending == 1
     })
     .await;
@@ -575,7 +548,7 @@ async fn ack_outbox_resends_a_receipt_lost_with_its_connection() {
     release.notify_one();
     // The first send waits for its store ack in vain (the publish timeout), then the receipt
     // waits in the outbox.
-    wait_inbox(&hub, &bob, "the receipt pending in the outbox", |c| {
+    support::wait_inbox(&hub, &bob, "the receipt pending in the outbox", |c| {
         c.receipts_pending == 1
     })
     .await;

@@ -17,7 +17,6 @@ use protocol::{subjects, WireErrorKind};
 use runtime::{ActorSystem, SystemError};
 use support::oneshot::{assert_exit, one_stderr_line, run_cli, stdout};
 
-/// `runtime agent <action> <id>` against `url`: its one JSON line.
 /// What a `runtime agent remove` line counts: (dead_lettered, notified, consumer_deleted).
 fn counts(summary: &serde_json::Value) -> (u64, u64, bool) {
     (
@@ -27,6 +26,12 @@ fn counts(summary: &serde_json::Value) -> (u64, u64, bool) {
     )
 }
 
+/// `runtime dlq replay <id>` against `url`.
+async fn dlq_replay(url: &str, id: u64) -> std::process::Output {
+    run_cli(&["dlq", "--nats-url", url, "replay", &id.to_string()]).await
+}
+
+/// `runtime agent <action> <id>` against `url`: its one JSON line.
 async fn agent_cli(url: &str, action: &str, id: &str) -> serde_json::Value {
     let out = run_cli(&["agent", action, id, "--nats-url", url]).await;
     assert_exit(&out, 0, &format!("runtime agent {action} {id}"));
@@ -194,14 +199,7 @@ async fn recipient_deleted_with_pending_messages() {
     assert_eq!(letters.len(), 40, "{letters:?}");
     // While bob is removed, a replay is refused (exit 64) and keeps the letter.
     let first_letter = letters[0]["id"].as_u64().unwrap();
-    let out = run_cli(&[
-        "dlq",
-        "--nats-url",
-        &url,
-        "replay",
-        &first_letter.to_string(),
-    ])
-    .await;
+    let out = dlq_replay(&url, first_letter).await;
     assert_exit(&out, 64, "runtime dlq replay of a removed agent's letter");
     assert!(String::from_utf8_lossy(&out.stderr).contains("removed"));
     assert_eq!(dlq_list(&url, "bob").await.len(), 40);
@@ -307,14 +305,7 @@ async fn recipient_deleted_with_pending_messages() {
         .collect();
     assert_eq!(ids, ["after-restore"]);
     // Restored, his dead letters may be replayed again: one goes back to his inbox.
-    let out = run_cli(&[
-        "dlq",
-        "--nats-url",
-        &url,
-        "replay",
-        &first_letter.to_string(),
-    ])
-    .await;
+    let out = dlq_replay(&url, first_letter).await;
     assert_exit(&out, 0, "runtime dlq replay after restore");
     support::wait_for(&seen, 2).await;
     assert_eq!(dlq_list(&url, "bob").await.len(), 39);

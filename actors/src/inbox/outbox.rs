@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::connection::State;
-use async_nats::jetstream::{self, context::PublishError};
+use async_nats::jetstream;
 use bytes::Bytes;
 use protocol::{subjects, AgentId, Envelope};
 use tokio::sync::Notify;
@@ -53,12 +53,10 @@ pub enum ReceiptError {
     /// The client is not connected to the broker: nothing was published.
     #[error("not connected to the broker")]
     Disconnected,
-    /// The publish failed, or the ingress refused it.
-    #[error("the ingress did not store the read receipt: {0}")]
-    Publish(#[from] PublishError),
-    /// No store ack within the timeout (it may still have been stored).
-    #[error("no store ack for the read receipt within {0:?}")]
-    Timeout(Duration),
+    /// The publish failed, the ingress refused it, or no store ack came in time (then it may
+    /// still have been stored).
+    #[error("the ingress did not store the read receipt")]
+    Acked(#[from] crate::streams::AckedError),
 }
 
 /// A receipt ready to be published (again): its encoded envelope and dedupe id.
@@ -99,7 +97,7 @@ impl PendingReceipt {
 pub struct ReceiptSender {
     client: async_nats::Client,
     js: jetstream::Context,
-    subject: async_nats::Subject,
+    subject: String,
 }
 
 impl ReceiptSender {
@@ -108,7 +106,7 @@ impl ReceiptSender {
         ReceiptSender {
             js: jetstream::new(client.clone()),
             client,
-            subject: subjects::ingress(me, &protocol::Channel::Inbox).into(),
+            subject: subjects::ingress(me, &protocol::Channel::Inbox),
         }
     }
 
@@ -125,16 +123,15 @@ impl ReceiptSender {
         }
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(protocol::headers::NATS_MSG_ID, receipt.msg_id.as_str());
-        let stored = async {
-            self.js
-                .publish_with_headers(self.subject.clone(), headers, receipt.payload.clone())
-                .await?
-                .await?;
-            Ok::<(), ReceiptError>(())
-        };
-        tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, stored)
-            .await
-            .map_err(|_| ReceiptError::Timeout(crate::PUBLISH_ACK_TIMEOUT))?
+        crate::streams::publish_acked(
+            &self.js,
+            self.subject.clone(),
+            headers,
+            receipt.payload.clone(),
+            crate::PUBLISH_ACK_TIMEOUT,
+        )
+        .await?;
+        Ok(())
     }
 }
 
@@ -186,9 +183,9 @@ impl Outbox {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether nothing waits (no lock: the `receipts_pending` gauge, kept under the lock).
+    /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
-        self.counters.receipts_pending.get() == 0
+        self.queue().entries.is_empty()
     }
 
     /// Queues a receipt that could not be sent at once (`receipts_failed`), behind the others;
@@ -338,7 +335,7 @@ impl ReceiptOutbox {
                     let sender = sender.clone();
                     async move { sender.send(&r).await }
                 },
-                move |r| super::pump::emit(&audit, &r.trail, "read", Default::default()),
+                move |r| super::pump::emit(&audit, r.trail.as_ref(), "read", Default::default()),
             )
         };
         ReceiptOutbox {
@@ -361,7 +358,7 @@ impl ReceiptOutbox {
             &self.outbox,
             FLUSH_DEADLINE,
             |r| async move { sender.send(&r).await },
-            |r| super::pump::emit(audit, &r.trail, "read", Default::default()),
+            |r| super::pump::emit(audit, r.trail.as_ref(), "read", Default::default()),
         )
         .await;
         if left > 0 {
@@ -458,7 +455,7 @@ mod tests {
                             .unwrap()
                             .push((start.elapsed(), r.msg_id.clone()));
                         if n < 5 {
-                            Err(ReceiptError::Timeout(Duration::ZERO))
+                            Err(crate::streams::AckedError::TimedOut(Duration::ZERO).into())
                         } else {
                             Ok(())
                         }
@@ -514,7 +511,7 @@ mod tests {
                 async move {
                     sink.lock().unwrap().push(r.id.clone());
                     if r.id.ends_with("m2") {
-                        Err(ReceiptError::Timeout(Duration::ZERO))
+                        Err(crate::streams::AckedError::TimedOut(Duration::ZERO).into())
                     } else {
                         Ok(())
                     }

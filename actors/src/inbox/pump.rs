@@ -134,20 +134,15 @@ pub(super) struct Trail {
 /// Emits `event` about the DM of `trail` (nothing without a trail: audit events off).
 pub(super) fn emit(
     audit: &crate::audit::Auditor,
-    trail: &Option<Trail>,
+    trail: Option<&Trail>,
     event: &'static str,
     details: Details,
 ) {
     if let Some(t) = trail {
-        emit_ref(audit, t, event, details);
+        let mut event = audit.msg(event, &t.id).attempt(t.attempt).details(details);
+        event.trace_id.clone_from(&t.trace_id);
+        audit.emit(event);
     }
-}
-
-/// [`emit`] for a trail at hand.
-fn emit_ref(audit: &crate::audit::Auditor, t: &Trail, event: &'static str, details: Details) {
-    let mut event = audit.msg(event, &t.id).attempt(t.attempt).details(details);
-    event.trace_id.clone_from(&t.trace_id);
-    audit.emit(event);
 }
 
 /// What the pump decided about one message.
@@ -389,7 +384,12 @@ impl InboxPump {
         match self.receipts.send(&pending).await {
             Ok(()) => {
                 self.counters.receipts.bump();
-                emit(&self.audit, &pending.trail, "read", Details::default());
+                emit(
+                    &self.audit,
+                    pending.trail.as_ref(),
+                    "read",
+                    Details::default(),
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, id = %pending.id, "read receipt not sent; kept in the outbox");
@@ -441,12 +441,12 @@ impl InboxPump {
         };
         let trail = Trail {
             id,
-            trace_id: msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("traceparent"))
-                .and_then(|v| v.as_str().parse::<protocol::trace::TraceParent>().ok())
-                .map(|t| t.trace_id_hex()),
+            trace_id: protocol::audit::trace_id_of(
+                msg.headers
+                    .as_ref()
+                    .and_then(|h| h.get(protocol::headers::TRACEPARENT))
+                    .map(|v| v.as_str()),
+            ),
             attempt: delivered,
         };
         let seq = Details {
@@ -455,20 +455,20 @@ impl InboxPump {
         };
         match verdict {
             Verdict::Handle(d) => {
-                emit_ref(&self.audit, &trail, "fetched", seq.clone());
+                emit(&self.audit, Some(&trail), "fetched", seq.clone());
                 if d.redelivered {
-                    emit_ref(&self.audit, &trail, "redelivered", seq);
+                    emit(&self.audit, Some(&trail), "redelivered", seq);
                 }
             }
-            Verdict::Duplicate => emit_ref(&self.audit, &trail, "deduplicated", seq),
-            Verdict::Expired => emit_ref(&self.audit, &trail, "expired", seq),
+            Verdict::Duplicate => emit(&self.audit, Some(&trail), "deduplicated", seq),
+            Verdict::Expired => emit(&self.audit, Some(&trail), "expired", seq),
             Verdict::Malformed => {}
         }
         Some(trail)
     }
 
     fn emit(&self, trail: &Option<Trail>, event: &'static str, details: Details) {
-        emit(&self.audit, trail, event, details);
+        emit(&self.audit, trail.as_ref(), event, details);
     }
 
     fn judge(

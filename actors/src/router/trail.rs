@@ -62,12 +62,12 @@ impl DurablePump {
         if !self.audit.is_on() {
             return None;
         }
-        let trace = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("traceparent"))
-            .and_then(|v| v.as_str().parse::<protocol::trace::TraceParent>().ok())
-            .map(|t| t.trace_id_hex());
+        let trace = protocol::audit::trace_id_of(
+            msg.headers
+                .as_ref()
+                .and_then(|h| h.get(protocol::headers::TRACEPARENT))
+                .map(|v| v.as_str()),
+        );
         let (info_at, attempt) = msg
             .info()
             .map(|i| {

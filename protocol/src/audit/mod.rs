@@ -177,9 +177,7 @@ impl AuditEvent {
     /// With the trace id of a `traceparent` (`00-<trace id>-<span id>-<flags>`), if it is one.
     #[must_use]
     pub fn traced(mut self, traceparent: Option<&str>) -> AuditEvent {
-        self.trace_id = traceparent
-            .and_then(|t| t.parse::<crate::trace::TraceParent>().ok())
-            .map(|t| t.trace_id_hex());
+        self.trace_id = trace_id_of(traceparent);
         self
     }
 
@@ -187,6 +185,14 @@ impl AuditEvent {
     pub fn is_about(&self, id: &str) -> bool {
         self.msg_id.as_deref() == Some(id) || self.task_id.as_deref() == Some(id)
     }
+}
+
+/// The trace id (32 hex digits) of a `traceparent` header value, if it is one: what an event
+/// names as its `trace_id` (parse it once for all the events of a message).
+pub fn trace_id_of(traceparent: Option<&str>) -> Option<String> {
+    traceparent
+        .and_then(|t| t.parse::<crate::trace::TraceParent>().ok())
+        .map(|t| t.trace_id_hex())
 }
 
 /// What a stored message's events are about, from where the router stores it: a DM (its

@@ -177,6 +177,12 @@ pub fn consumer_info_request(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}")
 }
 
+/// The JetStream API request for the info of `stream`: what `runtime doctor` reads the
+/// server's clock from as an operator.
+pub fn stream_info_request(stream: &str) -> String {
+    format!("$JS.API.STREAM.INFO.{stream}")
+}
+
 /// The KV bucket of removed agents: one [`crate::removal::Tombstone`] per agent removed with
 /// `runtime agent remove`, written by admins, watched by routers (a DM to a removed agent is
 /// refused `recipient_deleted`); `runtime agent restore` deletes it. Kept for ever.

@@ -527,6 +527,15 @@ pub struct NatsArgs {
 }
 
 impl NatsArgs {
+    /// A connection named `name` made with these flags.
+    ///
+    /// # Errors
+    /// [`SystemError::Connect`] (through [`NatsSettings::connect`]): invalid auth flags, or
+    /// no server reachable.
+    pub async fn connect(&self, name: &str) -> Result<async_nats::Client, SystemError> {
+        Ok(self.settings().connect(name).await?)
+    }
+
     /// The flags as connection settings (auth not validated yet; see
     /// [`NatsSettings::validate`]).
     pub fn settings(&self) -> NatsSettings {

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use super::NatsArgs;
+use super::{HubArgs, NatsArgs};
 
 /// `runtime doctor`.
 #[derive(Debug, Args)]
@@ -12,6 +12,10 @@ pub struct DoctorArgs {
     /// ingress stream's info (an operator's or a router's).
     #[arg(long, value_name = "ID", env = "RUNTIME_AGENT_ID")]
     pub agent: Option<String>,
+
+    /// The hub's stream names.
+    #[command(flatten)]
+    pub hub: HubArgs,
 
     /// How to reach NATS.
     #[command(flatten)]

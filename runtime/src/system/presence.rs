@@ -86,39 +86,11 @@ impl PresenceCache {
             return removed;
         }
         // A read that fails is remembered too: a hub without the bucket costs no read per send.
-        let removed = matches!(
-            tokio::time::timeout(READ_TIMEOUT, read_removed(client, to)).await,
-            Ok(Some(true))
-        );
+        let js = jetstream::new(client.clone());
+        let read = tokio::time::timeout(READ_TIMEOUT, actors::removed::is_removed(&js, to));
+        let removed = matches!(read.await, Ok(Ok(true)));
         self.removed.put(to, removed);
         removed
-    }
-}
-
-/// Whether `id` has a tombstone: one subject-suffixed direct get of its key in `HUB_REMOVED`
-/// (what every agent may read); `None` when it cannot be read. A key deleted by
-/// `runtime agent restore` reads as its delete marker, or as nothing once purged.
-async fn read_removed(client: &async_nats::Client, id: &AgentId) -> Option<bool> {
-    use async_nats::jetstream::stream::DirectGetErrorKind;
-    let js = jetstream::new(client.clone());
-    let Ok(stream) = js
-        .get_stream_no_info(subjects::kv_stream(subjects::REMOVED_BUCKET))
-        .await
-    else {
-        return None;
-    };
-    let subject = subjects::kv_subject(subjects::REMOVED_BUCKET, id.as_str());
-    match stream.direct_get_last_for_subject(subject).await {
-        Ok(message) => {
-            let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
-            let change = protocol::removal::change_of(
-                header("KV-Operation").as_deref(),
-                header("Nats-Marker-Reason").as_deref(),
-            );
-            Some(change == protocol::removal::Change::Put)
-        }
-        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Some(false),
-        Err(_) => None,
     }
 }
 

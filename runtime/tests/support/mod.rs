@@ -126,18 +126,43 @@ pub async fn wait_router(
     what: &str,
     cond: impl Fn(&RouterCountersSnapshot) -> bool,
 ) -> RouterCountersSnapshot {
+    wait_counters(what, cond, || async {
+        system.snapshot().await.ok()?.router.map(|r| r.counters)
+    })
+    .await
+}
+
+/// Waits until `cond` holds for `id`'s inbox counters (an inbox attached to `system`);
+/// returns them.
+pub async fn wait_inbox(
+    system: &ActorSystem,
+    id: &AgentId,
+    what: &str,
+    cond: impl Fn(&actors::inbox::InboxCountersSnapshot) -> bool,
+) -> actors::inbox::InboxCountersSnapshot {
+    wait_counters(what, cond, || async {
+        system.inbox_snapshot(id).await.map(|s| s.counters)
+    })
+    .await
+}
+
+/// Waits until `cond` holds for the counters `read` returns (`None`: not there yet); panics
+/// with the last ones read past the deadline.
+async fn wait_counters<T: Clone + std::fmt::Debug, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    cond: impl Fn(&T) -> bool,
+    read: impl Fn() -> F,
+) -> T {
     let last = Mutex::new(None);
     let waited = harness::wait_until_async(what, DEADLINE, || {
-        let (last, cond) = (&last, &cond);
+        let (last, cond, read) = (&last, &cond, &read);
         async move {
-            let Ok(snap) = system.snapshot().await else {
+            let Some(counters) = read().await else {
                 return false;
             };
-            let Some(router) = snap.router else {
-                return false;
-            };
-            *last.lock().unwrap() = Some(router.counters);
-            cond(&router.counters)
+            let ok = cond(&counters);
+            *last.lock().unwrap() = Some(counters);
+            ok
         }
     })
     .await;

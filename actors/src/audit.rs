@@ -2,10 +2,11 @@
 //! and published in batches, so emitting never makes the hot path wait.
 //!
 //! [`Auditor::spawn`] returns the handle the actor (and its pumps) emit through, and the
-//! flusher task, which the actor's state owns. An emit pushes the event on a shared buffer
-//! (an uncontended lock; only the first event after a flush wakes the flusher);
-//! [`FLUSH_EVERY`] after that event the flusher takes the buffer and publishes it as batches of up to [`MAX_BATCH`](protocol::audit::MAX_BATCH) events
-//! ([`AuditBatch::encode`]) on `hub.audit.<role>.<name>`, with core publishes (no store ack is
+//! flusher task, which the actor's state owns. An emit encodes the event into a shared
+//! buffer ([`EncodedEvents`]; an uncontended lock; only the first event after a flush wakes
+//! the flusher); [`FLUSH_EVERY`] after that event the flusher takes the buffer and publishes
+//! it as batches of up to [`MAX_BATCH`](protocol::audit::MAX_BATCH) events on
+//! `hub.audit.<role>.<name>`, with core publishes (no store ack is
 //! awaited: the audit trail is best effort). An event that finds [`QUEUE`] events waiting is
 //! dropped and counted ([`Auditor::dropped`]); once every handle is dropped the flusher
 //! publishes what is left and ends. An emitter with nothing to say costs nothing: its flusher
@@ -15,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use protocol::audit::{AuditBatch, AuditEvent, MAX_BATCH};
+use protocol::audit::{AuditBatch, AuditEvent, EncodedEvents, EventRef, MAX_BATCH};
 
 use crate::background::Owned;
 
@@ -25,13 +26,37 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(10);
 /// window's worth at several hundred thousand events a second.
 pub const QUEUE: usize = 32 * MAX_BATCH;
 
-/// What the handles and the flusher share: the events since the last flush.
+/// What the handles and the flusher share: the events since the last flush, encoded.
 #[derive(Default)]
 struct Shared {
-    pending: Mutex<Vec<AuditEvent>>,
+    pending: Mutex<Queue>,
     dropped: AtomicU64,
     /// Wakes the flusher: for the first event after a flush, and when the last handle goes.
     wake: tokio::sync::Notify,
+}
+
+/// The events since the last flush, encoded as they came: batches of at most [`MAX_BATCH`],
+/// and emptied batches' buffers for the next ones (a steady stream allocates nothing).
+#[derive(Default)]
+struct Queue {
+    batches: Vec<EncodedEvents>,
+    events: usize,
+    spare: Vec<EncodedEvents>,
+}
+
+impl Queue {
+    /// Appends `event` to the last batch, or to a new one when that one is full.
+    fn push(&mut self, event: &EventRef<'_>) {
+        if self.batches.last().is_none_or(|b| b.len() >= MAX_BATCH) {
+            let batch = self.spare.pop().unwrap_or_default();
+            self.batches.push(batch);
+        }
+        self.batches
+            .last_mut()
+            .expect("a batch was just ensured")
+            .push(event);
+        self.events += 1;
+    }
 }
 
 /// What every clone of one emitter holds: when the last one goes, the flusher is woken to
@@ -86,24 +111,33 @@ impl Auditor {
     /// Keeps `event` for the next flush, never waiting on I/O: when [`QUEUE`] events are
     /// already waiting it is dropped (counted).
     pub fn emit(&self, event: AuditEvent) {
-        self.emit_all([event]);
+        self.emit_refs([event.borrowed()]);
     }
 
     /// Keeps `events` for the next flush, in order, under one lock ([`Self::emit`]).
     pub fn emit_all(&self, events: impl IntoIterator<Item = AuditEvent>) {
+        if self.is_on() {
+            let events: Vec<AuditEvent> = events.into_iter().collect();
+            self.emit_refs(events.iter().map(AuditEvent::borrowed));
+        }
+    }
+
+    /// Keeps borrowed `events` for the next flush, in order, under one lock: each is encoded
+    /// at once, so a hot path that builds [`EventRef`]s allocates nothing ([`Self::emit`]).
+    pub fn emit_refs<'a>(&self, events: impl IntoIterator<Item = EventRef<'a>>) {
         if let Some(handles) = &self.shared {
             let shared = &handles.0;
             let first = {
                 let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-                let was_empty = pending.is_empty();
+                let was_empty = pending.events == 0;
                 for event in events {
-                    if pending.len() >= QUEUE {
+                    if pending.events >= QUEUE {
                         shared.dropped.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    pending.push(event);
+                    pending.push(&event);
                 }
-                was_empty && !pending.is_empty()
+                was_empty && pending.events > 0
             };
             // One wake-up per flush window, none per event: the flusher sleeps while idle.
             if first {
@@ -144,14 +178,15 @@ pub async fn emit_one(client: &async_nats::Client, role: &str, name: &str, event
 }
 
 /// [`FLUSH_EVERY`] after the first event of a window, takes what was emitted meanwhile and
-/// publishes it in batches of at most [`MAX_BATCH`] (core publishes: no store ack is awaited);
-/// ends, after a last flush, once every handle is gone. Emitters only take an uncontended lock
-/// to push, and wake the flusher for a window's first event only. The two buffers swap and keep their room, so a steady stream of events
-/// allocates nothing per flush.
+/// publishes it, a batch of at most [`MAX_BATCH`] per message (core publishes: no store ack
+/// is awaited); ends, after a last flush, once every handle is gone. Emitters only take an
+/// uncontended lock to encode their events, and wake the flusher for a window's first event
+/// only. Published batches' buffers go back to the queue for the next events, so a steady
+/// stream allocates nothing per flush.
 async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, shared: Arc<Shared>) {
-    let mut taken: Vec<AuditEvent> = Vec::new();
-    // One buffer to encode into, kept between flushes (a fresh one per batch is a large
-    // allocation whose pages come back zeroed every time).
+    let mut taken: Vec<EncodedEvents> = Vec::new();
+    // One buffer to write each batch into, kept between flushes (a fresh one per batch is a
+    // large allocation whose pages come back zeroed every time).
     let mut out: Vec<u8> = Vec::new();
     loop {
         // Idle until the first event of a window (or the last handle's end): an emitter with
@@ -160,20 +195,24 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
         loop {
             let idle = {
                 let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                let idle = pending.events == 0;
                 // Idle: a burst's room is given back (an idle emitter holds little). Not
                 // between two windows of a stream of events: a buffer that shrank would grow
                 // again at once, on pages the kernel must zero first.
-                if pending.is_empty() && !rested {
-                    pending.shrink_to(KEEP);
+                if idle && !rested {
+                    pending.spare.truncate(1);
+                    pending.spare.iter_mut().for_each(|b| b.shrink_to(KEEP));
+                    pending.spare.shrink_to_fit();
+                    pending.batches.shrink_to(1);
                 }
-                pending.is_empty()
+                idle
             };
             if !idle || Arc::strong_count(&shared) == 1 {
                 break;
             }
             if !rested {
-                taken.shrink_to(KEEP);
-                out.shrink_to(KEEP * 32);
+                taken.shrink_to(1);
+                out.shrink_to(KEEP);
                 rested = true;
             }
             shared.wake.notified().await;
@@ -182,25 +221,28 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
         let last = Arc::strong_count(&shared) == 1;
         {
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::swap(&mut *pending, &mut taken);
+            std::mem::swap(&mut pending.batches, &mut taken);
+            pending.events = 0;
         }
-        for events in taken.chunks(MAX_BATCH) {
+        for batch in &mut taken {
             out.clear();
-            AuditBatch::encode_events_into(&actor, events, &mut out);
-            let batch = bytes::Bytes::copy_from_slice(&out);
-            if let Err(e) = client.publish(subject.clone(), batch).await {
+            batch.write_batch(&actor, &mut out);
+            batch.clear();
+            let payload = bytes::Bytes::copy_from_slice(&out);
+            if let Err(e) = client.publish(subject.clone(), payload).await {
                 tracing::debug!(error = %e, "audit batch not published");
             }
         }
-        taken.clear();
         if last {
             return;
         }
+        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.spare.append(&mut taken);
     }
 }
 
-/// The room a buffer keeps while its emitter is idle.
-const KEEP: usize = MAX_BATCH;
+/// The bytes a buffer keeps while its emitter is idle (a few dozen events).
+const KEEP: usize = 1024;
 
 #[cfg(test)]
 mod tests {

@@ -139,9 +139,12 @@ pub(super) fn emit(
     details: Details,
 ) {
     if let Some(t) = trail {
-        let mut event = audit.msg(event, &t.id).attempt(t.attempt).details(details);
-        event.trace_id.clone_from(&t.trace_id);
-        audit.emit(event);
+        let now = protocol::expiry::now_ms();
+        let event = protocol::audit::EventRef::of(event, &t.id, false, now)
+            .traced(t.trace_id.as_deref())
+            .attempt(t.attempt)
+            .details(&details);
+        audit.emit_refs([event]);
     }
 }
 

@@ -9,7 +9,7 @@
 //! future wraps the store ack to emit them.
 
 use async_nats::jetstream::Message;
-use protocol::audit::{subject_of, About, AuditEvent, Details};
+use protocol::audit::{subject_of, About, AuditEvent, Details, EventRef};
 use protocol::routing::RouteDecision;
 
 use super::durable::{Done, DurablePump};
@@ -23,10 +23,31 @@ pub(super) struct Trail {
     /// A task channel message's events (decoded only with audit events on).
     channel: Vec<(&'static str, Option<protocol::task::TaskState>)>,
     /// `accepted` (a DM's or a task input's), dated at the ingress's store time.
-    accepted: Option<AuditEvent>,
+    accepted: Option<Accepted>,
     /// When its store was sent: what `routed` is dated (the recipient may fetch it before
     /// the store ack is read).
     sent_at: u64,
+}
+
+/// What a held `accepted` says (kept small: one is held per message in flight).
+#[derive(Debug, Clone, Copy)]
+struct Accepted {
+    /// The ingress's store time, unix ms.
+    at: u64,
+    /// The broker's delivery count.
+    attempt: u64,
+    /// Its ingress sequence.
+    ingress_seq: u64,
+}
+
+impl Trail {
+    /// The id its events name, and whether that is a task's.
+    fn id(&self) -> (&str, bool) {
+        match &self.about {
+            About::Msg(id) => (id, false),
+            About::Task { task_id, .. } => (task_id, true),
+        }
+    }
 }
 
 /// The task channel events of a stored item (`payload` in `codec`).
@@ -147,16 +168,14 @@ impl DurablePump {
             }
             _ => return None,
         };
-        let accepted = match &about {
-            About::Msg(id) => AuditEvent::msg("accepted", id, at, ""),
-            About::Task { channel: true, .. } => return trail(about, trace, channel, None),
-            About::Task { task_id, .. } => AuditEvent::task("accepted", task_id, at, ""),
+        if matches!(about, About::Task { channel: true, .. }) {
+            return trail(about, trace, channel, None);
+        }
+        let accepted = Accepted {
+            at,
+            attempt,
+            ingress_seq: seq,
         };
-        let mut accepted = accepted.attempt(attempt).details(Details {
-            ingress_seq: Some(seq),
-            ..Details::default()
-        });
-        accepted.trace_id.clone_from(&trace);
         trail(about, trace, channel, Some(accepted))
     }
 
@@ -165,7 +184,7 @@ impl DurablePump {
     /// task channel message's own events (`state_changed`, ...) when it was stored; `accepted`
     /// alone when it was not (`None`: it never resolved).
     pub(super) fn audit_outcome(&self, trail: Option<Trail>, done: Option<&Done>) {
-        let Some(mut trail) = trail else {
+        let Some(trail) = trail else {
             return;
         };
         let stored = match done {
@@ -177,41 +196,54 @@ impl DurablePump {
             Some(Done::StoredAll { .. }) => Some((None, false)),
             _ => None,
         };
-        let accepted = trail.accepted.take();
+        let (id, task) = trail.id();
+        let trace_id = trail.trace_id.as_deref();
+        let accepted_details = trail.accepted.map(|a| Details {
+            ingress_seq: Some(a.ingress_seq),
+            ..Details::default()
+        });
+        let accepted = trail
+            .accepted
+            .zip(accepted_details.as_ref())
+            .map(|(a, details)| {
+                EventRef::of("accepted", id, task, a.at)
+                    .traced(trace_id)
+                    .attempt(a.attempt)
+                    .details(details)
+            });
         let Some((seq, duplicate)) = stored else {
-            self.audit.emit_all(accepted);
+            self.audit.emit_refs(accepted);
             return;
         };
-        let event = |event: &'static str, details: Details| {
-            let mut event = match &trail.about {
-                About::Msg(id) => AuditEvent::msg(event, id, trail.sent_at, ""),
-                About::Task { task_id, .. } => AuditEvent::task(event, task_id, trail.sent_at, ""),
-            };
-            event.trace_id.clone_from(&trail.trace_id);
-            event.details(details)
+        let event = |name: &'static str, details| {
+            EventRef::of(name, id, task, trail.sent_at)
+                .traced(trace_id)
+                .details(details)
         };
         if matches!(trail.about, About::Task { channel: true, .. }) {
-            let events = trail.channel.iter().map(|(name, state)| {
-                event(
-                    name,
-                    Details {
-                        seq,
-                        state: *state,
-                        ..Details::default()
-                    },
-                )
-            });
-            self.audit.emit_all(accepted.into_iter().chain(events));
+            let details: Vec<Details> = trail
+                .channel
+                .iter()
+                .map(|(_, state)| Details {
+                    seq,
+                    state: *state,
+                    ..Details::default()
+                })
+                .collect();
+            let events = trail
+                .channel
+                .iter()
+                .zip(&details)
+                .map(|((name, _), details)| event(name, details));
+            self.audit.emit_refs(accepted.into_iter().chain(events));
         } else {
             let name = if duplicate { "deduplicated" } else { "routed" };
-            let outcome = event(
-                name,
-                Details {
-                    seq,
-                    ..Details::default()
-                },
-            );
-            self.audit.emit_all(accepted.into_iter().chain([outcome]));
+            let details = Details {
+                seq,
+                ..Details::default()
+            };
+            self.audit
+                .emit_refs(accepted.into_iter().chain([event(name, &details)]));
         }
     }
 }

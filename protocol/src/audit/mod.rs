@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 mod wire;
 
-pub use wire::{BatchError, EVENTS};
+pub use wire::{BatchError, EncodedEvents, EVENTS};
 
 /// Most events in one published batch.
 pub const MAX_BATCH: usize = 1024;
@@ -181,9 +181,95 @@ impl AuditEvent {
         self
     }
 
+    /// The event borrowed, to encode ([`EncodedEvents::push`]).
+    pub fn borrowed(&self) -> EventRef<'_> {
+        EventRef {
+            event: &self.event,
+            msg_id: self.msg_id.as_deref(),
+            task_id: self.task_id.as_deref(),
+            trace_id: self.trace_id.as_deref(),
+            at: self.at,
+            attempt: self.attempt,
+            details: &self.details,
+        }
+    }
+
     /// Whether this event is about `id` (a DM's `meta.id` or a task id).
     pub fn is_about(&self, id: &str) -> bool {
         self.msg_id.as_deref() == Some(id) || self.task_id.as_deref() == Some(id)
+    }
+}
+
+/// An [`AuditEvent`] made of borrowed parts, with no actor (its batch names it): what a hot
+/// path builds and an emitter encodes at once, allocating nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct EventRef<'a> {
+    /// [`AuditEvent::event`].
+    pub event: &'a str,
+    /// [`AuditEvent::msg_id`].
+    pub msg_id: Option<&'a str>,
+    /// [`AuditEvent::task_id`].
+    pub task_id: Option<&'a str>,
+    /// [`AuditEvent::trace_id`].
+    pub trace_id: Option<&'a str>,
+    /// [`AuditEvent::at`].
+    pub at: u64,
+    /// [`AuditEvent::attempt`].
+    pub attempt: Option<u64>,
+    /// [`AuditEvent::details`].
+    pub details: &'a Details,
+}
+
+/// No details: what most events say.
+pub static NO_DETAILS: Details = Details {
+    seq: None,
+    ingress_seq: None,
+    stream_seq: None,
+    inbox_seq: None,
+    work_seq: None,
+    delay_ms: None,
+    retry_after_secs: None,
+    items: None,
+    dlq_id: None,
+    duplicate: None,
+    kind: None,
+    reason: None,
+    state: None,
+};
+
+impl<'a> EventRef<'a> {
+    /// An event of DM `msg_id` (or of task `task_id`, when `task` holds).
+    pub fn of(event: &'a str, id: &'a str, task: bool, at: u64) -> EventRef<'a> {
+        EventRef {
+            event,
+            msg_id: (!task).then_some(id),
+            task_id: task.then_some(id),
+            trace_id: None,
+            at,
+            attempt: None,
+            details: &NO_DETAILS,
+        }
+    }
+
+    /// With the trace id.
+    #[must_use]
+    pub fn traced(mut self, trace_id: Option<&'a str>) -> EventRef<'a> {
+        self.trace_id = trace_id;
+        self
+    }
+
+    /// With the delivery attempt.
+    #[must_use]
+    pub fn attempt(mut self, attempt: u64) -> EventRef<'a> {
+        self.attempt = Some(attempt);
+        self
+    }
+
+    /// With `details`.
+    #[must_use]
+    pub fn details(mut self, details: &'a Details) -> EventRef<'a> {
+        self.details = details;
+        self
     }
 }
 

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AuditBatch, AuditEvent, Details};
+use super::{AuditBatch, AuditEvent, Details, EventRef};
 use crate::task::TaskState;
 
 /// Every event the runtime emits, in the order of their one-byte codes on the wire. Append
@@ -63,8 +63,9 @@ struct WireEvent<'a> {
     task_id: Option<Cow<'a, str>>,
     #[serde(rename = "r", default, borrow, skip_serializing_if = "Option::is_none")]
     trace_id: Option<Cow<'a, str>>,
+    /// Milliseconds after the batch's base (signed; earlier batches' are never negative).
     #[serde(rename = "t")]
-    after_base: u64,
+    after_base: i64,
     #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
     attempt: Option<u64>,
     #[serde(
@@ -157,7 +158,7 @@ impl From<WireDetails<'_>> for Details {
     }
 }
 
-/// A batch on the wire, as it is read ([`WireBatchOut`] writes it).
+/// A batch on the wire, as it is read ([`EncodedEvents::write_batch`] writes it).
 #[derive(Deserialize)]
 struct WireBatch<'a> {
     #[serde(rename = "a", borrow)]
@@ -168,42 +169,87 @@ struct WireBatch<'a> {
     events: Vec<WireEvent<'a>>,
 }
 
-/// A batch as it is written: [`WireBatch`]'s fields, its events made on the fly.
-#[derive(Serialize)]
-struct WireBatchOut<'a> {
-    #[serde(rename = "a")]
-    actor: &'a str,
-    #[serde(rename = "b")]
+/// Events encoded one by one as they are emitted, for one batch: its header is written
+/// around them when it is published ([`Self::write_batch`]). An emitter queues these bytes,
+/// not the events, so emitting allocates nothing once its buffer has grown.
+///
+/// Each event's time is relative to the first one's, signed: an `accepted` dated at the
+/// ingress's store time may precede an event emitted before it.
+#[derive(Debug, Default)]
+pub struct EncodedEvents {
     base_ms: u64,
-    #[serde(rename = "v")]
-    events: WireEvents<'a>,
+    count: usize,
+    bytes: Vec<u8>,
 }
 
-/// Events written as a sequence of [`WireEvent`]s, each made as it is written.
-struct WireEvents<'a> {
-    events: &'a [AuditEvent],
-    base_ms: u64,
-}
-
-impl Serialize for WireEvents<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let mut seq = serializer.serialize_seq(Some(self.events.len()))?;
-        for e in self.events {
-            let code = code_of(&e.event);
-            seq.serialize_element(&WireEvent {
-                code,
-                event: code.is_none().then(|| Cow::Borrowed(e.event.as_ref())),
-                msg_id: e.msg_id.as_deref().map(Cow::Borrowed),
-                task_id: e.task_id.as_deref().map(Cow::Borrowed),
-                trace_id: e.trace_id.as_deref().map(Cow::Borrowed),
-                after_base: e.at - self.base_ms,
-                attempt: e.attempt,
-                details: WireDetails::from(&e.details),
-                named_details: None,
-            })?;
+impl EncodedEvents {
+    /// Appends `event`, encoded.
+    pub fn push(&mut self, event: &EventRef<'_>) {
+        if self.count == 0 {
+            self.base_ms = event.at;
         }
-        seq.end()
+        let code = code_of(event.event);
+        let wire = WireEvent {
+            code,
+            event: code.is_none().then_some(Cow::Borrowed(event.event)),
+            msg_id: event.msg_id.map(Cow::Borrowed),
+            task_id: event.task_id.map(Cow::Borrowed),
+            trace_id: event.trace_id.map(Cow::Borrowed),
+            // Two's complement: the signed difference of two unix-ms times.
+            after_base: event.at.wrapping_sub(self.base_ms) as i64,
+            attempt: event.attempt,
+            details: WireDetails::from(event.details),
+            named_details: None,
+        };
+        rmp_serde::encode::write_named(&mut self.bytes, &wire).expect("an audit event encodes");
+        self.count += 1;
+    }
+
+    /// The events it holds.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Appends to `out` the batch of these events emitted by `actor`, as stored.
+    pub fn write_batch(&self, actor: &str, out: &mut Vec<u8>) {
+        self.write_header(actor, out)
+            .expect("writing to a vector cannot fail");
+        out.extend_from_slice(&self.bytes);
+    }
+
+    /// A batch's map up to its events' array (`{"a": actor, "b": base, "v": [` in
+    /// MessagePack), as [`WireBatch`] reads it.
+    fn write_header(
+        &self,
+        actor: &str,
+        out: &mut Vec<u8>,
+    ) -> Result<(), rmp::encode::ValueWriteError> {
+        use rmp::encode::{write_array_len, write_map_len, write_str, write_uint};
+        let count = u32::try_from(self.count).expect("a batch holds fewer than 2^32 events");
+        write_map_len(out, 3)?;
+        write_str(out, "a")?;
+        write_str(out, actor)?;
+        write_str(out, "b")?;
+        write_uint(out, self.base_ms)?;
+        write_str(out, "v")?;
+        write_array_len(out, count)?;
+        Ok(())
+    }
+
+    /// Empties it, keeping its room.
+    pub fn clear(&mut self) {
+        self.count = 0;
+        self.bytes.clear();
+    }
+
+    /// Gives back room beyond `bytes`.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        self.bytes.shrink_to(bytes);
     }
 }
 
@@ -221,27 +267,16 @@ impl AuditBatch {
         AuditBatch::encode_events(&self.actor, &self.events)
     }
 
-    /// The batch of `events` emitted by `actor` as stored, from borrowed events (an emitter
-    /// encodes its buffer in place).
+    /// The batch of `events` emitted by `actor` as stored (for a few events; an emitter
+    /// encodes each event as it comes, into [`EncodedEvents`]).
     pub fn encode_events(actor: &str, events: &[AuditEvent]) -> Vec<u8> {
-        // Sized for the usual event (about 25 bytes), so the buffer seldom grows.
-        let mut out = Vec::with_capacity(64 + 32 * events.len());
-        AuditBatch::encode_events_into(actor, events, &mut out);
+        let mut encoded = EncodedEvents::default();
+        for event in events {
+            encoded.push(&event.borrowed());
+        }
+        let mut out = Vec::with_capacity(64 + encoded.bytes.len());
+        encoded.write_batch(actor, &mut out);
         out
-    }
-
-    /// [`Self::encode_events`] appended to `out`: an emitter that keeps one buffer allocates
-    /// nothing per batch. Each event is put on the wire as it is written, none is copied
-    /// first (a window of events would make a transient buffer of hundreds of kilobytes,
-    /// whose pages the allocator hands back and faults in again at every flush).
-    pub fn encode_events_into(actor: &str, events: &[AuditEvent], out: &mut Vec<u8>) {
-        let base_ms = events.iter().map(|e| e.at).min().unwrap_or(0);
-        let wire = WireBatchOut {
-            actor,
-            base_ms,
-            events: WireEvents { events, base_ms },
-        };
-        rmp_serde::encode::write_named(out, &wire).expect("an audit batch encodes");
     }
 
     /// Reads a stored batch back ([`Self::encode`], or an earlier version's).
@@ -270,7 +305,7 @@ impl AuditBatch {
                     msg_id: e.msg_id.map(Cow::into_owned),
                     task_id: e.task_id.map(Cow::into_owned),
                     trace_id: e.trace_id.map(Cow::into_owned),
-                    at: wire.base_ms.saturating_add(e.after_base),
+                    at: wire.base_ms.saturating_add_signed(e.after_base),
                     actor: actor.clone(),
                     attempt: e.attempt,
                     details: e.named_details.unwrap_or_else(|| e.details.into()),
@@ -324,6 +359,32 @@ mod tests {
         };
         let per_event = batch.encode().len() / 1000;
         assert!(per_event <= 30, "{per_event} bytes per event");
+    }
+
+    #[test]
+    fn an_event_dated_before_the_first_reads_back_at_its_own_time() {
+        // `accepted` is dated at the ingress's store time, which may precede the events
+        // encoded before it in the same batch.
+        let (late, early) = (routed(50), routed(0));
+        let mut encoded = EncodedEvents::default();
+        encoded.push(&late.borrowed());
+        encoded.push(&early.borrowed());
+        assert_eq!(encoded.len(), 2);
+        let mut out = Vec::new();
+        encoded.write_batch("router:r", &mut out);
+        let back = AuditBatch::decode(&out).unwrap();
+        assert_eq!(
+            back.events.iter().map(|e| e.at).collect::<Vec<_>>(),
+            [late.at, early.at]
+        );
+        assert_eq!(back.events[1].details.seq, Some(100_000));
+        // Emptied, it keeps nothing of them.
+        encoded.clear();
+        assert!(encoded.is_empty());
+        encoded.push(&early.borrowed());
+        let mut again = Vec::new();
+        encoded.write_batch("router:r", &mut again);
+        assert_eq!(AuditBatch::decode(&again).unwrap().events.len(), 1);
     }
 
     #[test]

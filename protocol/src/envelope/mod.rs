@@ -20,11 +20,13 @@
 
 mod codec;
 mod error;
+mod spliced;
 
 pub use codec::Codec;
 pub use error::EnvelopeError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+pub(crate) use spliced::Decoded;
 
 use crate::ids::{AgentId, IdError, MessageId};
 
@@ -134,24 +136,31 @@ impl TryFrom<Value> for Envelope {
 
     fn try_from(value: Value) -> Result<Envelope, EnvelopeError> {
         let mut top = object(value, "envelope")?;
-        let mut meta = object(required(top.remove("meta"), "meta")?, "meta")?;
-        let id = required(meta.remove("id"), "meta.id")?;
-        let id = id_field(id, "meta.id", MessageId::new)?;
-        let from = optional(meta.remove("from"), "meta.from")?;
-        let to = optional(meta.remove("to"), "meta.to")?;
-
+        let meta = Meta::from_value(required(top.remove("meta"), "meta")?)?;
         let body = top
             .remove("body")
             .ok_or(EnvelopeError::MissingField { field: "body" })?;
         Ok(Envelope {
-            meta: Meta {
-                id,
-                from,
-                to,
-                extra: meta,
-            },
+            meta,
             body,
             extra: top,
+        })
+    }
+}
+
+impl Meta {
+    /// `meta`, checked as [`decode`] checks it.
+    fn from_value(value: Value) -> Result<Meta, EnvelopeError> {
+        let mut meta = object(value, "meta")?;
+        let id = required(meta.remove("id"), "meta.id")?;
+        let id = id_field(id, "meta.id", MessageId::new)?;
+        let from = optional(meta.remove("from"), "meta.from")?;
+        let to = optional(meta.remove("to"), "meta.to")?;
+        Ok(Meta {
+            id,
+            from,
+            to,
+            extra: meta,
         })
     }
 }

@@ -39,7 +39,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::{decode, encode, Codec, EnvelopeError, MAX_ENVELOPE_BYTES};
+use crate::envelope::{encode, Codec, Decoded, EnvelopeError, MAX_ENVELOPE_BYTES};
 use crate::expiry::{expiry, Expiry};
 use crate::headers::{self, CONTENT_TYPE, NATS_MSG_ID};
 use crate::ids::{AgentId, MessageId, QueueName, WorkerId};
@@ -244,13 +244,19 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         // The payload may still be JSON; worth a try for the id.
         Err(err) => return reject(from, salvage_id(view.payload, Codec::Json), &err),
     };
-    let mut env = match decode(view.payload, codec) {
+    // A DM's or a broadcast's body is never read here: it is kept as written, and only its
+    // `meta` decoded (`envelope::Decoded`).
+    let opaque = matches!(
+        &target,
+        Target::Channel(Channel::Inbox | Channel::Broadcast(_))
+    );
+    let mut env = match Decoded::decode(view.payload, codec, opaque) {
         Ok(env) => env,
         Err(_) if is_api_reply(view.payload) => return dropped(DropReason::ApiReply),
         Err(err) => return reject(from, salvage_id(view.payload, codec), &err),
     };
-    env.meta.from = Some(from.clone());
-    let id = env.meta.id.clone();
+    env.meta_mut().from = Some(from.clone());
+    let id = env.meta().id.clone();
     let refuse = |error: WireError| RouteDecision::Reject {
         sender: from.clone(),
         rejected_id: Some(id.clone()),
@@ -262,23 +268,23 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         &target,
         Target::Channel(Channel::Inbox | Channel::Broadcast(_))
     );
-    if timed && env.meta.has_invalid_expires_at() {
+    if timed && env.meta().has_invalid_expires_at() {
         return refuse(WireError::new(
             WireErrorKind::Malformed,
             "envelope field `meta.expires_at` must be an unsigned integer (unix milliseconds)",
         ));
     }
-    let ttl_secs = match (&target, expiry(env.meta.expires_at(), view.now_ms)) {
+    let ttl_secs = match (&target, expiry(env.meta().expires_at(), view.now_ms)) {
         (Target::Channel(Channel::Inbox | Channel::Broadcast(_)), Expiry::Expired) => {
             return refuse(WireError::new(WireErrorKind::Expired, EXPIRED_DETAIL))
         }
         (Target::Channel(Channel::Inbox), Expiry::Live { ttl_secs }) => Some(ttl_secs),
         _ => None,
     };
-    let expires_at = ttl_secs.and(env.meta.expires_at());
+    let expires_at = ttl_secs.and(env.meta().expires_at());
     // (destination subject, stored?, stable Nats-Msg-Id)
     let (subject, stored, msg_id) = match &target {
-        Target::Channel(Channel::Inbox) => match &env.meta.to {
+        Target::Channel(Channel::Inbox) => match &env.meta().to {
             Some(to) => (
                 subjects::inbox(to),
                 true,
@@ -292,7 +298,8 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             }
         },
         Target::Channel(Channel::Task(key)) => {
-            if let Some(items) = bundle_items(&env.body) {
+            let body = env.body();
+            if let Some(items) = bundle_items(&body) {
                 let items = match items {
                     Ok(items) => items,
                     Err(error) => return refuse(error),
@@ -321,7 +328,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
                     id,
                 };
             }
-            if let Err(error) = from_its_worker(&env.body, &from) {
+            if let Err(error) = from_its_worker(&body, &from) {
                 return refuse(error);
             }
             (
@@ -335,7 +342,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         }
         // A task is validated strictly here; its Nats-Msg-Id is derived from the task id, so
         // the same task submitted twice within the duplicate window is stored once.
-        Target::Work { queue, worker } => match task::decode_task(&env.body) {
+        Target::Work { queue, worker } => match task::decode_task(&env.body()) {
             Ok(spec) => (
                 subjects::work(queue, worker.as_ref()),
                 true,
@@ -344,7 +351,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             Err(err) => return refuse(err.to_wire()),
         },
         Target::Answer { worker } => {
-            match serde_json::from_value::<task::Answer>(env.body.clone()) {
+            match serde_json::from_value::<task::Answer>(env.body().into_owned()) {
                 Ok(answer) if &answer.worker_id == worker => (
                     subjects::answer(worker),
                     true,
@@ -360,7 +367,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             }
         }
     };
-    let payload = match encode(&env, codec) {
+    let payload = match env.encode(codec) {
         Ok(payload) => payload,
         Err(err) => return reject(from, Some(id), &err),
     };

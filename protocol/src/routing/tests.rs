@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::*;
-use crate::envelope::Envelope;
+use crate::envelope::{decode, Envelope};
 use crate::headers::REPLAY_HEADERS;
 
 pub(super) const PLAIN_DM: &str = r#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#;

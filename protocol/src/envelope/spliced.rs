@@ -1,0 +1,274 @@
+//! An envelope read for routing: a router that never reads a DM's or a broadcast's body
+//! decodes only its `meta` and writes every other part back as it was written (JSON only).
+//! Building the body as a [`Value`] and encoding it again was most of a DM's routing cost.
+//!
+//! What is kept is the same JSON, field for field: a reader sees the envelope that
+//! [`decode`](super::decode) and [`encode`](super::encode) would have made, except that the
+//! body's own text (its spacing, its number spellings) is untouched. Anything out of the
+//! ordinary (a field named twice, an escaped field name, a `meta` that does not decode) is
+//! left to the whole decode, which also says what is wrong with it.
+
+use std::borrow::Cow;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::{check_size, Codec, Envelope, EnvelopeError, Meta, MAX_ENVELOPE_BYTES};
+
+/// An envelope as a router holds it: whole, or spliced (its `meta` decoded, the rest as
+/// written).
+#[derive(Debug)]
+pub(crate) enum Decoded<'a> {
+    Whole(Envelope),
+    Spliced(Spliced<'a>),
+}
+
+impl<'a> Decoded<'a> {
+    /// `payload` in `codec`: spliced when `opaque` (its body is not read) and the payload
+    /// allows it, else whole ([`super::decode`], whose error this returns).
+    pub(crate) fn decode(
+        payload: &'a [u8],
+        codec: Codec,
+        opaque: bool,
+    ) -> Result<Decoded<'a>, EnvelopeError> {
+        if opaque && codec == Codec::Json {
+            if let Some(spliced) = Spliced::decode(payload) {
+                return Ok(Decoded::Spliced(spliced));
+            }
+        }
+        super::decode(payload, codec).map(Decoded::Whole)
+    }
+
+    pub(crate) fn meta(&self) -> &Meta {
+        match self {
+            Decoded::Whole(env) => &env.meta,
+            Decoded::Spliced(s) => &s.meta,
+        }
+    }
+
+    pub(crate) fn meta_mut(&mut self) -> &mut Meta {
+        match self {
+            Decoded::Whole(env) => &mut env.meta,
+            Decoded::Spliced(s) => &mut s.meta,
+        }
+    }
+
+    /// The body (a spliced one decoded now; `null` if it does not decode, which cannot be:
+    /// it was read as JSON).
+    pub(crate) fn body(&self) -> Cow<'_, Value> {
+        match self {
+            Decoded::Whole(env) => Cow::Borrowed(&env.body),
+            Decoded::Spliced(s) => Cow::Owned(
+                s.field("body")
+                    .and_then(|raw| serde_json::from_str(raw.get()).ok())
+                    .unwrap_or(Value::Null),
+            ),
+        }
+    }
+
+    /// Encoded in `codec` (a spliced envelope is JSON; [`super::encode`]'s errors).
+    pub(crate) fn encode(&self, codec: Codec) -> Result<Vec<u8>, EnvelopeError> {
+        match self {
+            Decoded::Whole(env) => super::encode(env, codec),
+            Decoded::Spliced(s) => s.encode(),
+        }
+    }
+}
+
+/// A JSON envelope's `meta`, decoded, and every top-level field as written, in order.
+#[derive(Debug)]
+pub(crate) struct Spliced<'a> {
+    meta: Meta,
+    fields: Vec<(&'a str, &'a RawValue)>,
+}
+
+/// More top-level fields than this go to the whole decode (a router's check for a field
+/// named twice is quadratic).
+const MAX_FIELDS: usize = 16;
+
+impl<'a> Spliced<'a> {
+    /// `payload` spliced, or `None` when it is to be decoded whole (see the module's doc).
+    fn decode(payload: &'a [u8]) -> Option<Spliced<'a>> {
+        if payload.len() > MAX_ENVELOPE_BYTES {
+            return None;
+        }
+        let TopLevel(fields) = serde_json::from_slice(payload).ok()?;
+        let named_twice = fields
+            .iter()
+            .enumerate()
+            .any(|(i, (name, _))| fields[..i].iter().any(|(other, _)| other == name));
+        if fields.len() > MAX_FIELDS || named_twice {
+            return None;
+        }
+        let find = |name: &str| fields.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let (meta, _body) = (find("meta")?, find("body")?);
+        let meta = Meta::from_value(serde_json::from_str(meta.get()).ok()?).ok()?;
+        Some(Spliced { meta, fields })
+    }
+
+    fn field(&self, name: &str) -> Option<&'a RawValue> {
+        self.fields
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+    }
+
+    /// `{"meta": <meta>, ...the other fields as written}`.
+    fn encode(&self) -> Result<Vec<u8>, EnvelopeError> {
+        let encode_error = |e: serde_json::Error| EnvelopeError::Encode {
+            codec: Codec::Json,
+            reason: e.to_string(),
+        };
+        let room: usize = self
+            .fields
+            .iter()
+            .map(|(n, v)| n.len() + v.get().len() + 4)
+            .sum();
+        let mut out = Vec::with_capacity(room + 64);
+        out.extend_from_slice(br#"{"meta":"#);
+        serde_json::to_writer(&mut out, &self.meta).map_err(encode_error)?;
+        for (name, value) in self.fields.iter().filter(|(n, _)| *n != "meta") {
+            out.push(b',');
+            serde_json::to_writer(&mut out, name).map_err(encode_error)?;
+            out.push(b':');
+            out.extend_from_slice(value.get().as_bytes());
+        }
+        out.push(b'}');
+        check_size(out.len())?;
+        Ok(out)
+    }
+}
+
+/// A JSON object's fields, borrowed: a field whose name has an escape fails (`&str`).
+struct TopLevel<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::with_capacity(4);
+                while let Some(field) = map.next_entry::<&'de str, &'de RawValue>()? {
+                    fields.push(field);
+                }
+                Ok(TopLevel(fields))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{decode, encode};
+
+    /// What the whole decode and re-encode would have stored, and what the splice stores,
+    /// read back alike.
+    fn same_as_whole(payload: &str) {
+        let mut spliced = Spliced::decode(payload.as_bytes()).expect("spliced");
+        let mut whole = decode(payload.as_bytes(), Codec::Json).unwrap();
+        let from = crate::AgentId::new("alice").unwrap();
+        spliced.meta.from = Some(from.clone());
+        whole.meta.from = Some(from);
+        let stored = spliced.encode().unwrap();
+        assert_eq!(
+            decode(&stored, Codec::Json).unwrap(),
+            decode(&encode(&whole, Codec::Json).unwrap(), Codec::Json).unwrap(),
+            "{payload}"
+        );
+    }
+
+    #[test]
+    fn a_spliced_envelope_reads_back_as_the_whole_one_would() {
+        same_as_whole(r#"{"meta":{"id":"m1","to":"bob"},"body":"hi"}"#);
+        // The sender's own `from` is replaced; unknown fields and their order survive.
+        same_as_whole(
+            r#"{"x":[1,2,{"y":null}],"meta":{"thread":"t","from":"mallory","id":"m2","to":"bob","expires_at":17},"body":{"a":1.5,"b":[true]},"z":"\u00e9"}"#,
+        );
+        same_as_whole(r#" { "body" : null , "meta" : { "id" : "m3" } } "#);
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_the_whole_decode() {
+        for payload in [
+            // A field named twice, at the top or escaped.
+            r#"{"meta":{"id":"m1"},"body":1,"body":2}"#,
+            r#"{"meta":{"id":"m1"},"bod\u0079":1}"#,
+            // No body, no meta, a meta that does not decode, not an object.
+            r#"{"meta":{"id":"m1"}}"#,
+            r#"{"body":1}"#,
+            r#"{"meta":{"id":""},"body":1}"#,
+            r#"{"meta":null,"body":1}"#,
+            r#"[1,2]"#,
+            r#"{"meta":{"id":"m1"},"body":1"#,
+        ] {
+            assert!(Spliced::decode(payload.as_bytes()).is_none(), "{payload}");
+        }
+    }
+
+    #[test]
+    fn a_spliced_envelope_still_has_its_body() {
+        let payload = br#"{"meta":{"id":"m1"},"body":{"k":[1,"two"]}}"#;
+        let decoded = Decoded::decode(payload, Codec::Json, true).unwrap();
+        assert!(matches!(decoded, Decoded::Spliced(_)));
+        assert_eq!(
+            decoded.body().into_owned(),
+            serde_json::json!({"k": [1, "two"]})
+        );
+        // Not opaque, or MessagePack: whole.
+        let whole = Decoded::decode(payload, Codec::Json, false).unwrap();
+        assert!(matches!(whole, Decoded::Whole(_)));
+    }
+
+    fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            "[ -~\\u{e9}\\u{1f600}]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z\"\\\\]{0,4}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_envelope_spliced_reads_back_as_the_whole_one_would(
+            body in any_json(),
+            meta_extra in any_json(),
+            top_extra in any_json(),
+            claimed in proptest::option::of("[a-z]{1,4}"),
+        ) {
+            let mut env = serde_json::json!({"meta": {"id": "m1", "to": "bob"}, "body": body});
+            if let (Value::Object(extra), Some(meta)) = (meta_extra, env["meta"].as_object_mut()) {
+                meta.extend(extra.into_iter().filter(|(k, _)| !["id", "from", "to"].contains(&k.as_str())));
+            }
+            if let Some(from) = claimed {
+                env["meta"]["from"] = Value::from(from);
+            }
+            if let (Value::Object(extra), Some(top)) = (top_extra, env.as_object_mut()) {
+                top.extend(extra.into_iter().filter(|(k, _)| k != "meta" && k != "body"));
+            }
+            let text = serde_json::to_string(&env).unwrap();
+            // Only a top-level field name with an escape is left to the whole decode.
+            match Spliced::decode(text.as_bytes()) {
+                Some(_) => same_as_whole(&text),
+                None => proptest::prop_assert!(text.contains('\\'), "not spliced: {}", text),
+            }
+        }
+    }
+}

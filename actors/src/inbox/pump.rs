@@ -252,14 +252,19 @@ impl InboxPump {
                     let handled = {
                         let work = self.deliver(delivery, msg.headers.as_ref());
                         tokio::pin!(work);
-                        // The first beat only once the handler has taken that long (no
-                        // timer is awaited before the handler runs).
-                        tick.reset();
-                        loop {
-                            tokio::select! {
-                                done = &mut work => break done?,
-                                _ = tick.tick() => {
-                                    let _ = msg.ack_with(AckKind::Progress).await;
+                        // A handler done at its first poll (most are) arms no timer; a
+                        // longer one beats first once it has taken a beat's time.
+                        match futures::poll!(&mut work) {
+                            std::task::Poll::Ready(done) => done?,
+                            std::task::Poll::Pending => {
+                                tick.reset();
+                                loop {
+                                    tokio::select! {
+                                        done = &mut work => break done?,
+                                        _ = tick.tick() => {
+                                            let _ = msg.ack_with(AckKind::Progress).await;
+                                        }
+                                    }
                                 }
                             }
                         }

@@ -277,6 +277,60 @@ async fn doctor_reports_skew() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_measures_a_hub_whose_streams_are_renamed() {
+    // A hub whose streams are not HUB_INGRESS and HUB_INBOX: `runtime doctor` takes their names
+    // from the router's delivery config, as an operator and as an agent. Without the config it
+    // looks for the default ingress, which this broker does not have, and says so.
+    let server = harness::run_server().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("delivery.json");
+    std::fs::write(
+        &path,
+        r#"{"ingress": {"name": "ALT_INGRESS"}, "inbox": {"name": "ALT_INBOX"}}"#,
+    )
+    .unwrap();
+    let delivery = runtime::config::load_delivery_config(Some(&path)).unwrap();
+    assert_eq!(delivery.ingress.name, "ALT_INGRESS");
+    let hub = ActorSystem::builder()
+        .nats(runtime::NatsSettings::new(server.url()))
+        .durable(true)
+        .delivery_config(delivery)
+        .build()
+        .await
+        .unwrap();
+    hub.start_router().await.unwrap();
+    let bob = support::agent("bob");
+    support::make_consumer(&hub, &bob).await;
+    let (url, config) = (server.url(), path.to_str().unwrap().to_owned());
+    for args in [
+        vec!["doctor", "--delivery-config", &config, "--nats-url", &url],
+        vec![
+            "doctor",
+            "--agent",
+            "bob",
+            "--delivery-config",
+            &config,
+            "--nats-url",
+            &url,
+        ],
+    ] {
+        let out = support::oneshot::run_cli(&args).await;
+        support::oneshot::assert_exit(&out, 0, "runtime doctor, renamed streams");
+        let r: serde_json::Value =
+            serde_json::from_str(support::oneshot::stdout(&out).trim()).unwrap();
+        assert_eq!(r["clock"], "ok", "{r}");
+    }
+    let out = support::oneshot::run_cli(&["doctor", "--nats-url", &url]).await;
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the default ingress is not there"
+    );
+    support::oneshot::one_stderr_line(&out, "runtime doctor, default names");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlog_drains_in_order_after_reconnect() {
     let server = harness::run_server().await.unwrap();
     let hub = hub(&server).await;

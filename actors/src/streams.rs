@@ -125,6 +125,9 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 9] {
         max_bytes: cfg.inbox.max_bytes,
         max_messages: cfg.inbox.max_msgs,
         max_message_size: i32::try_from(cfg.inbox.max_msg_size).unwrap_or(i32::MAX),
+        // Its own limit: one consumer per agent, past the broker's default (1,000 since
+        // nats-server 2.15, for a stream that sets none).
+        max_consumers: i32::try_from(cfg.inbox.max_consumers).unwrap_or(i32::MAX),
         num_replicas: cfg.inbox.replicas,
         storage: match cfg.inbox.storage {
             StorageKind::File => StorageType::File,
@@ -399,9 +402,26 @@ async fn ensure_stream(js: &Context, wanted: Config) -> Result<StreamReport, Str
                     wanted: wanted.retention,
                 });
             }
-            timed("update", &name, js.update_stream(wanted))
-                .await?
-                .map_err(|e| api("update", &name, e))?;
+            let kept = info.config.max_consumers;
+            let retry = (kept != wanted.max_consumers).then(|| Config {
+                max_consumers: kept,
+                ..wanted.clone()
+            });
+            match timed("update", &name, js.update_stream(wanted)).await? {
+                Ok(_) => {}
+                // An older broker cannot change a stream's `max_consumers` (nats-server allows
+                // it since early 2026, and has no default limit before 2.15): the rest is
+                // updated, that kept.
+                Err(first) => match retry {
+                    Some(keep) => {
+                        timed("update", &name, js.update_stream(keep))
+                            .await?
+                            .map_err(|_| api("update", &name, first))?;
+                        tracing::warn!(stream = %name, max_consumers = kept, "the server kept the stream's max_consumers");
+                    }
+                    None => return Err(api("update", &name, first)),
+                },
+            }
             tracing::info!(stream = %name, "stream updated to the configured limits");
             Ok(StreamReport {
                 name,
@@ -518,6 +538,46 @@ mod tests {
     async fn inbox_config(js: &jetstream::Context) -> Config {
         let mut stream = js.get_stream("HUB_INBOX").await.unwrap();
         stream.info().await.unwrap().config.clone()
+    }
+
+    #[tokio::test]
+    async fn the_inbox_stream_holds_more_consumers_than_the_brokers_default_limit() {
+        // nats-server 2.15 limits a stream that sets no `max_consumers` of its own to 1,000
+        // consumers (`default_max_consumers`): one host of 1,000 agents, then every attach is
+        // refused with `maximum consumers limit reached`. The inbox stream sets its own limit.
+        use futures::StreamExt;
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        let cfg = DeliveryConfig::default();
+        ensure_streams(&js, &cfg).await.unwrap();
+        let stream = js.get_stream(&cfg.inbox.name).await.unwrap();
+        let made = futures::stream::iter(0..1_001)
+            .map(|i| {
+                let stream = stream.clone();
+                async move {
+                    stream
+                        .create_consumer(jetstream::consumer::pull::Config {
+                            durable_name: Some(format!("inbox-agent{i}")),
+                            filter_subject: format!("channel.inbox.agent{i}"),
+                            ..Default::default()
+                        })
+                        .await
+                }
+            })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+        let refused: Vec<_> = made.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            refused.is_empty(),
+            "{} refused: {:?}",
+            refused.len(),
+            refused.first()
+        );
+        assert_eq!(
+            inbox_config(&js).await.max_consumers,
+            i32::try_from(cfg.inbox.max_consumers).unwrap()
+        );
     }
 
     #[tokio::test]

@@ -114,6 +114,9 @@ pub struct InboxStreamConfig {
     pub max_msgs: i64,
     /// Largest message accepted; `-1` unlimited (the server's max payload).
     pub max_msg_size: i64,
+    /// Consumers the stream holds, one per agent that ever attached (at least 1; no unlimited:
+    /// nats-server 2.15 puts its own default of 1,000 on a stream that sets none).
+    pub max_consumers: i64,
     /// Number of replicas, 1 to 5.
     pub replicas: usize,
     /// Storage backend.
@@ -189,6 +192,10 @@ impl Default for IngressStreamConfig {
     }
 }
 
+/// The inbox stream's default `max_consumers`: agents a hub holds (each attached agent keeps
+/// one durable consumer on it).
+pub const DEFAULT_MAX_INBOX_CONSUMERS: i64 = 100_000;
+
 impl Default for InboxStreamConfig {
     fn default() -> InboxStreamConfig {
         InboxStreamConfig {
@@ -198,6 +205,7 @@ impl Default for InboxStreamConfig {
             max_bytes: UNLIMITED,
             max_msgs: UNLIMITED,
             max_msg_size: UNLIMITED,
+            max_consumers: DEFAULT_MAX_INBOX_CONSUMERS,
             replicas: 1,
             storage: StorageKind::File,
         }

@@ -19,7 +19,7 @@ impl DeliveryConfig {
     ///   the three stream names differ;
     /// - durations are at least 1 second (`-1` allowed where documented);
     /// - `duplicate_window_secs` does not exceed any finite `max_age_secs`;
-    /// - `inbox.replicas` is 1 to 5;
+    /// - `inbox.replicas` is 1 to 5, `inbox.max_consumers` at least 1;
     /// - limits are `-1` (unlimited) or at least 1: `0` is ambiguous.
     ///
     /// # Errors
@@ -137,6 +137,17 @@ impl DeliveryConfig {
                     "must be at most {}, got {}",
                     u32::MAX,
                     self.sender_rate_per_min
+                ),
+            ));
+        }
+        // JetStream stores it as an `i32`, and puts its own default on a value below 1.
+        if !(1..=i64::from(i32::MAX)).contains(&self.inbox.max_consumers) {
+            return Err(invalid(
+                "inbox.max_consumers",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    i32::MAX,
+                    self.inbox.max_consumers
                 ),
             ));
         }

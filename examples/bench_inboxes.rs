@@ -1,0 +1,311 @@
+//! Many agents in one process: what idle inboxes and tracked tasks cost a host, and what DMs to
+//! one of many inboxes take (issue 11).
+//!
+//! ```sh
+//! cargo run --release -p examples --example bench_inboxes -- [N] [IDLE_SECS] [PACED_SECS] [TASKS]
+//! ```
+//!
+//! One local nats-server (file storage) and a router in a child process (this program run
+//! again), so that this process holds only what a host holds. Then, in this process, one
+//! `ActorSystem` (durable):
+//! 1. attaches N idle inboxes (default 10,000) with `attach_inbox`, one after the other, and
+//!    prints the attach rate and the RSS above the empty system at 1k, 5k and 10k (each taken
+//!    once the process has settled); it stops at the first failed attach and says so;
+//! 2. measures nats-server's CPU over IDLE_SECS (default 30) with every inbox attached and idle;
+//! 3. sends DMs to random attached inboxes at 1,000/s for PACED_SECS (default 5) and prints
+//!    p50/p99 from send to handler, and the same to one inbox of a fresh system for reference;
+//! 4. tracks TASKS tasks (default 10,000) at once with `delegate_tracked` to a queue no worker
+//!    serves (no result comes) and prints the RSS they cost.
+//!
+//! RSS is `VmRSS` of `/proc/self/status`; the allocator is the `runtime` binary's (mimalloc).
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[path = "bench_common.rs"]
+mod bench_common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bench_common::{cpu_ms, now_us, percentile};
+use protocol::{AgentId, QueueName};
+use runtime::{ActorSystem, NatsSettings};
+
+/// Set in the child that runs the router: the server's URL.
+const ROUTER_ENV: &str = "BENCH_INBOXES_ROUTER";
+/// Where RSS is read at while attaching.
+const CHECKPOINTS: [u64; 3] = [1_000, 5_000, 10_000];
+
+/// This process's resident set, in kB.
+fn rss_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// RSS once it has stopped moving (allocators hand memory back lazily): the lowest of a few
+/// reads a second apart.
+async fn settled_rss_kb() -> u64 {
+    let mut low = rss_kb();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        low = low.min(rss_kb());
+    }
+    low
+}
+
+async fn system(url: &str) -> ActorSystem {
+    ActorSystem::builder()
+        .nats(NatsSettings::new(url))
+        .durable(true)
+        .build()
+        .await
+        .expect("system")
+}
+
+/// The child: a router on `url` until it is killed.
+async fn run_router(url: &str) -> ! {
+    // BENCH_LOG=1: the router's logs on stderr (RUST_LOG filters them), for diagnosis.
+    let _telemetry = std::env::var("BENCH_LOG")
+        .ok()
+        .map(|_| runtime::telemetry::init(false, "warn").expect("telemetry"));
+    let system = system(url).await;
+    system.start_router().await.expect("router");
+    println!("router ready");
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+/// A DM body of its send time, µs.
+fn timed_body() -> serde_json::Value {
+    serde_json::json!({ "sent_us": now_us() })
+}
+
+/// Records send-to-handler latency of every DM it sees.
+type Latencies = Arc<Mutex<Vec<u64>>>;
+
+/// Attaches `id` with a handler that records each DM's latency and counts it.
+async fn attach(
+    system: &ActorSystem,
+    id: &AgentId,
+    latencies: &Latencies,
+    seen: &Arc<AtomicU64>,
+) -> Result<(), runtime::SystemError> {
+    let (latencies, seen) = (latencies.clone(), seen.clone());
+    system
+        .attach_inbox(id, move |d| {
+            let sent = d.envelope.body["sent_us"].as_u64().unwrap_or(0);
+            latencies
+                .lock()
+                .unwrap()
+                .push(now_us().saturating_sub(sent));
+            seen.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async {})
+        })
+        .await
+}
+
+/// Sends DMs from `alice` at 1,000/s for `secs` to the agent `pick(i)` and waits (up to 30 s)
+/// until `seen` has counted them all; p50 and p99 in ms.
+async fn paced(
+    system: &ActorSystem,
+    secs: u64,
+    pick: impl Fn(u64) -> AgentId,
+    latencies: &Latencies,
+    seen: &AtomicU64,
+) -> (f64, f64, u64) {
+    let alice = AgentId::new("alice").unwrap();
+    latencies.lock().unwrap().clear();
+    let before = seen.load(Ordering::Relaxed);
+    let n = secs * 1_000;
+    let start = Instant::now();
+    for i in 0..n {
+        tokio::time::sleep_until((start + Duration::from_micros(i * 1_000)).into()).await;
+        system
+            .send(&alice, &pick(i), timed_body())
+            .await
+            .expect("send");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.load(Ordering::Relaxed) - before < n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_unstable();
+    (
+        percentile(&l, 0.50),
+        percentile(&l, 0.99),
+        seen.load(Ordering::Relaxed) - before,
+    )
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    if let Ok(url) = std::env::var(ROUTER_ENV) {
+        run_router(&url).await;
+    }
+    let _telemetry = std::env::var("BENCH_LOG")
+        .ok()
+        .map(|_| runtime::telemetry::init(false, "warn"))
+        .transpose()?;
+    const NAMES: [&str; 4] = ["N", "IDLE_SECS", "PACED_SECS", "TASKS"];
+    let args = examples::args::from_env_or_exit(
+        "bench_inboxes",
+        &NAMES,
+        "N idle inboxes (default 10000), IDLE_SECS of idle broker CPU (default 30), \
+         PACED_SECS of DMs at 1,000/s (default 5), TASKS tracked at once (default 10000)",
+    );
+    let n = args[0].unwrap_or(10_000);
+    let idle_secs = args[1].unwrap_or(30);
+    let paced_secs = args[2].unwrap_or(5);
+    let tasks = args[3].unwrap_or(10_000);
+
+    let server = harness::run_server().await?;
+    let url = server.url();
+    let mut router = tokio::process::Command::new(std::env::current_exe()?)
+        .env(ROUTER_ENV, &url)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    {
+        use tokio::io::AsyncBufReadExt;
+        let out = router.stdout.take().expect("piped");
+        let mut lines = tokio::io::BufReader::new(out).lines();
+        while let Some(line) = lines.next_line().await? {
+            if line == "router ready" {
+                break;
+            }
+        }
+    }
+    println!(
+        "nats-server {url} (file storage); router in process {:?}",
+        router.id()
+    );
+
+    // 1. Idle inboxes.
+    let host = system(&url).await;
+    let empty = settled_rss_kb().await;
+    println!("empty system: RSS {:.1} MB", empty as f64 / 1024.0);
+    let latencies: Latencies = Arc::default();
+    let seen = Arc::new(AtomicU64::new(0));
+    let mut attached = 0u64;
+    let start = Instant::now();
+    let mut last = (0u64, Duration::ZERO);
+    let mut failure = None;
+    for i in 0..n {
+        let id = AgentId::new(format!("idle{i}"))?;
+        if let Err(e) = attach(&host, &id, &latencies, &seen).await {
+            failure = Some(format!("attach {} failed: {e}", i + 1));
+            break;
+        }
+        attached += 1;
+        if CHECKPOINTS.contains(&attached) || attached == n {
+            let took = start.elapsed();
+            let rate = (attached - last.0) as f64 / (took - last.1).as_secs_f64();
+            last = (attached, took);
+            let rss = settled_rss_kb().await;
+            let above = rss.saturating_sub(empty);
+            println!(
+                "{attached:>6} inboxes: attached in {:>6.1} s ({rate:>5.0}/s over the last block), RSS +{:>7.1} MB, {:>6.1} kB per inbox",
+                took.as_secs_f64(),
+                above as f64 / 1024.0,
+                above as f64 / attached as f64,
+            );
+        }
+    }
+    if let Some(failure) = &failure {
+        println!("{failure}; going on with {attached} inboxes");
+    }
+
+    // 2. The broker while they idle.
+    let broker = server.pid().expect("the server's pid");
+    let (cpu0, t0) = (cpu_ms(broker), Instant::now());
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
+    println!(
+        "nats-server idle with {attached} inboxes: {:.1} % of a core over {idle_secs} s",
+        busy * 100.0
+    );
+
+    // 3. DMs to random inboxes, and to the one inbox of a fresh system.
+    if attached > 0 {
+        let mut rng = now_us() | 1;
+        let pick = move |_i: u64| {
+            // xorshift: a random attached inbox per DM.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            AgentId::new(format!("idle{}", rng % attached)).unwrap()
+        };
+        let rng_pick = std::sync::Mutex::new(pick);
+        let (p50, p99, got) = paced(
+            &host,
+            paced_secs,
+            |i| (rng_pick.lock().unwrap())(i),
+            &latencies,
+            &seen,
+        )
+        .await;
+        println!(
+            "DMs to random inboxes of {attached}, 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
+        );
+    }
+    let solo = system(&url).await;
+    let (solo_latencies, solo_seen): (Latencies, _) = (Arc::default(), Arc::new(AtomicU64::new(0)));
+    let bob = AgentId::new("solo-bob")?;
+    attach(&solo, &bob, &solo_latencies, &solo_seen).await?;
+    let (p50, p99, got) = paced(
+        &solo,
+        paced_secs,
+        |_| bob.clone(),
+        &solo_latencies,
+        &solo_seen,
+    )
+    .await;
+    println!(
+        "DMs to one inbox (a fresh system), 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
+    );
+    solo.shutdown(Duration::from_secs(10)).await?;
+    host.shutdown(Duration::from_secs(30)).await?;
+
+    // 4. Tracked tasks.
+    let tracker_host = system(&url).await;
+    let before = settled_rss_kb().await;
+    let alice = AgentId::new("alice")?;
+    let queue = QueueName::new("nobody-serves")?;
+    let start = Instant::now();
+    let mut tracking = Vec::with_capacity(tasks as usize);
+    for i in 0..tasks {
+        let spec = runtime::system::tasks::new_task(format!("task {i}"), Vec::new());
+        match tracker_host
+            .delegate_tracked(&alice, &queue, None, &spec)
+            .await
+        {
+            Ok(t) => tracking.push(t),
+            Err(e) => {
+                println!("delegate_tracked {} failed: {e}", i + 1);
+                break;
+            }
+        }
+    }
+    let took = start.elapsed();
+    let rss = settled_rss_kb().await;
+    let above = rss.saturating_sub(before);
+    println!(
+        "{:>6} tracked tasks: submitted in {:.1} s, RSS +{:.1} MB, {:.1} kB per task",
+        tracking.len(),
+        took.as_secs_f64(),
+        above as f64 / 1024.0,
+        above as f64 / tracking.len().max(1) as f64,
+    );
+    drop(tracking);
+    tracker_host.shutdown(Duration::from_secs(30)).await?;
+    router.kill().await?;
+    Ok(())
+}

@@ -18,7 +18,16 @@
 //!    serves (no result comes) and prints the RSS they cost.
 //!
 //! RSS is `VmRSS` of `/proc/self/status`; the allocator is the `runtime` binary's (mimalloc).
+//! Where the memory goes, by call site:
+//!
+//! ```sh
+//! cargo build --release -p examples --example bench_inboxes --features system-alloc
+//! heaptrack target/release/examples/bench_inboxes 1000 1 1 1
+//! ```
 
+// The `runtime` binary's allocator; `--features system-alloc` leaves the system's, for a heap
+// profiler (heaptrack) to see every allocation.
+#[cfg(not(feature = "system-alloc"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -272,7 +281,14 @@ async fn main() -> anyhow::Result<()> {
         "DMs to one inbox (a fresh system), 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
     );
     solo.shutdown(Duration::from_secs(10)).await?;
-    host.shutdown(Duration::from_secs(30)).await?;
+    let stopping = Instant::now();
+    match host.shutdown(Duration::from_secs(30)).await {
+        Ok(()) => println!(
+            "shutdown of {attached} inboxes: {:.1} s",
+            stopping.elapsed().as_secs_f64()
+        ),
+        Err(e) => println!("shutdown of {attached} inboxes failed: {e}"),
+    }
 
     // 4. Tracked tasks.
     let tracker_host = system(&url).await;

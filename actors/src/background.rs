@@ -60,6 +60,8 @@ where
     F: Future<Output = Result<(), E>> + Send + 'static,
     E: std::error::Error + Send + Sync + 'static,
 {
+    // Boxed once: the task holds a pointer, not the pump's future and a moved copy of it.
+    let pump = Box::pin(pump);
     Owned::spawn(async move {
         let outcome = match std::panic::AssertUnwindSafe(pump).catch_unwind().await {
             Ok(result) => result.map_err(|e| PumpFailure::Error(Box::new(e))),

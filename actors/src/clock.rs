@@ -132,7 +132,8 @@ impl ServerClock {
     /// Measures now, then every [`REFRESH_EVERY`], for as long as it runs (its owner's task).
     pub async fn refresh(self: Arc<Self>, client: async_nats::Client, subject: String) {
         loop {
-            match self.measure(&client, &subject).await {
+            // Boxed: between measures the task holds only its timer.
+            match Box::pin(self.measure(&client, &subject)).await {
                 Ok(m)
                     if protocol::clock::skew_verdict(m.offset_ms)
                         == protocol::clock::SkewVerdict::Skewed =>

@@ -14,11 +14,15 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// Each example with its usage line.
-const EXAMPLES: [(&str, &str); 4] = [
+const EXAMPLES: [(&str, &str); 5] = [
     ("embedded_host", "usage: embedded_host"),
     ("embedded_worker", "usage: embedded_worker"),
     ("bench_dm", "usage: bench_dm [N] [PACED_SECS] [ROUNDS]"),
     ("bench_task", "usage: bench_task [N] [PACED_SECS] [ROUNDS]"),
+    (
+        "bench_inboxes",
+        "usage: bench_inboxes [N] [IDLE_SECS] [PACED_SECS] [TASKS]",
+    ),
 ];
 
 /// `target/<profile>/examples/<name>`, next to this test's `deps/` folder.
@@ -99,6 +103,22 @@ async fn wrong_arguments_print_the_usage_and_exit_64() {
         ));
         cases.push((name, vec!["10", "1", "1", "1"], "at most 3 arguments"));
     }
+    cases.push(("bench_inboxes", vec!["x"], "N must be a positive integer"));
+    cases.push((
+        "bench_inboxes",
+        vec!["10", "0"],
+        "IDLE_SECS must be a positive integer",
+    ));
+    cases.push((
+        "bench_inboxes",
+        vec!["10", "1", "1", "t"],
+        "TASKS must be a positive integer",
+    ));
+    cases.push((
+        "bench_inboxes",
+        vec!["10", "1", "1", "1", "1"],
+        "at most 4 arguments",
+    ));
     for (name, args, wrong) in cases {
         let what = format!("{name} {}", args.join(" "));
         let out = run(name, &args, &[]).await;

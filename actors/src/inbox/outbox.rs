@@ -333,7 +333,8 @@ impl ReceiptOutbox {
                 retry_backoff(),
                 move |r| {
                     let sender = sender.clone();
-                    async move { sender.send(&r).await }
+                    // Boxed: an idle inbox's retry task holds only its wait, not a send.
+                    Box::pin(async move { sender.send(&r).await })
                 },
                 move |r| super::pump::emit(&audit, r.trail.as_ref(), "read", Default::default()),
             )

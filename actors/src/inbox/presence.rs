@@ -48,7 +48,8 @@ pub(super) async fn beat(
     loop {
         ticks.tick().await;
         let record = PresenceRecord::online(protocol::expiry::now_ms(), every.as_secs());
-        match write(&js, &id, &record).await {
+        // Boxed: between beats the task holds only its timer.
+        match Box::pin(write(&js, &id, &record)).await {
             Ok(()) => counters.presence_beats.bump(),
             Err(e) => {
                 counters.presence_failures.bump();

@@ -157,53 +157,74 @@ enum Verdict {
 }
 
 impl InboxPump {
-    pub async fn run(self, binding: Binding, stop: watch::Receiver<bool>) -> Result<(), PumpError> {
-        match binding {
-            Binding::Durable { stream, consumer } => self.durable(stream, consumer, stop).await,
-            Binding::Core => self.core(stop).await,
+    /// Pumps `binding` until `stop` turns true or the pump fails.
+    ///
+    /// Not an `async fn`: its future holds the pump once (an `async fn` keeps its arguments
+    /// twice), and a host of many inboxes holds one such future per idle inbox.
+    #[allow(clippy::manual_async_fn)]
+    pub fn run(
+        self,
+        binding: Binding,
+        stop: watch::Receiver<bool>,
+    ) -> impl std::future::Future<Output = Result<(), PumpError>> + Send {
+        async move {
+            match binding {
+                Binding::Durable { stream, consumer } => self.durable(stream, consumer, stop).await,
+                Binding::Core => self.core(stop).await,
+            }
         }
     }
 
     async fn durable(
-        self,
+        &self,
         stream: String,
         consumer: String,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), PumpError> {
         // The first deadline is judged in server time too.
         self.clock.settled().await;
-        let js = jetstream::new(self.client.clone());
         let pull = |source: async_nats::Error| PumpError::Pull {
             stream: stream.clone(),
             consumer: consumer.clone(),
             source,
         };
-        // Consumer info only: an agent may not read the stream's info.
-        let pull_consumer: jetstream::consumer::PullConsumer = js
-            .get_consumer_from_stream(&consumer, &stream)
+        // The context and the consumer's info end with this (boxed) block: what the loop
+        // below holds across its awaits is only what it needs.
+        let (mut tick, mut messages) = Box::pin(async {
+            let js = jetstream::new(self.client.clone());
+            // Consumer info only: an agent may not read the stream's info.
+            // Setup futures, and the rare paths below, are boxed: the pump's future holds its
+            // largest await inline for its whole life, once per idle inbox of a host.
+            let pull_consumer: jetstream::consumer::PullConsumer =
+                Box::pin(js.get_consumer_from_stream(&consumer, &stream))
+                    .await
+                    .map_err(|e| pull(e.into()))?;
+            // The consumer's real ack wait: its first backoff when it has one (nats-server then
+            // redelivers after it), else its ack wait; a DM being handled is heartbeated at a
+            // third of it, so a slow handler never has it redelivered.
+            let config = &pull_consumer.cached_info().config;
+            let ack_wait = config
+                .backoff
+                .first()
+                .copied()
+                .unwrap_or(config.ack_wait)
+                .min(config.ack_wait.max(Duration::from_millis(1)));
+            let beat = (ack_wait / 3).max(Duration::from_millis(100));
+            // One interval for the pump's life, reset at each handoff (no timer made per DM).
+            let tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
+            let messages = Box::pin(
+                pull_consumer
+                    .stream()
+                    .max_messages_per_batch(self.batch.max(1))
+                    .heartbeat(PULL_HEARTBEAT)
+                    .expires(PULL_EXPIRES)
+                    .messages(),
+            )
             .await
             .map_err(|e| pull(e.into()))?;
-        // The consumer's real ack wait: its first backoff when it has one (nats-server then
-        // redelivers after it), else its ack wait; a DM being handled is heartbeated at a
-        // third of it, so a slow handler never has it redelivered.
-        let config = &pull_consumer.cached_info().config;
-        let ack_wait = config
-            .backoff
-            .first()
-            .copied()
-            .unwrap_or(config.ack_wait)
-            .min(config.ack_wait.max(Duration::from_millis(1)));
-        let beat = (ack_wait / 3).max(Duration::from_millis(100));
-        // One interval for the pump's life, reset at each handoff (no timer made per DM).
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-        let mut messages = pull_consumer
-            .stream()
-            .max_messages_per_batch(self.batch.max(1))
-            .heartbeat(PULL_HEARTBEAT)
-            .expires(PULL_EXPIRES)
-            .messages()
-            .await
-            .map_err(|e| pull(e.into()))?;
+            Ok::<_, PumpError>((tick, messages))
+        })
+        .await?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
         // The highest stream sequence handed over by this incarnation.
         let mut last_handed: Option<u64> = None;
@@ -235,105 +256,123 @@ impl InboxPump {
                 },
                 None => return Err(PumpError::Ended),
             };
-            let (stream_seq, delivered) = msg
-                .info()
-                .map(|i| (Some(i.stream_sequence), i.delivered as u64))
-                .unwrap_or((None, 1));
-            let verdict = self.judge(&msg.message, stream_seq, delivered, last_handed, &seen);
-            let trail = self.trail(&msg.message, &verdict, stream_seq, delivered);
-            let ack = match verdict {
-                Verdict::Handle(delivery) => {
-                    let key = seen.key_of(
-                        delivery.envelope.meta.from.as_ref(),
-                        &delivery.envelope.meta.id,
-                    );
-                    let receipt = protocol::receipt::read_receipt(&delivery.envelope);
-                    last_handed = last_handed.max(stream_seq);
-                    let handled = {
-                        let work = self.deliver(delivery, msg.headers.as_ref());
-                        tokio::pin!(work);
-                        // A handler done at its first poll (most are) arms no timer; a
-                        // longer one beats first once it has taken a beat's time.
-                        match futures::poll!(&mut work) {
-                            std::task::Poll::Ready(done) => done?,
-                            std::task::Poll::Pending => {
-                                tick.reset();
-                                loop {
-                                    tokio::select! {
-                                        done = &mut work => break done?,
-                                        _ = tick.tick() => {
-                                            let _ = msg.ack_with(AckKind::Progress).await;
-                                        }
+            // Not boxed: an allocation per DM costs the DM path more than the 2.7 kB it would
+            // take off each idle pump.
+            self.handle(msg, &mut seen, &mut last_handed, &mut tick)
+                .await?;
+        }
+    }
+
+    /// Judges, hands over and settles one durable message.
+    async fn handle(
+        &self,
+        msg: jetstream::Message,
+        seen: &mut SeenSet,
+        last_handed: &mut Option<u64>,
+        tick: &mut tokio::time::Interval,
+    ) -> Result<(), PumpError> {
+        let (stream_seq, delivered) = msg
+            .info()
+            .map(|i| (Some(i.stream_sequence), i.delivered as u64))
+            .unwrap_or((None, 1));
+        let verdict = self.judge(&msg.message, stream_seq, delivered, *last_handed, seen);
+        let trail = self.trail(&msg.message, &verdict, stream_seq, delivered);
+        let ack = match verdict {
+            Verdict::Handle(delivery) => {
+                let key = seen.key_of(
+                    delivery.envelope.meta.from.as_ref(),
+                    &delivery.envelope.meta.id,
+                );
+                let receipt = protocol::receipt::read_receipt(&delivery.envelope);
+                *last_handed = (*last_handed).max(stream_seq);
+                let handled = {
+                    let work = self.deliver(delivery, msg.headers.as_ref());
+                    tokio::pin!(work);
+                    // A handler done at its first poll (most are) arms no timer; a
+                    // longer one beats first once it has taken a beat's time.
+                    match futures::poll!(&mut work) {
+                        std::task::Poll::Ready(done) => done?,
+                        std::task::Poll::Pending => {
+                            tick.reset();
+                            loop {
+                                tokio::select! {
+                                    done = &mut work => break done?,
+                                    _ = tick.tick() => {
+                                        let _ = msg.ack_with(AckKind::Progress).await;
                                     }
                                 }
                             }
                         }
-                    };
-                    match handled {
-                        Handled::Done => {
-                            seen.first_time_key(key);
-                            match msg.ack().await {
-                                Ok(()) => self.emit(&trail, "delivered", Details::default()),
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
-                                }
+                    }
+                };
+                match handled {
+                    Handled::Done => {
+                        seen.first_time_key(key);
+                        match msg.ack().await {
+                            Ok(()) => self.emit(&trail, "delivered", Details::default()),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
                             }
-                            // The second level: the sender asked to know it was read.
-                            if let Some(receipt) = receipt {
-                                self.send_receipt(&receipt, trail).await;
-                            }
-                            continue;
                         }
-                        Handled::Retry(delay) => {
-                            self.counters.retried.bump();
-                            let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-                            self.emit(
-                                &trail,
-                                "nacked",
-                                Details {
-                                    delay_ms: Some(ms),
-                                    ..Details::default()
-                                },
-                            );
-                            AckKind::Nak(Some(delay))
+                        // The second level: the sender asked to know it was read.
+                        if let Some(receipt) = receipt {
+                            Box::pin(self.send_receipt(&receipt, trail)).await;
                         }
-                        Handled::Reject(reason) => {
-                            // Not remembered as seen: a replay of its dead letter (the same
-                            // `meta.id`) is handed over again.
-                            self.counters.rejected.bump();
-                            self.emit(
-                                &trail,
-                                "rejected",
-                                Details {
-                                    reason: Some(reason.clone()),
-                                    ..Details::default()
-                                },
-                            );
-                            if let Err(e) = self.term_with(&msg, &reject_reason(&reason)).await {
-                                tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
-                            }
-                            continue;
+                        return Ok(());
+                    }
+                    Handled::Retry(delay) => {
+                        self.counters.retried.bump();
+                        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                        self.emit(
+                            &trail,
+                            "nacked",
+                            Details {
+                                delay_ms: Some(ms),
+                                ..Details::default()
+                            },
+                        );
+                        AckKind::Nak(Some(delay))
+                    }
+                    Handled::Reject(reason) => {
+                        // Not remembered as seen: a replay of its dead letter (the same
+                        // `meta.id`) is handed over again.
+                        self.counters.rejected.bump();
+                        self.emit(
+                            &trail,
+                            "rejected",
+                            Details {
+                                reason: Some(reason.clone()),
+                                ..Details::default()
+                            },
+                        );
+                        if let Err(e) =
+                            Box::pin(self.term_with(&msg, &reject_reason(&reason))).await
+                        {
+                            tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
                         }
+                        return Ok(());
                     }
                 }
-                Verdict::Duplicate => AckKind::Ack,
-                Verdict::Malformed => AckKind::Term,
-                Verdict::Expired => {
-                    // Terminated with its reason: the broker's termination advisory names it,
-                    // and the router tells the sender (`crate::expiry`).
-                    if let Err(e) = self.term_with(&msg, protocol::expiry::TERM_REASON).await {
-                        tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
-                    }
-                    continue;
-                }
-            };
-            if let Err(e) = msg.ack_with(ack).await {
-                tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
             }
+            Verdict::Duplicate => AckKind::Ack,
+            Verdict::Malformed => AckKind::Term,
+            Verdict::Expired => {
+                // Terminated with its reason: the broker's termination advisory names it,
+                // and the router tells the sender (`crate::expiry`).
+                if let Err(e) = Box::pin(self.term_with(&msg, protocol::expiry::TERM_REASON)).await
+                {
+                    tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
+                }
+                return Ok(());
+            }
+        };
+        if let Err(e) = msg.ack_with(ack).await {
+            tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
         }
+        Ok(())
     }
 
-    async fn core(self, mut stop: watch::Receiver<bool>) -> Result<(), PumpError> {
+    async fn core(&self, mut stop: watch::Receiver<bool>) -> Result<(), PumpError> {
         let subject = subjects::inbox(&self.id);
         let mut sub = self
             .client

@@ -114,14 +114,6 @@ impl Auditor {
         self.emit_refs([event.borrowed()]);
     }
 
-    /// Keeps `events` for the next flush, in order, under one lock ([`Self::emit`]).
-    pub fn emit_all(&self, events: impl IntoIterator<Item = AuditEvent>) {
-        if self.is_on() {
-            let events: Vec<AuditEvent> = events.into_iter().collect();
-            self.emit_refs(events.iter().map(AuditEvent::borrowed));
-        }
-    }
-
     /// Keeps borrowed `events` for the next flush, in order, under one lock: each is encoded
     /// at once, so a hot path that builds [`EventRef`]s allocates nothing ([`Self::emit`]).
     pub fn emit_refs<'a>(&self, events: impl IntoIterator<Item = EventRef<'a>>) {
@@ -260,7 +252,10 @@ mod tests {
             auditor.emit(auditor.msg("routed", &format!("m{n}")));
         }
         // Several under one lock keep their order too.
-        auditor.emit_all((650..1300).map(|n| auditor.msg("routed", &format!("m{n}"))));
+        let more: Vec<_> = (650..1300)
+            .map(|n| auditor.msg("routed", &format!("m{n}")))
+            .collect();
+        auditor.emit_refs(more.iter().map(AuditEvent::borrowed));
         let mut seen = Vec::new();
         while seen.len() < 1300 {
             let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())

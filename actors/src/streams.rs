@@ -554,15 +554,9 @@ mod tests {
         let made = futures::stream::iter(0..1_001)
             .map(|i| {
                 let stream = stream.clone();
-                async move {
-                    stream
-                        .create_consumer(jetstream::consumer::pull::Config {
-                            durable_name: Some(format!("inbox-agent{i}")),
-                            filter_subject: format!("channel.inbox.agent{i}"),
-                            ..Default::default()
-                        })
-                        .await
-                }
+                let agent = protocol::AgentId::new(format!("agent{i}")).unwrap();
+                let config = crate::consumers::inbox_consumer(&cfg, &agent);
+                async move { stream.create_consumer(config).await }
             })
             .buffer_unordered(32)
             .collect::<Vec<_>>()

@@ -188,17 +188,16 @@ impl InboxPump {
             consumer: consumer.clone(),
             source,
         };
-        // The context and the consumer's info end with this (boxed) block: what the loop
-        // below holds across its awaits is only what it needs.
+        // The setup, and the rare paths below, are boxed: the pump's future holds its largest
+        // await inline for its whole life, once per idle inbox of a host. The context and the
+        // consumer's info end with this block.
         let (mut tick, mut messages) = Box::pin(async {
             let js = jetstream::new(self.client.clone());
             // Consumer info only: an agent may not read the stream's info.
-            // Setup futures, and the rare paths below, are boxed: the pump's future holds its
-            // largest await inline for its whole life, once per idle inbox of a host.
-            let pull_consumer: jetstream::consumer::PullConsumer =
-                Box::pin(js.get_consumer_from_stream(&consumer, &stream))
-                    .await
-                    .map_err(|e| pull(e.into()))?;
+            let pull_consumer: jetstream::consumer::PullConsumer = js
+                .get_consumer_from_stream(&consumer, &stream)
+                .await
+                .map_err(|e| pull(e.into()))?;
             // The consumer's real ack wait: its first backoff when it has one (nats-server then
             // redelivers after it), else its ack wait; a DM being handled is heartbeated at a
             // third of it, so a slow handler never has it redelivered.
@@ -212,16 +211,14 @@ impl InboxPump {
             let beat = (ack_wait / 3).max(Duration::from_millis(100));
             // One interval for the pump's life, reset at each handoff (no timer made per DM).
             let tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-            let messages = Box::pin(
-                pull_consumer
-                    .stream()
-                    .max_messages_per_batch(self.batch.max(1))
-                    .heartbeat(PULL_HEARTBEAT)
-                    .expires(PULL_EXPIRES)
-                    .messages(),
-            )
-            .await
-            .map_err(|e| pull(e.into()))?;
+            let messages = pull_consumer
+                .stream()
+                .max_messages_per_batch(self.batch.max(1))
+                .heartbeat(PULL_HEARTBEAT)
+                .expires(PULL_EXPIRES)
+                .messages()
+                .await
+                .map_err(|e| pull(e.into()))?;
             Ok::<_, PumpError>((tick, messages))
         })
         .await?;

@@ -198,19 +198,16 @@ impl DurablePump {
         };
         let (id, task) = trail.id();
         let trace_id = trail.trace_id.as_deref();
-        let accepted_details = trail.accepted.map(|a| Details {
-            ingress_seq: Some(a.ingress_seq),
+        let accepted_details = Details {
+            ingress_seq: trail.accepted.map(|a| a.ingress_seq),
             ..Details::default()
+        };
+        let accepted = trail.accepted.map(|a| {
+            EventRef::of("accepted", id, task, a.at)
+                .traced(trace_id)
+                .attempt(a.attempt)
+                .details(&accepted_details)
         });
-        let accepted = trail
-            .accepted
-            .zip(accepted_details.as_ref())
-            .map(|(a, details)| {
-                EventRef::of("accepted", id, task, a.at)
-                    .traced(trace_id)
-                    .attempt(a.attempt)
-                    .details(details)
-            });
         let Some((seq, duplicate)) = stored else {
             self.audit.emit_refs(accepted);
             return;
@@ -221,20 +218,19 @@ impl DurablePump {
                 .details(details)
         };
         if matches!(trail.about, About::Task { channel: true, .. }) {
-            let details: Vec<Details> = trail
+            let events: Vec<(&str, Details)> = trail
                 .channel
                 .iter()
-                .map(|(_, state)| Details {
-                    seq,
-                    state: *state,
-                    ..Details::default()
+                .map(|(name, state)| {
+                    let details = Details {
+                        seq,
+                        state: *state,
+                        ..Details::default()
+                    };
+                    (*name, details)
                 })
                 .collect();
-            let events = trail
-                .channel
-                .iter()
-                .zip(&details)
-                .map(|((name, _), details)| event(name, details));
+            let events = events.iter().map(|(name, details)| event(name, details));
             self.audit.emit_refs(accepted.into_iter().chain(events));
         } else {
             let name = if duplicate { "deduplicated" } else { "routed" };

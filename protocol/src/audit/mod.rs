@@ -221,7 +221,7 @@ pub struct EventRef<'a> {
 }
 
 /// No details: what most events say.
-pub static NO_DETAILS: Details = Details {
+static NO_DETAILS: Details = Details {
     seq: None,
     ingress_seq: None,
     stream_seq: None,

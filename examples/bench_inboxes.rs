@@ -2,22 +2,28 @@
 //! one of many inboxes take (issue 11).
 //!
 //! ```sh
-//! cargo run --release -p examples --example bench_inboxes -- [N] [IDLE_SECS] [PACED_SECS] [TASKS]
+//! cargo run --release -p examples --example bench_inboxes -- [N] [IDLE_SECS] [PACED_SECS] [TASKS] [ATTACHING]
 //! ```
 //!
 //! One local nats-server (file storage) and a router in a child process (this program run
 //! again), so that this process holds only what a host holds. Then, in this process, one
 //! `ActorSystem` (durable):
-//! 1. attaches N idle inboxes (default 10,000) with `attach_inbox`, one after the other, and
-//!    prints the attach rate and the RSS above the empty system at 1k, 5k and 10k (each taken
-//!    once the process has settled); it stops at the first failed attach and says so;
+//! 1. attaches N idle inboxes (default 10,000) with `attach_inbox`, ATTACHING at a time
+//!    (default 64; 1 attaches one after the other), and prints the attach rate and the RSS
+//!    above the empty system at 1k, 5k and 10k (each taken once the process has settled); it
+//!    stops at the first failed attach and says so;
 //! 2. measures nats-server's CPU over IDLE_SECS (default 30) with every inbox attached and idle;
 //! 3. sends DMs to random attached inboxes at 1,000/s for PACED_SECS (default 5) and prints
 //!    p50/p99 from send to handler, and the same to one inbox of a fresh system for reference;
-//! 4. tracks TASKS tasks (default 10,000) at once with `delegate_tracked` to a queue no worker
-//!    serves (no result comes) and prints the RSS they cost.
+//! 4. detaches half of the inboxes with `detach_inbox` (the same ATTACHING at a time) and
+//!    prints how long that took and the RSS left, then times the shutdown of the other half;
+//! 5. in a child process of its own, tracks TASKS tasks (default 10,000) at once with
+//!    `delegate_tracked` to a queue no worker serves (no result comes) and prints the RSS they
+//!    cost.
 //!
-//! RSS is `VmRSS` of `/proc/self/status`; the allocator is the `runtime` binary's (mimalloc).
+//! RSS is `VmRSS` of `/proc/self/status`; the allocator is the `runtime` binary's (mimalloc),
+//! wrapped to count the heap's live bytes, printed beside RSS ("heap"): an allocator keeps
+//! memory it was given back, so only the heap says what a detach released.
 //! Where the memory goes, by call site:
 //!
 //! ```sh
@@ -26,10 +32,57 @@
 //! ```
 
 // The `runtime` binary's allocator; `--features system-alloc` leaves the system's, for a heap
-// profiler (heaptrack) to see every allocation.
+// profiler (heaptrack) to see every allocation. Either way wrapped to count the bytes live,
+// which say what a detach released whatever the allocator keeps for later.
 #[cfg(not(feature = "system-alloc"))]
+static INNER: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(feature = "system-alloc")]
+static INNER: std::alloc::System = std::alloc::System;
+
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
+
+/// Bytes allocated and not freed.
+static LIVE: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// The allocator, counting what is live in [`LIVE`].
+struct Counting;
+
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let p = INNER.alloc(layout);
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: std::alloc::Layout) {
+        INNER.dealloc(p, layout);
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        let p = INNER.alloc_zeroed(layout);
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        let q = INNER.realloc(p, layout, size);
+        if !q.is_null() {
+            LIVE.fetch_add(size as i64 - layout.size() as i64, Ordering::Relaxed);
+        }
+        q
+    }
+}
+
+/// The heap's live bytes now, kB.
+fn live_kb() -> i64 {
+    LIVE.load(Ordering::Relaxed) / 1024
+}
 
 #[path = "bench_common.rs"]
 mod bench_common;
@@ -39,11 +92,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bench_common::{cpu_ms, now_us, percentile};
+use futures::StreamExt;
 use protocol::{AgentId, QueueName};
 use runtime::{ActorSystem, NatsSettings};
 
 /// Set in the child that runs the router: the server's URL.
 const ROUTER_ENV: &str = "BENCH_INBOXES_ROUTER";
+/// Set in the child that tracks tasks: the server's URL and how many tasks.
+const TASKS_ENV: &str = "BENCH_INBOXES_TASKS";
 /// Where RSS is read at while attaching.
 const CHECKPOINTS: [u64; 3] = [1_000, 5_000, 10_000];
 
@@ -159,21 +215,26 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(url) = std::env::var(ROUTER_ENV) {
         run_router(&url).await;
     }
+    if let Ok(arg) = std::env::var(TASKS_ENV) {
+        return tracked_tasks(&arg).await;
+    }
     let _telemetry = std::env::var("BENCH_LOG")
         .ok()
         .map(|_| runtime::telemetry::init(false, "warn"))
         .transpose()?;
-    const NAMES: [&str; 4] = ["N", "IDLE_SECS", "PACED_SECS", "TASKS"];
+    const NAMES: [&str; 5] = ["N", "IDLE_SECS", "PACED_SECS", "TASKS", "ATTACHING"];
     let args = examples::args::from_env_or_exit(
         "bench_inboxes",
         &NAMES,
         "N idle inboxes (default 10000), IDLE_SECS of idle broker CPU (default 30), \
-         PACED_SECS of DMs at 1,000/s (default 5), TASKS tracked at once (default 10000)",
+         PACED_SECS of DMs at 1,000/s (default 5), TASKS tracked at once (default 10000), \
+         ATTACHING attaches at a time (default 64)",
     );
     let n = args[0].unwrap_or(10_000);
     let idle_secs = args[1].unwrap_or(30);
     let paced_secs = args[2].unwrap_or(5);
     let tasks = args[3].unwrap_or(10_000);
+    let attaching = args[4].unwrap_or(64) as usize;
 
     let server = harness::run_server().await?;
     let url = server.url();
@@ -200,32 +261,54 @@ async fn main() -> anyhow::Result<()> {
     // 1. Idle inboxes.
     let host = system(&url).await;
     let empty = settled_rss_kb().await;
-    println!("empty system: RSS {:.1} MB", empty as f64 / 1024.0);
+    let empty_heap = live_kb();
+    println!(
+        "empty system: RSS {:.1} MB, heap {:.1} MB",
+        empty as f64 / 1024.0,
+        empty_heap as f64 / 1024.0
+    );
     let latencies: Latencies = Arc::default();
     let seen = Arc::new(AtomicU64::new(0));
     let mut attached = 0u64;
     let start = Instant::now();
     let mut last = (0u64, Duration::ZERO);
     let mut failure = None;
-    for i in 0..n {
-        let id = AgentId::new(format!("idle{i}"))?;
-        if let Err(e) = attach(&host, &id, &latencies, &seen).await {
-            failure = Some(format!("attach {} failed: {e}", i + 1));
-            break;
+    // Blocks that end at each checkpoint, each attached `attaching` at a time.
+    let mut ends: Vec<u64> = CHECKPOINTS.iter().copied().filter(|&c| c < n).collect();
+    ends.push(n);
+    for end in ends {
+        let block = futures::stream::iter(attached..end)
+            .map(|i| {
+                let (host, latencies, seen) = (&host, &latencies, &seen);
+                async move {
+                    let id = AgentId::new(format!("idle{i}")).expect("a valid id");
+                    attach(host, &id, latencies, seen)
+                        .await
+                        .map_err(|e| format!("attach of idle{i} failed: {e}"))
+                }
+            })
+            .buffer_unordered(attaching);
+        let results: Vec<Result<(), String>> = block.collect().await;
+        let ok = results.iter().filter(|r| r.is_ok()).count() as u64;
+        attached += ok;
+        if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+            failure = Some(e);
         }
-        attached += 1;
-        if CHECKPOINTS.contains(&attached) || attached == n {
-            let took = start.elapsed();
-            let rate = (attached - last.0) as f64 / (took - last.1).as_secs_f64();
-            last = (attached, took);
-            let rss = settled_rss_kb().await;
-            let above = rss.saturating_sub(empty);
-            println!(
-                "{attached:>6} inboxes: attached in {:>6.1} s ({rate:>5.0}/s over the last block), RSS +{:>7.1} MB, {:>6.1} kB per inbox",
-                took.as_secs_f64(),
-                above as f64 / 1024.0,
-                above as f64 / attached as f64,
-            );
+        let took = start.elapsed();
+        let rate = (attached - last.0) as f64 / (took - last.1).as_secs_f64();
+        last = (attached, took);
+        let rss = settled_rss_kb().await;
+        let above = rss.saturating_sub(empty);
+        let heap = live_kb() - empty_heap;
+        println!(
+            "{attached:>6} inboxes: attached in {:>6.1} s ({rate:>5.0}/s over the last block), RSS +{:>7.1} MB, {:>6.1} kB per inbox (heap {:>5.1} kB)",
+            took.as_secs_f64(),
+            above as f64 / 1024.0,
+            above as f64 / attached.max(1) as f64,
+            heap as f64 / attached.max(1) as f64,
+        );
+        if failure.is_some() {
+            break;
         }
     }
     if let Some(failure) = &failure {
@@ -270,18 +353,63 @@ async fn main() -> anyhow::Result<()> {
         "DMs to one inbox (a fresh system), 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
     );
     solo.shutdown(Duration::from_secs(10)).await?;
+
+    // 4. Detach half, shut down with the rest.
+    let ids = host.attached_inboxes().await;
+    let half = ids.len() / 2;
+    let before_detach = settled_rss_kb().await;
+    let heap_before_detach = live_kb();
+    let detaching = Instant::now();
+    let detached: Vec<_> = futures::stream::iter(&ids[..half])
+        .map(|id| host.detach_inbox(id, Duration::from_secs(10)))
+        .buffer_unordered(attaching)
+        .collect()
+        .await;
+    let took = detaching.elapsed();
+    let failed = detached.iter().filter(|r| r.is_err()).count();
+    let after_detach = settled_rss_kb().await;
+    let heap_after_detach = live_kb();
+    println!(
+        "detach of {half} inboxes: {:.1} s ({failed} failed); above the empty system, RSS {:.1} → {:.1} MB, heap {:.1} → {:.1} MB ({:.1} kB of heap released per inbox)",
+        took.as_secs_f64(),
+        before_detach.saturating_sub(empty) as f64 / 1024.0,
+        after_detach.saturating_sub(empty) as f64 / 1024.0,
+        (heap_before_detach - empty_heap) as f64 / 1024.0,
+        (heap_after_detach - empty_heap) as f64 / 1024.0,
+        (heap_before_detach - heap_after_detach) as f64 / half.max(1) as f64,
+    );
+    let rest = ids.len() - half;
     let stopping = Instant::now();
     match host.shutdown(Duration::from_secs(30)).await {
         Ok(()) => println!(
-            "shutdown of {attached} inboxes: {:.1} s",
+            "shutdown with {rest} inboxes: {:.1} s",
             stopping.elapsed().as_secs_f64()
         ),
-        Err(e) => println!("shutdown of {attached} inboxes failed: {e}"),
+        Err(e) => println!("shutdown with {rest} inboxes failed: {e}"),
     }
 
-    // 4. Tracked tasks.
-    let tracker_host = system(&url).await;
+    // 5. Tracked tasks, in a child process of their own: this one's allocator keeps what the
+    // inboxes freed, and would count it again.
+    let child = tokio::process::Command::new(std::env::current_exe()?)
+        .env(TASKS_ENV, format!("{url} {tasks}"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await?;
+    print!("{}", String::from_utf8_lossy(&child.stdout));
+    router.kill().await?;
+    Ok(())
+}
+
+/// The child that tracks tasks: `"<url> <tasks>"`. It tracks that many tasks at once to a queue
+/// no worker serves, prints what they cost, and exits.
+async fn tracked_tasks(arg: &str) -> anyhow::Result<()> {
+    let (url, tasks) = arg
+        .split_once(' ')
+        .ok_or_else(|| anyhow::anyhow!("{TASKS_ENV} is \"<url> <tasks>\""))?;
+    let tasks: u64 = tasks.parse()?;
+    let tracker_host = system(url).await;
     let before = settled_rss_kb().await;
+    let heap_before = live_kb();
     let alice = AgentId::new("alice")?;
     let queue = QueueName::new("nobody-serves")?;
     let start = Instant::now();
@@ -302,15 +430,17 @@ async fn main() -> anyhow::Result<()> {
     let took = start.elapsed();
     let rss = settled_rss_kb().await;
     let above = rss.saturating_sub(before);
+    let heap = live_kb() - heap_before;
+    let n = tracking.len().max(1) as f64;
     println!(
-        "{:>6} tracked tasks: submitted in {:.1} s, RSS +{:.1} MB, {:.1} kB per task",
+        "{:>6} tracked tasks: submitted in {:.1} s, RSS +{:.1} MB, {:.1} kB per task (heap {:.1} kB)",
         tracking.len(),
         took.as_secs_f64(),
         above as f64 / 1024.0,
-        above as f64 / tracking.len().max(1) as f64,
+        above as f64 / n,
+        heap as f64 / n,
     );
     drop(tracking);
     tracker_host.shutdown(Duration::from_secs(30)).await?;
-    router.kill().await?;
     Ok(())
 }

@@ -9,6 +9,10 @@
 //! requester itself ([`protocol::attach::TaskRead`]). These are served by the listener, off the
 //! actor's mailbox (a consumer creation does not hold up a read).
 //!
+//! Attaches are served beside the mailbox, [`ATTACHES_IN_FLIGHT`] at a time, so a host that
+//! attaches thousands of agents at once waits on their consumer creations in parallel; joins
+//! and hub info requests are served in the mailbox's order.
+//!
 //! An attach of a removed agent (its tombstone in `HUB_REMOVED`, `runtime agent remove`) is
 //! refused with the kind `recipient_deleted`.
 //!
@@ -63,7 +67,12 @@ pub struct AttachState {
     /// subscriptions end with it and take no request they would never answer.
     listeners: Vec<Owned>,
     counters: Arc<AttachCounters>,
+    /// The attaches being served (aborted with the state).
+    attaching: tokio::task::JoinSet<()>,
 }
+
+/// How many attaches one attach actor serves at once.
+pub const ATTACHES_IN_FLIGHT: usize = 64;
 
 crate::counters! {
     /// Counters of the attach actor.
@@ -138,6 +147,7 @@ impl Actor for Attach {
         Ok(AttachState {
             listeners,
             counters,
+            attaching: tokio::task::JoinSet::new(),
         })
     }
 
@@ -167,16 +177,25 @@ impl Actor for Attach {
                 let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
                     return Ok(());
                 };
-                let response = self.attach(msg.subject.as_str()).await;
-                match &response {
-                    AttachResponse::Attached(_) => &state.counters.attached,
-                    AttachResponse::Refused { .. } => &state.counters.refused,
+                // Served beside the mailbox, [`ATTACHES_IN_FLIGHT`] at a time: a host that
+                // attaches thousands of agents waits on consumer creations in parallel.
+                while state.attaching.try_join_next().is_some() {}
+                while state.attaching.len() >= ATTACHES_IN_FLIGHT {
+                    state.attaching.join_next().await;
                 }
-                .bump();
-                let body = serde_json::to_vec(&response)?;
-                if let Err(e) = self.client.publish(reply, body.into()).await {
-                    tracing::warn!(error = %e, "cannot answer an attach request");
-                }
+                let (me, counters) = (self.clone(), state.counters.clone());
+                state.attaching.spawn(async move {
+                    let response = me.attach(msg.subject.as_str()).await;
+                    match &response {
+                        AttachResponse::Attached(_) => &counters.attached,
+                        AttachResponse::Refused { .. } => &counters.refused,
+                    }
+                    .bump();
+                    let body = serde_json::to_vec(&response).unwrap_or_default();
+                    if let Err(e) = me.client.publish(reply, body.into()).await {
+                        tracing::warn!(error = %e, "cannot answer an attach request");
+                    }
+                });
             }
             AttachMsg::Join(msg) => {
                 let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
@@ -362,8 +381,8 @@ impl Attach {
         let config = crate::consumers::inbox_consumer(&self.delivery, &id);
         let consumer = config.durable_name.clone().unwrap_or_default();
         let created = async {
-            let stream = js.get_stream(&self.delivery.inbox.name).await?;
-            stream.create_consumer(config).await?;
+            js.create_consumer_on_stream(config, &self.delivery.inbox.name)
+                .await?;
             Ok::<_, async_nats::Error>(())
         };
         match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, created).await {

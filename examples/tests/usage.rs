@@ -21,7 +21,7 @@ const EXAMPLES: [(&str, &str); 5] = [
     ("bench_task", "usage: bench_task [N] [PACED_SECS] [ROUNDS]"),
     (
         "bench_inboxes",
-        "usage: bench_inboxes [N] [IDLE_SECS] [PACED_SECS] [TASKS]",
+        "usage: bench_inboxes [N] [IDLE_SECS] [PACED_SECS] [TASKS] [ATTACHING]",
     ),
 ];
 
@@ -116,8 +116,13 @@ async fn wrong_arguments_print_the_usage_and_exit_64() {
     ));
     cases.push((
         "bench_inboxes",
-        vec!["10", "1", "1", "1", "1"],
-        "at most 4 arguments",
+        vec!["10", "1", "1", "1", "0"],
+        "ATTACHING must be a positive integer",
+    ));
+    cases.push((
+        "bench_inboxes",
+        vec!["10", "1", "1", "1", "1", "1"],
+        "at most 5 arguments",
     ));
     for (name, args, wrong) in cases {
         let what = format!("{name} {}", args.join(" "));

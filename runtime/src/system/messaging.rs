@@ -1,10 +1,9 @@
-//! Messaging through an [`ActorSystem`]: `send`, `broadcast` and `attach_inbox`.
+//! Messaging through an [`ActorSystem`]: `send` and `broadcast` (inboxes are in
+//! [`super::inboxes`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use actors::inbox::{Delivery, Handled, InboxConsumer, InboxHandler};
-use actors::supervision::{ChildSpec, Strategy, SupervisorSpec};
 use async_nats::HeaderMap;
 use protocol::subjects::{self, Channel};
 use protocol::{headers, AgentId, ChannelName, Codec, Envelope, MessageId, Meta};
@@ -12,10 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ActorSystem, SystemError};
 
-/// How long an inbox waits for an attach reply before trying the existing consumer.
-pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(2);
-/// DMs pulled per request by an inbox consumer.
-pub const INBOX_BATCH: usize = 256;
+pub use super::inboxes::{ATTACH_TIMEOUT, INBOX_BATCH};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -161,63 +157,6 @@ impl ActorSystem {
         })
     }
 
-    /// Starts `id`'s inbox consumer under its own supervisor. The handler is called once per
-    /// DM, in order; the DM is acked when the handler's future completes. The binding follows
-    /// the system's inbox mode (`auto` by default; see [`actors::inbox`]).
-    ///
-    /// # Errors
-    /// [`SystemError::Spawn`] when the supervisor cannot be spawned, [`SystemError::Timeout`]
-    /// when the inbox does not bind within 30 s (it keeps trying under its supervisor).
-    pub async fn attach_inbox<F, Fut, R>(&self, id: &AgentId, handler: F) -> Result<(), SystemError>
-    where
-        F: Fn(Delivery) -> Fut + Send + Sync + 'static,
-        Fut: std::future::Future<Output = R> + Send + 'static,
-        R: Into<Handled> + 'static,
-    {
-        let (holds, owner) = (self.holds.clone(), id.clone());
-        let handler: InboxHandler = std::sync::Arc::new(move |d| {
-            // A refusal for a limit (a system envelope) tells this sender what to hold back.
-            if protocol::is_system(&d.envelope) {
-                if let Some(rejection) = protocol::parse_rejection(&d.envelope) {
-                    holds.note(&owner, &rejection);
-                }
-            }
-            let done = handler(d);
-            Box::pin(async move { done.await.into() })
-        });
-        let inbox = InboxConsumer {
-            name: self.inbox_name(id),
-            client: self.client.clone(),
-            id: id.clone(),
-            mode: self.inbox_mode,
-            inbox_stream: self.delivery.inbox.name.clone(),
-            hub_durable: self.durable,
-            attach_timeout: ATTACH_TIMEOUT,
-            batch: INBOX_BATCH,
-            handler,
-            presence_beat: self.durable.then(|| self.delivery.presence_beat()),
-            audit_events: self.delivery.audit_events,
-        };
-        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
-            self.inbox_name(id),
-            inbox,
-            || (),
-        ));
-        self.spawn_tree(format!("{}-sup", self.inbox_name(id)), spec)
-            .await?;
-        self.inbox_ids.lock().await.push(id.clone());
-        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
-        while self.inbox_snapshot(id).await.is_none() {
-            if tokio::time::Instant::now() > deadline {
-                return Err(SystemError::Timeout {
-                    what: format!("the inbox of {id} to bind"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
-    }
-
     /// Reads the holds the router stored for `from`'s DMs to `to` (its inbox full, or `from`
     /// over its rate), so that [`send_envelope`](Self::send_envelope) honours them: what a
     /// client that has not attached `from`'s inbox, and so saw no refusal, calls before it
@@ -227,14 +166,6 @@ impl ActorSystem {
         if self.durable {
             self.holds.load(&self.client, from, to).await;
         }
-    }
-
-    /// The snapshot of `id`'s inbox consumer, when it runs.
-    pub async fn inbox_snapshot(&self, id: &AgentId) -> Option<actors::inbox::InboxSnapshot> {
-        use actors::inbox::InboxMsg;
-        let cell = ractor::registry::where_is(self.inbox_name(id))?;
-        let inbox: ractor::ActorRef<InboxMsg> = cell.into();
-        ractor::call_t!(inbox, InboxMsg::Snapshot, 5_000).ok()
     }
 }
 

@@ -1,7 +1,8 @@
 //! [`ActorSystem`]: the embedding API. A custom host builds one, starts the parts it needs and
 //! shuts it down; the `runtime` binary is such a host.
 //!
-//! Messaging (`send`, `broadcast`, `attach_inbox`) is in [`messaging`].
+//! Messaging (`send`, `broadcast`) is in [`messaging`]; inboxes (`attach_inbox`, `detach_inbox`)
+//! are in [`inboxes`].
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), runtime::SystemError> {
@@ -17,7 +18,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,7 @@ use tokio::sync::Mutex;
 
 pub mod control;
 mod holds;
+pub mod inboxes;
 pub mod messaging;
 pub mod presence;
 pub mod removal;
@@ -83,6 +85,18 @@ pub enum SystemError {
         /// Why.
         #[source]
         source: BoxError,
+    },
+    /// [`ActorSystem::attach_inbox`] of an identity whose inbox is attached here already.
+    #[error("the inbox of {id} is attached already")]
+    AlreadyAttached {
+        /// The identity.
+        id: AgentId,
+    },
+    /// [`ActorSystem::detach_inbox`] of an identity with no inbox attached here.
+    #[error("no inbox of {id} is attached here")]
+    NotAttached {
+        /// The identity.
+        id: AgentId,
     },
     /// An actor did not come up or answer in time.
     #[error("timed out waiting for {what}")]
@@ -308,7 +322,7 @@ impl ActorSystemBuilder {
             reply_prefix,
             inbox_mode,
             trees: Mutex::new(Vec::new()),
-            inbox_ids: Mutex::new(Vec::new()),
+            inboxes: Mutex::new(HashMap::new()),
             trackers: Mutex::new(None),
             holds: Arc::default(),
         })
@@ -334,7 +348,8 @@ pub struct ActorSystem {
     reply_prefix: String,
     inbox_mode: DurableInboxMode,
     trees: Mutex<Vec<Tree>>,
-    inbox_ids: Mutex<Vec<AgentId>>,
+    /// The attached inboxes' trees, by identity ([`inboxes`]).
+    inboxes: Mutex<HashMap<AgentId, Tree>>,
     /// The dynamic supervisor of task trackers, started by the first `track`.
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// What refusals for a limit told its senders to hold back, and until when.
@@ -469,16 +484,27 @@ impl ActorSystem {
         spec: SupervisorSpec,
         worker: Option<WorkerId>,
     ) -> Result<(), SystemError> {
+        let tree = self.start_tree(name, spec, worker).await?;
+        self.trees.lock().await.push(tree);
+        Ok(())
+    }
+
+    /// Spawns a supervision tree, not remembered yet.
+    async fn start_tree(
+        &self,
+        name: String,
+        spec: SupervisorSpec,
+        worker: Option<WorkerId>,
+    ) -> Result<Tree, SystemError> {
         let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
             .await
             .map_err(|e| SystemError::spawn(&name, e))?;
-        self.trees.lock().await.push(Tree {
+        Ok(Tree {
             name,
             worker,
             supervisor,
             join,
-        });
-        Ok(())
+        })
     }
 
     async fn router_snapshot(&self) -> Option<RouterSnapshot> {
@@ -498,17 +524,31 @@ impl ActorSystem {
     /// [`SystemError::Timeout`] when a supervisor does not answer.
     pub async fn snapshot(&self) -> Result<SystemSnapshot, SystemError> {
         let mut supervisors = BTreeMap::new();
-        for tree in self.trees.lock().await.iter() {
-            let snap = supervision::snapshot(&tree.supervisor).await.map_err(|e| {
-                SystemError::Timeout {
-                    what: format!("supervisor {}: {e}", tree.name),
-                }
-            })?;
-            supervisors.insert(tree.name.clone(), snap);
+        let mut named: Vec<(String, SupervisorRef)> = self
+            .trees
+            .lock()
+            .await
+            .iter()
+            .map(|t| (t.name.clone(), t.supervisor.clone()))
+            .collect();
+        named.extend(
+            self.inboxes
+                .lock()
+                .await
+                .values()
+                .map(|t| (t.name.clone(), t.supervisor.clone())),
+        );
+        for (name, supervisor) in named {
+            let snap =
+                supervision::snapshot(&supervisor)
+                    .await
+                    .map_err(|e| SystemError::Timeout {
+                        what: format!("supervisor {name}: {e}"),
+                    })?;
+            supervisors.insert(name, snap);
         }
         let mut inboxes = BTreeMap::new();
-        let ids = self.inbox_ids.lock().await.clone();
-        for id in ids {
+        for id in self.attached_inboxes().await {
             if let Some(snap) = self.inbox_snapshot(&id).await {
                 inboxes.insert(id.to_string(), snap);
             }
@@ -543,8 +583,9 @@ impl ActorSystem {
     ///    handed back, for other workers);
     /// 2. the workers stop together: each lets its running attempts finish within its own
     ///    shutdown grace, then hands back the inputs of the rest;
-    /// 3. the trackers, then every other supervision tree (children first), in the reverse
-    ///    order of their start.
+    /// 3. the trackers, then the inboxes together ([`inboxes::INBOX_STOP_CONCURRENCY`] at a
+    ///    time), then every other supervision tree (children first), in the reverse order of
+    ///    their start.
     ///
     /// `grace` bounds each stop; the whole shutdown is given `grace` plus
     /// [`SHUTDOWN_SLACK`].
@@ -579,6 +620,7 @@ impl ActorSystem {
                 sup.stop(Some("system shutdown".into()));
                 let _ = join.await;
             }
+            self.stop_inboxes(grace).await;
             for tree in others.into_iter().rev() {
                 supervision::shutdown(&tree.supervisor, grace).await;
                 let _ = tree.join.await;

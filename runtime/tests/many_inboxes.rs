@@ -1,0 +1,170 @@
+//! Many agents in one process (issue 11): 2,000 inboxes attached in one system, one DM to
+//! each through a router process killed with SIGKILL mid-way, every DM handled once by its
+//! own inbox, and RSS per inbox under a bound taken from `bench_inboxes`.
+//!
+//! Alone in its test binary: RSS is the whole process's.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::StreamExt;
+use protocol::attach::DurableInboxMode;
+use protocol::{AgentId, Envelope, MessageId, Meta};
+use runtime::{ActorSystem, NatsSettings};
+use support::processes::Scene;
+
+const AGENTS: usize = 2_000;
+const DEADLINE: Duration = Duration::from_secs(120);
+/// RSS per idle inbox this test allows, kB. `bench_inboxes` measures about 45 kB of heap and
+/// 45 to 52 kB of RSS per inbox (release build, mimalloc; docs/CAPACITY.md). This test, a
+/// debug build on the system allocator, measured 44 kB. The bound leaves room for the
+/// allocator and fails if an inbox grows by half.
+const RSS_PER_INBOX_KB: u64 = 72;
+
+/// Which agent saw which DM, and how often.
+type Seen = Arc<Mutex<HashMap<(usize, u64), u32>>>;
+
+/// This process's resident set, kB.
+fn rss_kb() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// The lowest RSS of a few reads while the process settles (an allocator hands memory back
+/// lazily).
+async fn settled_rss_kb() -> u64 {
+    let mut low = rss_kb();
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        low = low.min(rss_kb());
+    }
+    low
+}
+
+fn agent(i: usize) -> AgentId {
+    AgentId::new(format!("many{i}")).unwrap()
+}
+
+/// DM `n` to agent `i`: its body is `n`.
+fn dm(n: u64, i: usize) -> Vec<u8> {
+    let mut meta = Meta::new(MessageId::new(format!("dm-{n}")).unwrap());
+    meta.to = Some(agent(i));
+    let envelope = Envelope {
+        meta,
+        body: serde_json::json!(n),
+        extra: Default::default(),
+    };
+    protocol::encode(&envelope, protocol::Codec::Json).unwrap()
+}
+
+/// Publishes DMs `range` from alice's ingress (DM `n` to agent `n`), pipelined, and waits for
+/// every store ack.
+async fn publish(js: &jetstream::Context, range: std::ops::Range<usize>) {
+    let mut acks = futures::stream::FuturesOrdered::new();
+    for n in range {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            protocol::headers::NATS_MSG_ID,
+            format!("alice:dm-{n}").as_str(),
+        );
+        let ack = js
+            .publish_with_headers("hub.pub.alice.inbox", headers, dm(n as u64, n).into())
+            .await
+            .unwrap();
+        acks.push_back(std::future::IntoFuture::into_future(ack));
+        if acks.len() >= 256 {
+            acks.next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_inboxes_in_one_process_each_handle_their_dm_once_across_a_router_sigkill() {
+    let server = harness::run_server().await.unwrap();
+    let scene = Scene::new(0);
+    let watcher = server.client().await.unwrap();
+    let mut first = scene.router(&server.url());
+    support::wait_router_answers(&watcher).await;
+
+    let host = ActorSystem::builder()
+        .nats(NatsSettings::new(server.url()))
+        .durable(true)
+        .inbox_mode(DurableInboxMode::On)
+        .build()
+        .await
+        .unwrap();
+    let empty = settled_rss_kb().await;
+    let seen: Seen = Arc::default();
+    let attached: Vec<_> = futures::stream::iter(0..AGENTS)
+        .map(|i| {
+            let sink = seen.clone();
+            let host = &host;
+            async move {
+                host.attach_inbox(&agent(i), move |d| {
+                    let n = d.envelope.body.as_u64().expect("a numeric body");
+                    *sink.lock().unwrap().entry((i, n)).or_default() += 1;
+                    Box::pin(async {})
+                })
+                .await
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let failed: Vec<_> = attached.iter().filter(|r| r.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} attaches failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let per_inbox = settled_rss_kb().await.saturating_sub(empty) / AGENTS as u64;
+    println!("RSS per idle inbox: {per_inbox} kB (bound {RSS_PER_INBOX_KB} kB)");
+    assert!(
+        per_inbox <= RSS_PER_INBOX_KB,
+        "an idle inbox costs {per_inbox} kB of RSS, above the bound of {RSS_PER_INBOX_KB} kB"
+    );
+
+    // The first half through the first router; it is killed once some are handled, and the
+    // second half waits in the ingress until the next router runs.
+    let js = jetstream::new(server.client().await.unwrap());
+    publish(&js, 0..AGENTS / 2).await;
+    harness::wait_until("some DMs handled before the kill", DEADLINE, || {
+        seen.lock().unwrap().len() >= 100
+    })
+    .await
+    .unwrap();
+    first.kill9().await;
+    // Stored after the kill: only the next router can route these.
+    publish(&js, AGENTS / 2..AGENTS).await;
+
+    let _second = scene.router(&server.url());
+    let done = harness::wait_until("every DM handled", DEADLINE, || {
+        seen.lock().unwrap().len() >= AGENTS
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    done.unwrap_or_else(|e| panic!("{e}: {} of {AGENTS} handled", seen.len()));
+    for i in 0..AGENTS {
+        assert_eq!(
+            seen.get(&(i, i as u64)),
+            Some(&1),
+            "{} handled its DM once",
+            agent(i)
+        );
+    }
+    assert_eq!(seen.len(), AGENTS, "no inbox saw another's DM");
+    host.shutdown(Duration::from_secs(30)).await.unwrap();
+}

@@ -1,6 +1,7 @@
 //! Many agents in one process (issue 11): 2,000 inboxes attached in one system, one DM to
-//! each through a router process killed with SIGKILL mid-way, every DM handled once by its
-//! own inbox, and RSS per inbox under a bound taken from `bench_inboxes`.
+//! each through a router process killed with SIGKILL mid-way, then one more to each after
+//! nats-server was killed and restarted on its store (every pull re-issued at once); every DM
+//! handled once by its own inbox, and RSS per inbox under a bound taken from `bench_inboxes`.
 //!
 //! Alone in its test binary: RSS is the whole process's.
 
@@ -66,8 +67,8 @@ fn dm(n: u64, i: usize) -> Vec<u8> {
     protocol::encode(&envelope, protocol::Codec::Json).unwrap()
 }
 
-/// Publishes DMs `range` from alice's ingress (DM `n` to agent `n`), pipelined, and waits for
-/// every store ack.
+/// Publishes DMs `range` from alice's ingress (DM `n` to agent `n % AGENTS`), pipelined, and
+/// waits for every store ack.
 async fn publish(js: &jetstream::Context, range: std::ops::Range<usize>) {
     let mut acks = futures::stream::FuturesOrdered::new();
     for n in range {
@@ -77,7 +78,11 @@ async fn publish(js: &jetstream::Context, range: std::ops::Range<usize>) {
             format!("alice:dm-{n}").as_str(),
         );
         let ack = js
-            .publish_with_headers("hub.pub.alice.inbox", headers, dm(n as u64, n).into())
+            .publish_with_headers(
+                "hub.pub.alice.inbox",
+                headers,
+                dm(n as u64, n % AGENTS).into(),
+            )
             .await
             .unwrap();
         acks.push_back(std::future::IntoFuture::into_future(ack));
@@ -91,8 +96,14 @@ async fn publish(js: &jetstream::Context, range: std::ops::Range<usize>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_thousand_inboxes_in_one_process_each_handle_their_dm_once_across_a_router_sigkill() {
-    let server = harness::run_server().await.unwrap();
+async fn two_thousand_inboxes_in_one_process_each_handle_their_dms_once_across_a_router_sigkill_and_a_broker_restart(
+) {
+    let mut server = harness::NatsServer::run(harness::ServerOptions {
+        sync_always: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let scene = Scene::new(0);
     let watcher = server.client().await.unwrap();
     let mut first = scene.router(&server.url());
@@ -151,20 +162,39 @@ async fn two_thousand_inboxes_in_one_process_each_handle_their_dm_once_across_a_
     publish(&js, AGENTS / 2..AGENTS).await;
 
     let _second = scene.router(&server.url());
+    wait_all(&seen, 0..AGENTS).await;
+
+    // nats-server killed and restarted on its store: 2,000 pulls to re-issue at once.
+    let restarted = tokio::time::Instant::now();
+    server.restart().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    publish(&js, AGENTS..2 * AGENTS).await;
+    wait_all(&seen, 0..2 * AGENTS).await;
+    println!(
+        "after the broker restart: {AGENTS} more DMs handled within {:.1} s",
+        restarted.elapsed().as_secs_f64()
+    );
+    host.shutdown(Duration::from_secs(30)).await.unwrap();
+}
+
+/// Waits until the DMs `range` are handled, then checks that each was handled once, by its own
+/// agent, and that nothing else was.
+async fn wait_all(seen: &Seen, range: std::ops::Range<usize>) {
+    let n = range.len();
     let done = harness::wait_until("every DM handled", DEADLINE, || {
-        seen.lock().unwrap().len() >= AGENTS
+        seen.lock().unwrap().len() >= n
     })
     .await;
     let seen = seen.lock().unwrap().clone();
-    done.unwrap_or_else(|e| panic!("{e}: {} of {AGENTS} handled", seen.len()));
-    for i in 0..AGENTS {
+    done.unwrap_or_else(|e| panic!("{e}: {} of {n} handled", seen.len()));
+    for n in range.clone() {
+        let i = n % AGENTS;
         assert_eq!(
-            seen.get(&(i, i as u64)),
+            seen.get(&(i, n as u64)),
             Some(&1),
-            "{} handled its DM once",
+            "{} handled DM {n} once",
             agent(i)
         );
     }
-    assert_eq!(seen.len(), AGENTS, "no inbox saw another's DM");
-    host.shutdown(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(seen.len(), range.len(), "no inbox saw another's DM");
 }

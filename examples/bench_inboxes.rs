@@ -17,9 +17,11 @@
 //!    p50/p99 from send to handler, and the same to one inbox of a fresh system for reference;
 //! 4. detaches half of the inboxes with `detach_inbox` (the same ATTACHING at a time) and
 //!    prints how long that took and the RSS left, then times the shutdown of the other half;
+//!    nats-server's idle CPU is measured again with half the consumers pulled from, and with
+//!    none (what the durable consumers cost by themselves);
 //! 5. in a child process of its own, tracks TASKS tasks (default 10,000) at once with
 //!    `delegate_tracked` to a queue no worker serves (no result comes) and prints the RSS they
-//!    cost.
+//!    cost, and nats-server's CPU while they wait (IDLE_SECS).
 //!
 //! RSS is `VmRSS` of `/proc/self/status`; the allocator is the `runtime` binary's (mimalloc),
 //! wrapped to count the heap's live bytes, printed beside RSS ("heap"): an allocator keeps
@@ -317,13 +319,16 @@ async fn main() -> anyhow::Result<()> {
 
     // 2. The broker while they idle.
     let broker = server.pid().expect("the server's pid");
-    let (cpu0, t0) = (cpu_ms(broker), Instant::now());
-    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-    let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
-    println!(
-        "nats-server idle with {attached} inboxes: {:.1} % of a core over {idle_secs} s",
-        busy * 100.0
-    );
+    let idle = |what: String| async move {
+        let (cpu0, t0) = (cpu_ms(broker), Instant::now());
+        tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+        let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
+        println!(
+            "nats-server idle {what}: {:.1} % of a core over {idle_secs} s",
+            busy * 100.0
+        );
+    };
+    idle(format!("with {attached} inboxes attached")).await;
 
     // 3. DMs to random inboxes, and to the one inbox of a fresh system.
     if attached > 0 {
@@ -379,6 +384,11 @@ async fn main() -> anyhow::Result<()> {
         (heap_before_detach - heap_after_detach) as f64 / half.max(1) as f64,
     );
     let rest = ids.len() - half;
+    idle(format!(
+        "with {rest} of its {} inbox consumers attached",
+        ids.len()
+    ))
+    .await;
     let stopping = Instant::now();
     match host.shutdown(Duration::from_secs(30)).await {
         Ok(()) => println!(
@@ -387,11 +397,16 @@ async fn main() -> anyhow::Result<()> {
         ),
         Err(e) => println!("shutdown with {rest} inboxes failed: {e}"),
     }
+    idle(format!(
+        "with its {} inbox consumers, none attached",
+        ids.len()
+    ))
+    .await;
 
     // 5. Tracked tasks, in a child process of their own: this one's allocator keeps what the
     // inboxes freed, and would count it again.
     let child = tokio::process::Command::new(std::env::current_exe()?)
-        .env(TASKS_ENV, format!("{url} {tasks}"))
+        .env(TASKS_ENV, format!("{url} {tasks} {broker} {idle_secs}"))
         .stderr(std::process::Stdio::inherit())
         .output()
         .await?;
@@ -400,13 +415,16 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The child that tracks tasks: `"<url> <tasks>"`. It tracks that many tasks at once to a queue
-/// no worker serves, prints what they cost, and exits.
+/// The child that tracks tasks: `"<url> <tasks> <broker pid> <idle secs>"`. It tracks that
+/// many tasks at once to a queue no worker serves, prints what they cost the host and the
+/// broker while they wait, and exits.
 async fn tracked_tasks(arg: &str) -> anyhow::Result<()> {
-    let (url, tasks) = arg
-        .split_once(' ')
-        .ok_or_else(|| anyhow::anyhow!("{TASKS_ENV} is \"<url> <tasks>\""))?;
-    let tasks: u64 = tasks.parse()?;
+    let parts: Vec<&str> = arg.split(' ').collect();
+    let [url, tasks, broker, idle_secs] = parts[..] else {
+        anyhow::bail!("{TASKS_ENV} is \"<url> <tasks> <broker pid> <idle secs>\", not {arg:?}");
+    };
+    let (tasks, broker, idle_secs): (u64, u32, u64) =
+        (tasks.parse()?, broker.parse()?, idle_secs.parse()?);
     let tracker_host = system(url).await;
     let before = settled_rss_kb().await;
     let heap_before = live_kb();
@@ -439,6 +457,14 @@ async fn tracked_tasks(arg: &str) -> anyhow::Result<()> {
         above as f64 / 1024.0,
         above as f64 / n,
         heap as f64 / n,
+    );
+    let (cpu0, t0) = (cpu_ms(broker), Instant::now());
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
+    println!(
+        "nats-server while {} tracked tasks wait: {:.1} % of a core over {idle_secs} s",
+        tracking.len(),
+        busy * 100.0
     );
     drop(tracking);
     tracker_host.shutdown(Duration::from_secs(30)).await?;

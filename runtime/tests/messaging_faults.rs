@@ -133,8 +133,7 @@ async fn client_crash_before_ack_dm_comes_back_after_ack_wait_and_is_handled() {
         0,
         "fault fired"
     );
-    let sup = inbox_sup(&system, &bob);
-    assert!(restarts(&system, &sup, &inbox_name).await >= 1);
+    assert!(inbox_restarts(&system, &bob).await >= 1);
     {
         let seen = seen.lock().unwrap();
         assert!(
@@ -202,6 +201,6 @@ async fn crashed_router_and_inbox_are_restarted_rebind_and_lose_nothing() {
     );
 
     assert!(restarts(&system, &router_sup(&system), &router_name).await >= 1);
-    assert!(restarts(&system, &inbox_sup(&system, &bob), &inbox_name).await >= 1);
+    assert!(inbox_restarts(&system, &bob).await >= 1);
     system.shutdown(GRACE).await.unwrap();
 }

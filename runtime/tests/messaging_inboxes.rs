@@ -30,13 +30,8 @@ async fn a_detached_inbox_takes_no_more_dms_and_its_next_attach_gets_those_sent_
     assert!(hub.attached_inboxes().await.is_empty());
     let snap = hub.snapshot().await.unwrap();
     assert!(snap.inboxes.is_empty(), "{:?}", snap.inboxes);
-    assert!(
-        !snap
-            .supervisors
-            .contains_key(&support::inbox_sup(&hub, &bob)),
-        "{:?}",
-        snap.supervisors.keys()
-    );
+    let supervisor = snap.inbox_supervisor.expect("the inbox supervisor runs");
+    assert_eq!(supervisor.children, 0, "{supervisor:?}");
     assert!(ractor::registry::where_is(hub.inbox_name(&bob)).is_none());
     let entries = presence::list(hub.client()).await.unwrap();
     let entry = entries

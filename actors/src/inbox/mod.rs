@@ -106,8 +106,12 @@ pub struct InboxConsumer {
 
 /// Messages of the inbox actor.
 pub enum InboxMsg {
-    /// Snapshot for a local caller.
+    /// Snapshot for a local caller: answered once the inbox is bound (until then the port is
+    /// dropped, and the call fails).
     Snapshot(RpcReplyPort<InboxSnapshot>),
+    /// Attach and bind (each incarnation sends it to itself from `pre_start`, so that a
+    /// supervisor that starts many inboxes does not wait on their round trips).
+    Bind,
     /// The pump stopped with an error: fail so that the supervisor restarts the actor.
     PumpFailed(crate::background::PumpFailure),
 }
@@ -142,8 +146,11 @@ pub struct InboxSnapshot {
     pub clock_offset_ms: Option<i64>,
 }
 
-/// State of one incarnation.
-pub struct InboxState {
+/// State of one incarnation: nothing until it is bound.
+pub struct InboxState(Option<Bound>);
+
+/// What a bound incarnation holds.
+struct Bound {
     binding: Binding,
     pump: Option<Owned>,
     /// Publishes the pump's audit events.
@@ -209,6 +216,84 @@ impl Actor for InboxConsumer {
         _: (),
     ) -> Result<InboxState, ActorProcessingErr> {
         fault::check(&self.name, FaultPoint::PreStart)?;
+        myself.cast(InboxMsg::Bind)?;
+        Ok(InboxState(None))
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<InboxMsg>,
+        state: &mut InboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(state) = state.0.as_mut() else {
+            return Ok(());
+        };
+        let _ = state.stop.send(true);
+        if let Some(pump) = state.pump.take() {
+            // The pump finishes the DM in hand (acks it) and stops pulling.
+            pump.join_within(Duration::from_secs(5)).await;
+        }
+        if let Some(receipts) = state.receipts.take() {
+            // Once the pump is gone (it queues no more): one try to flush the outbox, before
+            // the audit flusher is joined (its `read` events go out with the rest).
+            receipts.close().await;
+        }
+        if let Some(flusher) = state.audit_flusher.take() {
+            flusher.join_within(Duration::from_secs(1)).await;
+        }
+        if let (Some(beats), Some(every)) = (state.presence.take(), self.presence_beat) {
+            beats.abort().await;
+            // A clean stop says so at once (a crash leaves the last beat to time out).
+            let js = async_nats::jetstream::new(self.client.clone());
+            let record = protocol::presence::PresenceRecord::offline(
+                protocol::expiry::now_ms(),
+                every.as_secs(),
+            );
+            if let Err(e) = presence::write(&js, &self.id, &record).await {
+                tracing::warn!(id = %self.id, error = %e, "offline marker not stored");
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<InboxMsg>,
+        msg: InboxMsg,
+        state: &mut InboxState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let InboxMsg::Bind = msg {
+            if state.0.is_none() {
+                // A failed bind fails the incarnation: its supervisor starts another, which
+                // attaches again.
+                state.0 = Some(self.start(myself).await?);
+            }
+            return Ok(());
+        }
+        // The fault point `Handle` under the inbox's name is its pump's, per DM (see
+        // `pump.rs`); the actor's own messages check it under `actor_fault_name`.
+        fault::check(&actor_fault_name(&self.name), FaultPoint::Handle)?;
+        match msg {
+            InboxMsg::Snapshot(port) => {
+                if let Some(state) = &state.0 {
+                    let _ = port.send(InboxSnapshot {
+                        id: self.id.to_string(),
+                        binding: state.binding.clone(),
+                        counters: state.counters.snapshot(),
+                        clock_offset_ms: state.clock.offset_ms(),
+                    });
+                }
+            }
+            InboxMsg::PumpFailed(reason) => return Err(InboxError::Pump(reason).into()),
+            InboxMsg::Bind => {}
+        }
+        Ok(())
+    }
+}
+
+impl InboxConsumer {
+    /// Binds, then starts the pump and the tasks beside it.
+    async fn start(&self, myself: ActorRef<InboxMsg>) -> Result<Bound, InboxError> {
         let binding = self.bind().await?;
         let counters = Arc::new(InboxCounters::default());
         let durable = matches!(binding, Binding::Durable { .. });
@@ -259,7 +344,7 @@ impl Actor for InboxConsumer {
             _ => None,
         };
         tracing::info!(id = %self.id, ?binding, "inbox bound");
-        Ok(InboxState {
+        Ok(Bound {
             binding,
             pump: Some(pump),
             audit_flusher,
@@ -270,62 +355,6 @@ impl Actor for InboxConsumer {
             clock,
             _clock_refresh: clock_refresh,
         })
-    }
-
-    async fn post_stop(
-        &self,
-        _: ActorRef<InboxMsg>,
-        state: &mut InboxState,
-    ) -> Result<(), ActorProcessingErr> {
-        let _ = state.stop.send(true);
-        if let Some(pump) = state.pump.take() {
-            // The pump finishes the DM in hand (acks it) and stops pulling.
-            pump.join_within(Duration::from_secs(5)).await;
-        }
-        if let Some(receipts) = state.receipts.take() {
-            // Once the pump is gone (it queues no more): one try to flush the outbox, before
-            // the audit flusher is joined (its `read` events go out with the rest).
-            receipts.close().await;
-        }
-        if let Some(flusher) = state.audit_flusher.take() {
-            flusher.join_within(Duration::from_secs(1)).await;
-        }
-        if let (Some(beats), Some(every)) = (state.presence.take(), self.presence_beat) {
-            beats.abort().await;
-            // A clean stop says so at once (a crash leaves the last beat to time out).
-            let js = async_nats::jetstream::new(self.client.clone());
-            let record = protocol::presence::PresenceRecord::offline(
-                protocol::expiry::now_ms(),
-                every.as_secs(),
-            );
-            if let Err(e) = presence::write(&js, &self.id, &record).await {
-                tracing::warn!(id = %self.id, error = %e, "offline marker not stored");
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        _: ActorRef<InboxMsg>,
-        msg: InboxMsg,
-        state: &mut InboxState,
-    ) -> Result<(), ActorProcessingErr> {
-        // The fault point `Handle` under the inbox's name is its pump's, per DM (see
-        // `pump.rs`); the actor's own messages check it under `actor_fault_name`.
-        fault::check(&actor_fault_name(&self.name), FaultPoint::Handle)?;
-        match msg {
-            InboxMsg::Snapshot(port) => {
-                let _ = port.send(InboxSnapshot {
-                    id: self.id.to_string(),
-                    binding: state.binding.clone(),
-                    counters: state.counters.snapshot(),
-                    clock_offset_ms: state.clock.offset_ms(),
-                });
-            }
-            InboxMsg::PumpFailed(reason) => return Err(InboxError::Pump(reason).into()),
-        }
-        Ok(())
     }
 }
 

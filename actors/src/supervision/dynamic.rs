@@ -15,9 +15,10 @@
 //! dynamic::add_child(&sup, ChildSpec::actor("tracker-t1", tracker, || ())
 //!     .with_restart(Restart::Transient)).await?;
 //! let snap = dynamic::snapshot(&sup).await?; // running, restarts, given_up
+//! dynamic::remove_child(&sup, "tracker-t1", grace).await?; // stopped, never restarted
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
 use ractor::concurrency::{Instant, JoinHandle};
@@ -48,6 +49,9 @@ pub enum DynamicMsg {
     Restart(String),
     /// A snapshot of the children.
     Snapshot(RpcReplyPort<DynamicSnapshot>),
+    /// Forget the child `id` (it is never restarted again) and reply with its running
+    /// incarnation, which the caller stops ([`remove_child`]); `None` when there is none.
+    Remove(String, RpcReplyPort<Option<ActorCell>>),
 }
 
 /// Why a child could not be added.
@@ -72,6 +76,9 @@ pub struct DynamicSnapshot {
     pub restarts: u64,
     /// Children given up after exceeding their intensity.
     pub given_up: u64,
+    /// The supervised children restarted at least once, with their restarts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub restarted: BTreeMap<String, u64>,
 }
 
 struct Child {
@@ -79,6 +86,7 @@ struct Child {
     cell: Option<ActorCell>,
     backoff: BackoffTracker,
     failures: VecDeque<Instant>,
+    restarts: u64,
 }
 
 /// State of a dynamic supervisor.
@@ -115,6 +123,38 @@ pub async fn add_child(supervisor: &DynamicRef, child: ChildSpec) -> Result<(), 
         child
     )
     .map_err(|e| DynamicError::Unavailable(e.to_string()))?
+}
+
+/// Removes the child `id` from `supervisor` and stops it gracefully (its `post_stop` runs)
+/// within `grace`, killing it past that; it is not restarted. Returns whether a running
+/// incarnation was stopped. The supervisor's mailbox does not wait for the stop: many children
+/// may be removed at once.
+///
+/// # Errors
+/// [`DynamicError::Unavailable`] when the supervisor does not answer within [`CALL_TIMEOUT`].
+pub async fn remove_child(
+    supervisor: &DynamicRef,
+    id: &str,
+    grace: Duration,
+) -> Result<bool, DynamicError> {
+    let cell = ractor::call_t!(
+        supervisor,
+        DynamicMsg::Remove,
+        CALL_TIMEOUT.as_millis() as u64,
+        id.to_owned()
+    )
+    .map_err(|e| DynamicError::Unavailable(e.to_string()))?;
+    let Some(cell) = cell else {
+        return Ok(false);
+    };
+    if cell
+        .stop_and_wait(Some("removed".into()), Some(grace))
+        .await
+        .is_err()
+    {
+        cell.kill_and_wait(Some(grace)).await.ok();
+    }
+    Ok(true)
 }
 
 /// The supervisor's counters.
@@ -168,6 +208,7 @@ impl Actor for DynamicSupervisor {
                         spec,
                         cell: None,
                         failures: VecDeque::new(),
+                        restarts: 0,
                     },
                 );
                 state.stats.added += 1;
@@ -175,7 +216,8 @@ impl Actor for DynamicSupervisor {
                 let _ = reply.send(Ok(()));
             }
             DynamicMsg::Restart(id) => {
-                if state.children.contains_key(&id) {
+                if let Some(child) = state.children.get_mut(&id) {
+                    child.restarts += 1;
                     state.stats.restarts += 1;
                     start(&myself, state, &id).await;
                 }
@@ -183,7 +225,19 @@ impl Actor for DynamicSupervisor {
             DynamicMsg::Snapshot(reply) => {
                 let mut snap = state.stats.clone();
                 snap.children = state.children.len();
+                snap.restarted = state
+                    .children
+                    .iter()
+                    .filter(|(_, c)| c.restarts > 0)
+                    .map(|(id, c)| (id.clone(), c.restarts))
+                    .collect();
                 let _ = reply.send(snap);
+            }
+            DynamicMsg::Remove(id, reply) => {
+                // Out of the table first: the exit of its last incarnation is then not current,
+                // and nothing restarts it.
+                let cell = state.children.remove(&id).and_then(|c| c.cell);
+                let _ = reply.send(cell);
             }
         }
         Ok(())
@@ -406,6 +460,49 @@ mod tests {
         assert_eq!(bad_starts.load(Ordering::SeqCst), 3);
         sup.stop(None);
         join.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_removed_child_is_stopped_and_never_restarted_and_its_restarts_were_counted() {
+        let (sup, _join) = DynamicSupervisor::spawn(
+            "dyn-remove".into(),
+            Intensity::new(5, Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        let (spec, starts) = flaky("dyn-remove-child", 1);
+        let (sibling, _) = flaky("dyn-remove-sibling", 0);
+        add_child(&sup, spec.with_restart(Restart::Permanent))
+            .await
+            .unwrap();
+        add_child(&sup, sibling).await.unwrap();
+        let snap = wait_for(&sup, "one restart", |s| s.restarts == 1).await;
+        assert_eq!(
+            snap.restarted,
+            BTreeMap::from([("dyn-remove-child".to_string(), 1)])
+        );
+        assert!(
+            remove_child(&sup, "dyn-remove-child", Duration::from_secs(1))
+                .await
+                .unwrap()
+        );
+        assert!(ractor::registry::where_is(ractor::ActorName::from("dyn-remove-child")).is_none());
+        let snap = snapshot(&sup).await.unwrap();
+        assert_eq!((snap.children, snap.restarts), (1, 1), "{snap:?}");
+        assert!(snap.restarted.is_empty(), "{snap:?}");
+        // A permanent child stopped by hand would be restarted; a removed one is not.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 2);
+        assert!(
+            ractor::registry::where_is(ractor::ActorName::from("dyn-remove-sibling")).is_some()
+        );
+        // Removing it again finds nothing.
+        assert!(
+            !remove_child(&sup, "dyn-remove-child", Duration::from_secs(1))
+                .await
+                .unwrap()
+        );
+        sup.stop(None);
     }
 
     #[tokio::test(start_paused = true)]

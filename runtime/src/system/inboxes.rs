@@ -1,18 +1,21 @@
 //! Inboxes in an [`ActorSystem`]: `attach_inbox`, `detach_inbox` and their snapshots.
 //!
-//! Each attached inbox is its own supervision tree (a one-for-one supervisor of one inbox
-//! actor), so a handler that fails restarts that inbox alone. The system keeps the trees by
-//! identity: a host of many agents attaches them concurrently, detaches any of them, and a
-//! shutdown stops them together ([`INBOX_STOP_CONCURRENCY`] at a time).
+//! Every attached inbox is a child of the system's one inbox supervisor (a dynamic supervisor,
+//! started by the first attach), restarted on its own with its own backoff and restart
+//! intensity: a handler that fails restarts that inbox alone, and an inbox that fails past its
+//! intensity is given up alone. One supervisor for all, not one each, because a host of
+//! thousands of agents pays for every actor (docs/CAPACITY.md). A host attaches many agents
+//! concurrently (an inbox binds in its own mailbox, not its supervisor's), detaches any of
+//! them, and a shutdown stops them together ([`INBOX_STOP_CONCURRENCY`] at a time).
 
 use std::time::Duration;
 
 use actors::inbox::{Delivery, Handled, InboxConsumer, InboxHandler, InboxMsg, InboxSnapshot};
-use actors::supervision::{self, ChildSpec, Strategy, SupervisorSpec};
+use actors::supervision::{dynamic, ChildSpec, DynamicRef, Restart};
 use futures::StreamExt;
 use protocol::AgentId;
 
-use super::{ActorSystem, SystemError, Tree};
+use super::{ActorSystem, SystemError};
 
 /// How long an inbox waits for an attach reply before trying the existing consumer.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -25,7 +28,7 @@ pub const INBOX_STOP_CONCURRENCY: usize = 256;
 const BIND_POLL: Duration = Duration::from_millis(20);
 
 impl ActorSystem {
-    /// Starts `id`'s inbox consumer under its own supervisor. The handler is called once per
+    /// Starts `id`'s inbox consumer under the system's inbox supervisor. The handler is called once per
     /// DM, in order; the DM is acked when the handler's future completes. The binding follows
     /// the system's inbox mode (`auto` by default; see [`actors::inbox`]).
     ///
@@ -47,9 +50,33 @@ impl ActorSystem {
         Fut: std::future::Future<Output = R> + Send + 'static,
         R: Into<Handled> + 'static,
     {
-        if self.inboxes.lock().await.contains_key(id) {
+        if !self.inboxes.lock().await.insert(id.clone()) {
             return Err(SystemError::AlreadyAttached { id: id.clone() });
         }
+        let started = self.start_inbox(id, handler).await;
+        if started.is_err() {
+            self.inboxes.lock().await.remove(id);
+        }
+        started?;
+        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
+        while self.inbox_snapshot(id).await.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                return Err(SystemError::Timeout {
+                    what: format!("the inbox of {id} to bind"),
+                });
+            }
+            tokio::time::sleep(BIND_POLL).await;
+        }
+        Ok(())
+    }
+
+    /// Adds `id`'s inbox actor to the inbox supervisor.
+    async fn start_inbox<F, Fut, R>(&self, id: &AgentId, handler: F) -> Result<(), SystemError>
+    where
+        F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = R> + Send + 'static,
+        R: Into<Handled> + 'static,
+    {
         let (holds, owner) = (self.holds.clone(), id.clone());
         let handler: InboxHandler = std::sync::Arc::new(move |d| {
             // A refusal for a limit (a system envelope) tells this sender what to hold back.
@@ -74,23 +101,12 @@ impl ActorSystem {
             presence_beat: self.durable.then(|| self.delivery.presence_beat()),
             audit_events: self.delivery.audit_events,
         };
-        let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
-            self.inbox_name(id),
-            inbox,
-            || (),
-        ));
-        let tree = self.start_tree(self.inbox_sup_name(id), spec, None).await?;
-        self.inboxes.lock().await.insert(id.clone(), tree);
-        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
-        while self.inbox_snapshot(id).await.is_none() {
-            if tokio::time::Instant::now() > deadline {
-                return Err(SystemError::Timeout {
-                    what: format!("the inbox of {id} to bind"),
-                });
-            }
-            tokio::time::sleep(BIND_POLL).await;
-        }
-        Ok(())
+        let child =
+            ChildSpec::actor(self.inbox_name(id), inbox, || ()).with_restart(Restart::Permanent);
+        let supervisor = self.inbox_supervisor().await?;
+        dynamic::add_child(&supervisor, child)
+            .await
+            .map_err(|e| SystemError::spawn(&self.inbox_name(id), e))
     }
 
     /// Stops `id`'s inbox consumer and releases everything it held here: its actors, tasks,
@@ -110,19 +126,31 @@ impl ActorSystem {
     /// Cancel safe as to the hub (what was not acked is redelivered); a cancelled call may
     /// leave the inbox stopping in the background.
     pub async fn detach_inbox(&self, id: &AgentId, grace: Duration) -> Result<(), SystemError> {
-        let tree = self
-            .inboxes
+        if !self.inboxes.lock().await.remove(id) {
+            return Err(SystemError::NotAttached { id: id.clone() });
+        }
+        self.stop_inbox(id, grace).await;
+        Ok(())
+    }
+
+    /// Removes `id`'s inbox from its supervisor and stops it within `grace`.
+    async fn stop_inbox(&self, id: &AgentId, grace: Duration) {
+        let supervisor = self
+            .inbox_supervisor
             .lock()
             .await
-            .remove(id)
-            .ok_or_else(|| SystemError::NotAttached { id: id.clone() })?;
-        stop_tree(tree, grace).await;
-        Ok(())
+            .as_ref()
+            .map(|(sup, _)| sup.clone());
+        if let Some(supervisor) = supervisor {
+            if let Err(e) = dynamic::remove_child(&supervisor, &self.inbox_name(id), grace).await {
+                tracing::warn!(%id, error = %e, "inbox not removed from its supervisor");
+            }
+        }
     }
 
     /// The identities whose inboxes are attached here, sorted.
     pub async fn attached_inboxes(&self) -> Vec<AgentId> {
-        let mut ids: Vec<AgentId> = self.inboxes.lock().await.keys().cloned().collect();
+        let mut ids: Vec<AgentId> = self.inboxes.lock().await.iter().cloned().collect();
         ids.sort_unstable();
         ids
     }
@@ -134,22 +162,23 @@ impl ActorSystem {
         ractor::call_t!(inbox, InboxMsg::Snapshot, 5_000).ok()
     }
 
-    /// The name of `id`'s inbox supervisor.
-    pub(super) fn inbox_sup_name(&self, id: &AgentId) -> String {
-        format!("{}-sup", self.inbox_name(id))
+    /// The inboxes' dynamic supervisor, started on first use, and again if it ever stopped.
+    async fn inbox_supervisor(&self) -> Result<DynamicRef, SystemError> {
+        super::dynamic_supervisor(&self.inbox_supervisor, format!("{}/inboxes", self.id)).await
     }
 
-    /// Stops every attached inbox, [`INBOX_STOP_CONCURRENCY`] at a time (a shutdown).
+    /// Stops every attached inbox, [`INBOX_STOP_CONCURRENCY`] at a time, then their supervisor
+    /// (a shutdown).
     pub(super) async fn stop_inboxes(&self, grace: Duration) {
-        let trees: Vec<Tree> = self.inboxes.lock().await.drain().map(|(_, t)| t).collect();
-        futures::stream::iter(trees)
-            .for_each_concurrent(INBOX_STOP_CONCURRENCY, |tree| stop_tree(tree, grace))
+        let ids: Vec<AgentId> = self.inboxes.lock().await.drain().collect();
+        futures::stream::iter(ids)
+            .for_each_concurrent(INBOX_STOP_CONCURRENCY, |id| async move {
+                self.stop_inbox(&id, grace).await
+            })
             .await;
+        if let Some((sup, join)) = self.inbox_supervisor.lock().await.take() {
+            sup.stop(Some("system shutdown".into()));
+            let _ = join.await;
+        }
     }
-}
-
-/// Stops one tree gracefully and waits until its supervisor is gone.
-async fn stop_tree(tree: Tree, grace: Duration) {
-    supervision::shutdown(&tree.supervisor, grace).await;
-    let _ = tree.join.await;
 }

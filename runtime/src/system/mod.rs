@@ -18,7 +18,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -322,11 +322,38 @@ impl ActorSystemBuilder {
             reply_prefix,
             inbox_mode,
             trees: Mutex::new(Vec::new()),
-            inboxes: Mutex::new(HashMap::new()),
+            inboxes: Mutex::new(HashSet::new()),
+            inbox_supervisor: Mutex::new(None),
             trackers: Mutex::new(None),
             holds: Arc::default(),
         })
     }
+}
+
+/// The dynamic supervisor in `slot`, named `name`: started on first use, and again if it ever
+/// stopped.
+async fn dynamic_supervisor(
+    slot: &Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
+    name: String,
+) -> Result<DynamicRef, SystemError> {
+    use actors::supervision::{DynamicSupervisor, Intensity};
+    let mut slot = slot.lock().await;
+    if let Some((sup, _)) = slot.as_ref() {
+        // Alive: starting (a fresh spawn may not be `Running` yet), running or upgrading.
+        if sup.get_status() < ractor::ActorStatus::Draining {
+            return Ok(sup.clone());
+        }
+    }
+    // A stopped supervisor may still hold its registry name for a moment.
+    if let Some((old, join)) = slot.take() {
+        old.stop(None);
+        let _ = join.await;
+    }
+    let (sup, join) = DynamicSupervisor::spawn(name.clone(), Intensity::default())
+        .await
+        .map_err(|e| SystemError::spawn(&name, e))?;
+    *slot = Some((sup.clone(), join));
+    Ok(sup)
 }
 
 /// One supervision tree started by the system.
@@ -348,8 +375,10 @@ pub struct ActorSystem {
     reply_prefix: String,
     inbox_mode: DurableInboxMode,
     trees: Mutex<Vec<Tree>>,
-    /// The attached inboxes' trees, by identity ([`inboxes`]).
-    inboxes: Mutex<HashMap<AgentId, Tree>>,
+    /// The identities whose inboxes are attached ([`inboxes`]).
+    inboxes: Mutex<HashSet<AgentId>>,
+    /// The inboxes' dynamic supervisor, started by the first attach.
+    inbox_supervisor: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// The dynamic supervisor of task trackers, started by the first `track`.
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// What refusals for a limit told its senders to hold back, and until when.
@@ -374,6 +403,26 @@ pub struct SystemSnapshot {
     /// The task trackers' dynamic supervisor, once a task was tracked.
     #[serde(default)]
     pub trackers: Option<DynamicSnapshot>,
+    /// The inboxes' dynamic supervisor (each inbox its child, restarted on its own), once an
+    /// inbox was attached.
+    #[serde(default)]
+    pub inbox_supervisor: Option<DynamicSnapshot>,
+}
+
+/// The snapshot of the dynamic supervisor in `slot`, when one runs.
+async fn dynamic_snapshot(
+    slot: &Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
+    what: &str,
+) -> Result<Option<DynamicSnapshot>, SystemError> {
+    let sup = slot.lock().await.as_ref().map(|(sup, _)| sup.clone());
+    match sup {
+        Some(sup) => Ok(Some(supervision::dynamic::snapshot(&sup).await.map_err(
+            |e| SystemError::Timeout {
+                what: format!("{what}: {e}"),
+            },
+        )?)),
+        None => Ok(None),
+    }
 }
 
 impl ActorSystem {
@@ -484,27 +533,16 @@ impl ActorSystem {
         spec: SupervisorSpec,
         worker: Option<WorkerId>,
     ) -> Result<(), SystemError> {
-        let tree = self.start_tree(name, spec, worker).await?;
-        self.trees.lock().await.push(tree);
-        Ok(())
-    }
-
-    /// Spawns a supervision tree, not remembered yet.
-    async fn start_tree(
-        &self,
-        name: String,
-        spec: SupervisorSpec,
-        worker: Option<WorkerId>,
-    ) -> Result<Tree, SystemError> {
         let (supervisor, join) = supervision::spawn_supervisor(Some(name.clone()), spec)
             .await
             .map_err(|e| SystemError::spawn(&name, e))?;
-        Ok(Tree {
+        self.trees.lock().await.push(Tree {
             name,
             worker,
             supervisor,
             join,
-        })
+        });
+        Ok(())
     }
 
     async fn router_snapshot(&self) -> Option<RouterSnapshot> {
@@ -524,20 +562,13 @@ impl ActorSystem {
     /// [`SystemError::Timeout`] when a supervisor does not answer.
     pub async fn snapshot(&self) -> Result<SystemSnapshot, SystemError> {
         let mut supervisors = BTreeMap::new();
-        let mut named: Vec<(String, SupervisorRef)> = self
+        let named: Vec<(String, SupervisorRef)> = self
             .trees
             .lock()
             .await
             .iter()
             .map(|t| (t.name.clone(), t.supervisor.clone()))
             .collect();
-        named.extend(
-            self.inboxes
-                .lock()
-                .await
-                .values()
-                .map(|t| (t.name.clone(), t.supervisor.clone())),
-        );
         for (name, supervisor) in named {
             let snap =
                 supervision::snapshot(&supervisor)
@@ -553,20 +584,9 @@ impl ActorSystem {
                 inboxes.insert(id.to_string(), snap);
             }
         }
-        let trackers_ref = self
-            .trackers
-            .lock()
-            .await
-            .as_ref()
-            .map(|(sup, _)| sup.clone());
-        let trackers = match trackers_ref {
-            Some(sup) => Some(supervision::dynamic::snapshot(&sup).await.map_err(|e| {
-                SystemError::Timeout {
-                    what: format!("the trackers' supervisor: {e}"),
-                }
-            })?),
-            None => None,
-        };
+        let trackers = dynamic_snapshot(&self.trackers, "the trackers' supervisor").await?;
+        let inbox_supervisor =
+            dynamic_snapshot(&self.inbox_supervisor, "the inboxes' supervisor").await?;
         Ok(SystemSnapshot {
             system: self.id.clone(),
             durable: self.durable,
@@ -574,6 +594,7 @@ impl ActorSystem {
             inboxes,
             supervisors,
             trackers,
+            inbox_supervisor,
         })
     }
 

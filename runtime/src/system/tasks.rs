@@ -316,25 +316,7 @@ impl ActorSystem {
 
     /// The trackers' dynamic supervisor, started on first use, and again if it ever stopped.
     async fn trackers_supervisor(&self) -> Result<actors::supervision::DynamicRef, SystemError> {
-        use actors::supervision::{DynamicSupervisor, Intensity};
-        let mut slot = self.trackers.lock().await;
-        if let Some((sup, _)) = slot.as_ref() {
-            // Alive: starting (a fresh spawn may not be `Running` yet), running or upgrading.
-            if sup.get_status() < ractor::ActorStatus::Draining {
-                return Ok(sup.clone());
-            }
-        }
-        let name = format!("{}/trackers", self.id);
-        // A stopped supervisor may still hold its registry name for a moment.
-        if let Some((old, join)) = slot.take() {
-            old.stop(None);
-            let _ = join.await;
-        }
-        let (sup, join) = DynamicSupervisor::spawn(name.clone(), Intensity::default())
-            .await
-            .map_err(|e| SystemError::spawn(&name, e))?;
-        *slot = Some((sup.clone(), join));
-        Ok(sup)
+        super::dynamic_supervisor(&self.trackers, format!("{}/trackers", self.id)).await
     }
 }
 

@@ -187,9 +187,12 @@ pub fn router_sup(system: &ActorSystem) -> String {
     format!("{}/router-sup", system.id())
 }
 
-/// Name of `id`'s inbox supervisor.
-pub fn inbox_sup(system: &ActorSystem, id: &AgentId) -> String {
-    format!("{}-sup", system.inbox_name(id))
+/// Restarts of `id`'s inbox under the system's inbox supervisor.
+pub async fn inbox_restarts(system: &ActorSystem, id: &AgentId) -> u64 {
+    let snap = system.snapshot().await.unwrap();
+    snap.inbox_supervisor
+        .and_then(|s| s.restarted.get(&system.inbox_name(id)).copied())
+        .unwrap_or(0)
 }
 
 /// A JetStream context on a fresh connection to `url`.

@@ -7,8 +7,11 @@
 //! - the **live** pump reads a core subscription of the task channel, made in `pre_start`
 //!   before anything is read from the store (so nothing falls between the two);
 //! - the **stored** pump reads the stored channel (`HUB_TASKS`, through a router by default:
-//!   [`Reader::Routed`]) from the start at once, then
-//!   again every `reread_every` (3 s by default) while no final result was delivered. A re-read
+//!   [`Reader::Routed`]) from the start at once, then again while no final result was
+//!   delivered, on its [`RereadSchedule`]: by default 3 s after a read that found something,
+//!   twice as long after each that found nothing, at most 30 s, and within 3 s of a reconnect
+//!   (the connection's connect count is looked at every 3 s, which costs the broker nothing).
+//!   A re-read
 //!   continues after the last stream sequence this incarnation saw (`ByStartSequence`), which
 //!   finds exactly what a re-read from the start would find that is new, for less. A read is
 //!   a chain of direct gets (`next_by_subj` from the next sequence; the stream must allow
@@ -52,7 +55,7 @@ use async_nats::jetstream;
 use async_nats::{Client, HeaderMap, Subscriber};
 use futures::StreamExt;
 use protocol::subjects::TaskChannel;
-use protocol::task::{AnswerRefusal, StatusEvent, TaskChannelBody, TaskResult};
+use protocol::task::{AnswerRefusal, RereadSchedule, StatusEvent, TaskChannelBody, TaskResult};
 use protocol::{AgentId, TaskId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -62,8 +65,12 @@ use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
 use crate::task_channel::Reader;
 
-/// Default interval between two reads of the stored channel.
-pub const DEFAULT_REREAD_EVERY: Duration = Duration::from_secs(3);
+/// Default schedule of the reads of the stored channel: 3 s, doubled after each read that found
+/// nothing, at most 30 s.
+pub const DEFAULT_REREAD: RereadSchedule = RereadSchedule {
+    base: Duration::from_secs(3),
+    cap: Duration::from_secs(30),
+};
 
 /// Progress seen on the task channel (each item once).
 #[derive(Debug, Clone, PartialEq)]
@@ -145,8 +152,8 @@ pub struct TaskTracker {
     pub task_id: TaskId,
     /// How the stored channel is read.
     pub reader: Reader,
-    /// Interval between reads of the stored channel while no final result arrived.
-    pub reread_every: Duration,
+    /// When the stored channel is read again while no final result arrived.
+    pub reread: RereadSchedule,
     /// The task was not submitted before this tracker subscribed (see [`TaskTracker::fresh`]).
     pub fresh: bool,
     /// Where results and progress go.
@@ -175,17 +182,24 @@ impl TaskTracker {
             reader: Reader::Routed(delegator.clone()),
             delegator,
             task_id,
-            reread_every: DEFAULT_REREAD_EVERY,
+            reread: DEFAULT_REREAD,
             fresh: false,
             sink: TrackerSink::new(result_tx, Some(events_tx)),
         };
         (tracker, result_rx, events_rx)
     }
 
-    /// Sets the interval between reads of the stored channel.
+    /// Reads the stored channel again every `every`, found something or not.
     #[must_use]
     pub fn with_reread_every(mut self, every: Duration) -> Self {
-        self.reread_every = every;
+        self.reread = RereadSchedule::fixed(every);
+        self
+    }
+
+    /// Sets when the stored channel is read again.
+    #[must_use]
+    pub fn with_reread(mut self, schedule: RereadSchedule) -> Self {
+        self.reread = schedule;
         self
     }
 
@@ -334,7 +348,7 @@ impl Actor for TaskTracker {
             delegator: self.delegator.clone(),
             task_id: self.task_id.clone(),
             reader: self.reader.clone(),
-            reread_every: self.reread_every,
+            reread: self.reread,
             counters: counters.clone(),
             sink: self.sink.clone(),
             myself: myself.clone(),
@@ -450,7 +464,7 @@ struct TrackerPump {
     delegator: AgentId,
     task_id: TaskId,
     reader: Reader,
-    reread_every: Duration,
+    reread: RereadSchedule,
     counters: Arc<TrackerCounters>,
     sink: TrackerSink,
     myself: ActorRef<TrackerMsg>,
@@ -525,8 +539,14 @@ impl TrackerPump {
     async fn stored(self, mut stop: watch::Receiver<bool>) -> Result<(), std::convert::Infallible> {
         let js = jetstream::new(self.client.clone());
         let mut next_seq = 1;
-        let mut tick = tokio::time::interval(self.reread_every);
+        // Whether a read is due is looked at every base interval; a read is made when the
+        // schedule says (`quiet` reads in a row found nothing since `last_read`), or when the
+        // connection was replaced since (`connects` moved).
+        let mut tick = tokio::time::interval(self.reread.base);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let connects = || self.client.statistics().connects.load(Ordering::Acquire);
+        let (mut last_read, mut last_connects, mut quiet) =
+            (tokio::time::Instant::now(), connects(), 0u32);
         let mut first = true;
         let mut failing = false;
         loop {
@@ -549,9 +569,20 @@ impl TrackerPump {
                 continue;
             }
             if !first {
+                let now_connects = connects();
+                let reconnected = now_connects != last_connects;
+                // A failed read is tried again at the next tick.
+                if !(failing || self.reread.due(quiet, last_read.elapsed(), reconnected)) {
+                    continue;
+                }
+                if reconnected {
+                    quiet = 0;
+                }
+                last_connects = now_connects;
                 self.counters.rereads.bump();
             }
             first = false;
+            last_read = tokio::time::Instant::now();
             let read = crate::task_channel::read(
                 &js,
                 &self.reader,
@@ -562,6 +593,11 @@ impl TrackerPump {
             match read.await {
                 Ok(stored) => {
                     failing = false;
+                    quiet = if stored.is_empty() {
+                        quiet.saturating_add(1)
+                    } else {
+                        0
+                    };
                     for msg in stored {
                         next_seq = next_seq.max(msg.seq + 1);
                         if msg.unstamped {

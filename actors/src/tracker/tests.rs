@@ -433,3 +433,48 @@ async fn a_result_not_published_by_the_worker_it_names_is_ignored_and_counted() 
     publish_stored(&js, "t-forged", "r1", TaskChannelBody::Result(real.clone())).await;
     assert_eq!(final_result(rx).await, real);
 }
+
+/// Waits until the tracker made at least `n` re-reads; returns when it saw them.
+async fn rereads_reach(actor: &ActorRef<TrackerMsg>, n: u64) -> tokio::time::Instant {
+    let waited = harness::wait_until_async(&format!("{n} re-reads"), DEADLINE, || {
+        let actor = actor.clone();
+        async move { snapshot(&actor).await.counters.rereads >= n }
+    })
+    .await;
+    let at = tokio::time::Instant::now();
+    if let Err(e) = waited {
+        panic!("{e}: {:?}", snapshot(actor).await.counters);
+    }
+    at
+}
+
+#[tokio::test]
+async fn a_waiting_tracker_reads_less_and_less_and_again_at_once_after_a_reconnect() {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let _js = tasks_stream(&client).await;
+    let (t, _rx, _events) = tracker("tracker-backoff", client.clone(), "t-backoff");
+    // 50 ms, doubled after each read that found nothing; no cap to speak of.
+    let t = t.with_reread(RereadSchedule {
+        base: Duration::from_millis(50),
+        cap: Duration::from_secs(60),
+    });
+    let started = tokio::time::Instant::now();
+    let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    // Six quiet re-reads take at least 50 + 100 + ... + 1,600 ms (a fixed 50 ms: 300 ms).
+    let sixth = rereads_reach(&actor, 6).await;
+    assert!(
+        sixth - started >= Duration::from_millis(3_000),
+        "six re-reads within {:?}: the schedule did not back off",
+        sixth - started
+    );
+    // The next is due 3.2 s after the sixth, unless the connection is replaced.
+    client.force_reconnect().await.unwrap();
+    let seventh = rereads_reach(&actor, 7).await;
+    assert!(
+        seventh - sixth < Duration::from_millis(2_500),
+        "the re-read after a reconnect came {:?} after the last one",
+        seventh - sixth
+    );
+    actor.stop(None);
+}

@@ -35,6 +35,7 @@ mod decode;
 mod error;
 mod fresh;
 pub mod idempotency;
+mod reread;
 mod types;
 mod wire;
 
@@ -50,6 +51,7 @@ pub use decide::{
 pub use decode::{decode_task, decode_task_json};
 pub use error::TaskError;
 pub use fresh::{must_read_channel, router_flags, IngressBaseline, IngressFacts, InputFacts};
+pub use reread::RereadSchedule;
 pub use types::{
     Answer, CancelStatus, ControlRequest, JoinRequest, Outcome, QueryReply, StatusEvent,
     StatusKind, Suspend, TaskResult, TaskSpec, TaskState,

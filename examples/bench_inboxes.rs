@@ -14,11 +14,15 @@
 //!    stops at the first failed attach and says so;
 //! 2. measures nats-server's CPU over IDLE_SECS (default 30) with every inbox attached and idle;
 //! 3. sends DMs to random attached inboxes at 1,000/s for PACED_SECS (default 5) and prints
-//!    p50/p99 from send to handler, and the same to one inbox of a fresh system for reference;
+//!    p50/p99 from send to handler, and the same to one inbox of a fresh system for reference:
+//!    published to the ingress (the routed DM alone, as `bench_dm` measures it), then with
+//!    `ActorSystem::send` (which first reads whether the recipient was removed, a read cached
+//!    per recipient);
 //! 4. detaches half of the inboxes with `detach_inbox` (the same ATTACHING at a time) and
 //!    prints how long that took and the RSS left, then times the shutdown of the other half;
-//!    nats-server's idle CPU is measured again with half the consumers pulled from, and with
-//!    none (what the durable consumers cost by themselves);
+//!    nats-server's idle CPU is measured again with half the consumers pulled from (once the
+//!    detached ones' last pulls expired), and with none (what the durable consumers cost by
+//!    themselves);
 //! 5. in a child process of its own, tracks TASKS tasks (default 10,000) at once with
 //!    `delegate_tracked` to a queue no worker serves (no result comes) and prints the RSS they
 //!    cost, and nats-server's CPU while they wait (IDLE_SECS).
@@ -178,27 +182,70 @@ async fn attach(
         .await
 }
 
+/// How the paced DMs are sent.
+#[derive(Clone, Copy)]
+enum Via {
+    /// `ActorSystem::send`, one after the other: what a host's send costs, with its checks (a
+    /// read of whether the recipient was removed, cached per recipient for 4 s: a miss for
+    /// nearly every DM to a random one of 10,000).
+    Send,
+    /// Published to alice's ingress, store acks awaited aside: the routed DM alone, as
+    /// `bench_dm` measures it (docs/PERFORMANCE.md).
+    Ingress,
+}
+
 /// Sends DMs from `alice` at 1,000/s for `secs` to the agent `pick(i)` and waits (up to 30 s)
 /// until `seen` has counted them all; p50 and p99 in ms.
 async fn paced(
     system: &ActorSystem,
+    via: Via,
     secs: u64,
     pick: impl Fn(u64) -> AgentId,
     latencies: &Latencies,
     seen: &AtomicU64,
 ) -> (f64, f64, u64) {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
     let alice = AgentId::new("alice").unwrap();
+    let js = async_nats::jetstream::new(system.client().clone());
     latencies.lock().unwrap().clear();
     let before = seen.load(Ordering::Relaxed);
     let n = secs * 1_000;
     let start = Instant::now();
+    let mut acks = tokio::task::JoinSet::new();
     for i in 0..n {
         tokio::time::sleep_until((start + Duration::from_micros(i * 1_000)).into()).await;
-        system
-            .send(&alice, &pick(i), timed_body())
-            .await
-            .expect("send");
+        match via {
+            Via::Send => {
+                system
+                    .send(&alice, &pick(i), timed_body())
+                    .await
+                    .expect("send");
+            }
+            Via::Ingress => {
+                let id = format!("paced-{run}-{i}");
+                let mut meta = protocol::Meta::new(protocol::MessageId::new(id.as_str()).unwrap());
+                meta.to = Some(pick(i));
+                let envelope = protocol::Envelope {
+                    meta,
+                    body: timed_body(),
+                    extra: Default::default(),
+                };
+                let payload = protocol::encode(&envelope, protocol::Codec::Json).unwrap();
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(
+                    protocol::headers::NATS_MSG_ID,
+                    format!("alice:{id}").as_str(),
+                );
+                let ack = js
+                    .publish_with_headers("hub.pub.alice.inbox", headers, payload.into())
+                    .await
+                    .expect("publish");
+                acks.spawn(async move { ack.await.expect("stored") });
+            }
+        }
     }
+    while acks.join_next().await.is_some() {}
     let deadline = Instant::now() + Duration::from_secs(30);
     while seen.load(Ordering::Relaxed) - before < n && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -331,32 +378,46 @@ async fn main() -> anyhow::Result<()> {
     idle(format!("with {attached} inboxes attached")).await;
 
     // 3. DMs to random inboxes, and to the one inbox of a fresh system.
-    if attached > 0 {
-        // A scattered attached inbox per DM (Fibonacci hashing of the DM's number).
-        let pick = |i: u64| {
-            let n = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % attached;
-            AgentId::new(format!("idle{n}")).unwrap()
-        };
-        let (p50, p99, got) = paced(&host, paced_secs, pick, &latencies, &seen).await;
-        println!(
-            "DMs to random inboxes of {attached}, 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
-        );
-    }
     let solo = system(&url).await;
     let (solo_latencies, solo_seen): (Latencies, _) = (Arc::default(), Arc::new(AtomicU64::new(0)));
     let bob = AgentId::new("solo-bob")?;
     attach(&solo, &bob, &solo_latencies, &solo_seen).await?;
-    let (p50, p99, got) = paced(
-        &solo,
-        paced_secs,
-        |_| bob.clone(),
-        &solo_latencies,
-        &solo_seen,
-    )
-    .await;
-    println!(
-        "DMs to one inbox (a fresh system), 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
-    );
+    for (via, how) in [
+        (Via::Ingress, "published to the ingress"),
+        (Via::Send, "with ActorSystem::send"),
+    ] {
+        let mut random_p99 = None;
+        if attached > 0 {
+            // A scattered attached inbox per DM (Fibonacci hashing of the DM's number).
+            let pick = |i: u64| {
+                let n = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % attached;
+                AgentId::new(format!("idle{n}")).unwrap()
+            };
+            let (p50, p99, got) = paced(&host, via, paced_secs, pick, &latencies, &seen).await;
+            println!(
+                "DMs {how} to random inboxes of {attached}, 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
+            );
+            random_p99 = Some(p99);
+        }
+        let (p50, p99, got) = paced(
+            &solo,
+            via,
+            paced_secs,
+            |_| bob.clone(),
+            &solo_latencies,
+            &solo_seen,
+        )
+        .await;
+        println!(
+            "DMs {how} to one inbox (a fresh system), 1,000/s for {paced_secs} s: p50 {p50:.2} ms, p99 {p99:.2} ms ({got} handled)"
+        );
+        if let Some(random) = random_p99 {
+            println!(
+                "  p99 ratio, random of {attached} / one: {:.2}",
+                random / p99.max(0.001)
+            );
+        }
+    }
     solo.shutdown(Duration::from_secs(10)).await?;
 
     // 4. Detach half, shut down with the rest.
@@ -384,6 +445,9 @@ async fn main() -> anyhow::Result<()> {
         (heap_before_detach - heap_after_detach) as f64 / half.max(1) as f64,
     );
     let rest = ids.len() - half;
+    // The detached inboxes' last pulls wait at the broker until they expire (30 s), heartbeated
+    // meanwhile: measured after that.
+    tokio::time::sleep(Duration::from_secs(35)).await;
     idle(format!(
         "with {rest} of its {} inbox consumers attached",
         ids.len()
@@ -402,6 +466,11 @@ async fn main() -> anyhow::Result<()> {
         ids.len()
     ))
     .await;
+
+    // The broker's share of the latency to a cold consumer of many, without the runtime.
+    if attached > 0 {
+        raw_reference(&url, attached, idle_secs, paced_secs, attaching).await?;
+    }
 
     // 5. Tracked tasks, in a child process of their own: this one's allocator keeps what the
     // inboxes freed, and would count it again.
@@ -458,15 +527,125 @@ async fn tracked_tasks(arg: &str) -> anyhow::Result<()> {
         above as f64 / n,
         heap as f64 / n,
     );
-    let (cpu0, t0) = (cpu_ms(broker), Instant::now());
-    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-    let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
-    println!(
-        "nats-server while {} tracked tasks wait: {:.1} % of a core over {idle_secs} s",
-        tracking.len(),
-        busy * 100.0
-    );
+    // Twice: the trackers' re-reads back off from 3 s to 30 s within their first minute.
+    for window in ["first", "second"] {
+        let (cpu0, t0) = (cpu_ms(broker), Instant::now());
+        tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+        let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
+        println!(
+            "nats-server while {} tracked tasks wait ({window} {idle_secs} s): {:.1} % of a core",
+            tracking.len(),
+            busy * 100.0
+        );
+    }
     drop(tracking);
     tracker_host.shutdown(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// The raw reference for DMs to many inboxes: `n` plain pull consumers (async-nats, one stream,
+/// one filter subject each, the pull settings of an inbox), idle for `idle_secs`, then messages
+/// at 1,000/s for `secs` to random ones and to one of them; prints p50/p99 of each and the p99
+/// ratio. One hop (publish, pull), where a DM takes two (the router between).
+async fn raw_reference(
+    url: &str,
+    n: u64,
+    idle_secs: u64,
+    secs: u64,
+    attaching: usize,
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::{consumer::pull, stream};
+    let client = async_nats::connect(url).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    let stream = js
+        .create_stream(stream::Config {
+            name: "RAW_INBOX".into(),
+            subjects: vec!["raw.inbox.*".into()],
+            max_consumers: (n as i32).saturating_add(10),
+            ..Default::default()
+        })
+        .await?;
+    let latencies: Latencies = Arc::default();
+    let seen = Arc::new(AtomicU64::new(0));
+    let pumps: Vec<_> = futures::stream::iter(0..n)
+        .map(|i| {
+            let (stream, latencies, seen) = (&stream, latencies.clone(), seen.clone());
+            async move {
+                let consumer = stream
+                    .create_consumer(pull::Config {
+                        durable_name: Some(format!("raw-{i}")),
+                        filter_subject: format!("raw.inbox.{i}"),
+                        ..Default::default()
+                    })
+                    .await?;
+                let mut messages = consumer
+                    .stream()
+                    .max_messages_per_batch(256)
+                    .heartbeat(Duration::from_secs(5))
+                    .expires(Duration::from_secs(30))
+                    .messages()
+                    .await?;
+                Ok::<_, anyhow::Error>(tokio::spawn(async move {
+                    while let Some(Ok(msg)) = messages.next().await {
+                        let sent: u64 = std::str::from_utf8(&msg.payload)
+                            .ok()
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0);
+                        latencies
+                            .lock()
+                            .unwrap()
+                            .push(now_us().saturating_sub(sent));
+                        seen.fetch_add(1, Ordering::Relaxed);
+                        let _ = msg.ack().await;
+                    }
+                }))
+            }
+        })
+        .buffer_unordered(attaching)
+        .collect()
+        .await;
+    let pumps: Vec<_> = pumps.into_iter().collect::<Result<_, _>>()?;
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let paced_raw = |pick: Box<dyn Fn(u64) -> u64>| {
+        let (js, latencies, seen) = (js.clone(), latencies.clone(), seen.clone());
+        async move {
+            latencies.lock().unwrap().clear();
+            let before = seen.load(Ordering::Relaxed);
+            let count = secs * 1_000;
+            let start = Instant::now();
+            let mut acks = tokio::task::JoinSet::new();
+            for i in 0..count {
+                tokio::time::sleep_until((start + Duration::from_micros(i * 1_000)).into()).await;
+                let ack = js
+                    .publish(
+                        format!("raw.inbox.{}", pick(i)),
+                        now_us().to_string().into(),
+                    )
+                    .await
+                    .expect("publish");
+                acks.spawn(async move { ack.await.expect("stored") });
+            }
+            while acks.join_next().await.is_some() {}
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while seen.load(Ordering::Relaxed) - before < count && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let mut l = latencies.lock().unwrap().clone();
+            l.sort_unstable();
+            (percentile(&l, 0.50), percentile(&l, 0.99))
+        }
+    };
+    let (r50, r99) = paced_raw(Box::new(move |i| {
+        (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) % n
+    }))
+    .await;
+    let (o50, o99) = paced_raw(Box::new(|_| 0)).await;
+    println!(
+        "raw JetStream, {n} pull consumers idle {idle_secs} s, 1,000 msgs/s for {secs} s: to random ones p50 {r50:.2} ms, p99 {r99:.2} ms; to one p50 {o50:.2} ms, p99 {o99:.2} ms; p99 ratio {:.2}",
+        r99 / o99.max(0.001)
+    );
+    for pump in pumps {
+        pump.abort();
+    }
     Ok(())
 }

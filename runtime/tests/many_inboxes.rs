@@ -70,29 +70,15 @@ fn dm(n: u64, i: usize) -> Vec<u8> {
 /// Publishes DMs `range` from alice's ingress (DM `n` to agent `n % AGENTS`), pipelined, and
 /// waits for every store ack.
 async fn publish(js: &jetstream::Context, range: std::ops::Range<usize>) {
-    let mut acks = futures::stream::FuturesOrdered::new();
-    for n in range {
+    let messages = range.map(|n| {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             protocol::headers::NATS_MSG_ID,
             format!("alice:dm-{n}").as_str(),
         );
-        let ack = js
-            .publish_with_headers(
-                "hub.pub.alice.inbox",
-                headers,
-                dm(n as u64, n % AGENTS).into(),
-            )
-            .await
-            .unwrap();
-        acks.push_back(std::future::IntoFuture::into_future(ack));
-        if acks.len() >= 256 {
-            acks.next().await.unwrap().unwrap();
-        }
-    }
-    while let Some(ack) = acks.next().await {
-        ack.unwrap();
-    }
+        (headers, dm(n as u64, n % AGENTS))
+    });
+    support::publish_pipelined(js, "hub.pub.alice.inbox", messages).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,21 +100,11 @@ async fn router_killed_with_sigkill_mid_flow_loses_nothing_and_duplicates_nothin
     // Publish all N pipelined, 256 acks in flight (the ingress keeps them), and kill the
     // router while it routes.
     let js = jetstream::new(server.client().await.unwrap());
-    let mut acks = futures::stream::FuturesOrdered::new();
-    for i in 0..N {
+    let messages = (0..N).map(|i| {
         let payload = protocol::encode(&dm(i, &bob), protocol::Codec::Json).unwrap();
-        let ack = js
-            .publish("hub.pub.alice.inbox", payload.into())
-            .await
-            .unwrap();
-        acks.push_back(std::future::IntoFuture::into_future(ack));
-        if acks.len() >= 256 {
-            acks.next().await.unwrap().unwrap();
-        }
-    }
-    while let Some(ack) = acks.next().await {
-        ack.unwrap();
-    }
+        (async_nats::HeaderMap::new(), payload)
+    });
+    support::publish_pipelined(&js, "hub.pub.alice.inbox", messages).await;
     harness::wait_until("some DMs handled before the kill", DEADLINE, || {
         counts.lock().unwrap().len() >= 1_000
     })

@@ -454,3 +454,26 @@ pub async fn make_consumer(hub: &ActorSystem, id: &AgentId) {
     let reply = String::from_utf8_lossy(&reply.payload).into_owned();
     assert!(reply.contains(&format!("inbox-{id}")), "{reply}");
 }
+
+/// JetStream-publishes each `(headers, payload)` to `subject`, pipelined (at most 256 store acks
+/// in flight), and waits until every one is stored.
+pub async fn publish_pipelined(
+    js: &jetstream::Context,
+    subject: &str,
+    messages: impl IntoIterator<Item = (async_nats::HeaderMap, Vec<u8>)>,
+) {
+    let mut acks = futures::stream::FuturesOrdered::new();
+    for (headers, payload) in messages {
+        let ack = js
+            .publish_with_headers(subject.to_string(), headers, payload.into())
+            .await
+            .unwrap();
+        acks.push_back(std::future::IntoFuture::into_future(ack));
+        if acks.len() >= 256 {
+            acks.next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(ack) = acks.next().await {
+        ack.unwrap();
+    }
+}

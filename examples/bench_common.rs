@@ -48,6 +48,9 @@ pub struct Run {
     pub p50_ms: f64,
     /// 99th percentile latency, ms.
     pub p99_ms: f64,
+    /// The longest wait between two items handled, ms, where a run measures it (a stall
+    /// shows here); 0 otherwise.
+    pub longest_gap_ms: f64,
 }
 
 /// Rate and latency percentiles of `n` items in `elapsed`.
@@ -58,6 +61,7 @@ pub fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run 
         rate: n as f64 / elapsed.as_secs_f64(),
         p50_ms: percentile(&l, 0.50),
         p99_ms: percentile(&l, 0.99),
+        longest_gap_ms: 0.0,
     }
 }
 

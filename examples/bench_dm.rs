@@ -125,12 +125,24 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) 
     system.start_router().await.unwrap();
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
     let got = Arc::new(AtomicU64::new(0));
-    let (lat, count) = (latencies.clone(), got.clone());
+    // When the last DM was handled, and the longest wait between two (a stall shows here).
+    let (last_us, gap_us) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (lat, count, last, gap) = (
+        latencies.clone(),
+        got.clone(),
+        last_us.clone(),
+        gap_us.clone(),
+    );
     system
         .attach_inbox(bob, move |d| {
+            let now = now_us();
             lat.lock()
                 .unwrap()
-                .push(now_us().saturating_sub(body_sent_us(&d.envelope)));
+                .push(now.saturating_sub(body_sent_us(&d.envelope)));
+            let before = last.swap(now, Ordering::Relaxed);
+            if before != 0 {
+                gap.fetch_max(now.saturating_sub(before), Ordering::Relaxed);
+            }
             count.fetch_add(1, Ordering::Relaxed);
             Box::pin(async {})
         })
@@ -148,7 +160,10 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) 
     }
     let elapsed = start.elapsed();
     system.shutdown(Duration::from_secs(10)).await.unwrap();
-    summarize(n, elapsed, &latencies)
+    Run {
+        longest_gap_ms: gap_us.load(Ordering::Relaxed) as f64 / 1000.0,
+        ..summarize(n, elapsed, &latencies)
+    }
 }
 
 #[tokio::main]
@@ -223,6 +238,15 @@ async fn main() -> anyhow::Result<()> {
             "  round {round}: raw {:>8.0} msgs/s, hub {:>8.0} msgs/s, hub without audit {:>8.0} msgs/s",
             a.rate, b.rate, c.rate
         );
+        // A stall: the longest wait between two handled DMs, when it is over a second.
+        for (arm, run) in [("hub", &b), ("hub without audit", &c)] {
+            if run.longest_gap_ms > 1_000.0 {
+                println!(
+                    "    {arm}: stalled, {:.1} s between two DMs",
+                    run.longest_gap_ms / 1000.0
+                );
+            }
+        }
         ra.push(a.rate);
         rb.push(b.rate);
         rc.push(c.rate);

@@ -103,6 +103,12 @@ pub fn answer_consumer(cfg: &DeliveryConfig, worker: &WorkerId) -> pull::Config 
     )
 }
 
+/// Whether a consumer lookup or deletion failed because the consumer does not exist.
+pub fn is_consumer_not_found(e: &async_nats::jetstream::stream::ConsumerError) -> bool {
+    matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(err)
+        if err.error_code() == async_nats::jetstream::ErrorCode::CONSUMER_NOT_FOUND)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

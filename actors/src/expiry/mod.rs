@@ -329,12 +329,7 @@ impl ExpiryPump {
                     return Handled::Retry;
                 }
             },
-            Err(e)
-                if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(err)
-                    if err.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND) =>
-            {
-                None
-            }
+            Err(e) if crate::consumers::is_consumer_not_found(&e) => None,
             Err(e) => {
                 tracing::warn!(error = %e, %consumer, "expiry check: consumer lookup failed; tried again");
                 return Handled::Retry;

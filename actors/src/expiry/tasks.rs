@@ -98,12 +98,7 @@ impl ExpiryPump {
                 Ok(info) => Some(info.delivered.stream_sequence),
                 Err(_) => return Handled::Retry,
             },
-            Err(e)
-                if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(err)
-                    if err.error_code() == jetstream::ErrorCode::CONSUMER_NOT_FOUND) =>
-            {
-                None
-            }
+            Err(e) if crate::consumers::is_consumer_not_found(&e) => None,
             Err(_) => return Handled::Retry,
         };
         if delivered.is_some_and(|d| d >= check.answers_seq) {

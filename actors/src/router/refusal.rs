@@ -68,32 +68,38 @@ impl DurablePump {
         dm: Refusable,
         retry_after_secs: u64,
     ) -> Pending {
-        let js = js.clone();
-        let counters = self.counters.clone();
-        let audit = self.audit.clone();
-        Box::pin(async move {
-            counters.rate_limited.bump();
-            let error = WireError::new(
-                WireErrorKind::RateLimited,
-                format!("{} is over its rate of DMs a minute", dm.from),
-            );
-            notify(&js, &counters, &audit, &dm, &error, Some(retry_after_secs)).await
-        })
+        let error = WireError::new(
+            WireErrorKind::RateLimited,
+            format!("{} is over its rate of DMs a minute", dm.from),
+        );
+        self.refuse_now(js, dm, |c| &c.rate_limited, error, Some(retry_after_secs))
     }
 
     /// Refuses `dm` now, before any store, because its recipient was removed (`runtime agent
     /// remove`): no `retry_after_secs`, sending again does not help until it is restored.
     pub(super) fn recipient_deleted(&self, js: &jetstream::Context, dm: Refusable) -> Pending {
+        let error = WireError::new(
+            WireErrorKind::RecipientDeleted,
+            format!("{} was removed from the hub", dm.to),
+        );
+        self.refuse_now(js, dm, |c| &c.refused_deleted, error, None)
+    }
+
+    /// Refuses `dm` now, before any store, with `error`, counted in `counter`.
+    fn refuse_now(
+        &self,
+        js: &jetstream::Context,
+        dm: Refusable,
+        counter: fn(&RouterCounters) -> &crate::counters::Counter,
+        error: WireError,
+        retry_after: Option<u64>,
+    ) -> Pending {
         let js = js.clone();
         let counters = self.counters.clone();
         let audit = self.audit.clone();
         Box::pin(async move {
-            counters.refused_deleted.bump();
-            let error = WireError::new(
-                WireErrorKind::RecipientDeleted,
-                format!("{} was removed from the hub", dm.to),
-            );
-            notify(&js, &counters, &audit, &dm, &error, None).await
+            counter(&counters).bump();
+            notify(&js, &counters, &audit, &dm, &error, retry_after).await
         })
     }
 }

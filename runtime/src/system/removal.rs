@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream::DirectGetErrorKind, ErrorCode};
+use async_nats::jetstream::{self, stream::DirectGetErrorKind};
 use async_nats::Client;
 use protocol::config::DeliveryConfig;
 use protocol::removal::{self, Fate, Tombstone, RECIPIENT_DELETED};
@@ -180,12 +180,7 @@ async fn delete_consumer(
 ) -> Result<bool, SystemError> {
     match inbox.delete_consumer(consumer).await {
         Ok(_) => Ok(true),
-        Err(e)
-            if matches!(e.kind(), jetstream::stream::ConsumerErrorKind::JetStream(err)
-            if err.error_code() == ErrorCode::CONSUMER_NOT_FOUND) =>
-        {
-            Ok(false)
-        }
+        Err(e) if actors::consumers::is_consumer_not_found(&e) => Ok(false),
         Err(e) => Err(SystemError::request(consumer, e)),
     }
 }

@@ -119,6 +119,10 @@ impl ActorSystem {
     /// later [`attach_inbox`](Self::attach_inbox), here or in another process, resumes after
     /// the last DM acked.
     ///
+    /// Attaches and detaches of different identities may run concurrently; those of one
+    /// identity must follow one another (a detach while that identity's attach still runs
+    /// may leave the inbox running until the shutdown).
+    ///
     /// # Errors
     /// [`SystemError::NotAttached`] when no inbox of `id` is attached here.
     ///

@@ -545,12 +545,14 @@ impl TrackerPump {
         let mut tick = tokio::time::interval(self.reread.base);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let connects = || self.client.statistics().connects.load(Ordering::Acquire);
+        // Times are the ticks' own (their deadlines), so the waits are whole ticks whatever
+        // the wake-up delays.
         let (mut last_read, mut last_connects, mut quiet) =
             (tokio::time::Instant::now(), connects(), 0u32);
         let mut first = true;
         let mut failing = false;
         loop {
-            tokio::select! {
+            let at = tokio::select! {
                 biased;
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
@@ -558,21 +560,23 @@ impl TrackerPump {
                     }
                     continue;
                 }
-                _ = tick.tick() => {}
-            }
+                at = tick.tick() => at,
+            };
             if self.sink.is_done() {
                 let _ = self.myself.cast(TrackerMsg::CallerGone);
                 return Ok(());
             }
             if first && self.skip_first_read {
                 first = false;
+                last_read = at;
                 continue;
             }
             if !first {
                 let now_connects = connects();
                 let reconnected = now_connects != last_connects;
                 // A failed read is tried again at the next tick.
-                if !(failing || self.reread.due(quiet, last_read.elapsed(), reconnected)) {
+                let since = at.saturating_duration_since(last_read);
+                if !(failing || self.reread.due(quiet, since, reconnected)) {
                     continue;
                 }
                 if reconnected {
@@ -582,7 +586,7 @@ impl TrackerPump {
                 self.counters.rereads.bump();
             }
             first = false;
-            last_read = tokio::time::Instant::now();
+            last_read = at;
             let read = crate::task_channel::read(
                 &js,
                 &self.reader,

@@ -126,8 +126,8 @@ pub async fn add_child(supervisor: &DynamicRef, child: ChildSpec) -> Result<(), 
 }
 
 /// Removes the child `id` from `supervisor` and stops it gracefully (its `post_stop` runs)
-/// within `grace`, killing it past that; it is not restarted. Returns whether a running
-/// incarnation was stopped. The supervisor's mailbox does not wait for the stop: many children
+/// within `grace`, killing it past that; it is not restarted. Returns whether it had an
+/// incarnation to stop (one that ended just before is stopped already). The supervisor's mailbox does not wait for the stop: many children
 /// may be removed at once.
 ///
 /// # Errors
@@ -216,7 +216,9 @@ impl Actor for DynamicSupervisor {
                 let _ = reply.send(Ok(()));
             }
             DynamicMsg::Restart(id) => {
-                if let Some(child) = state.children.get_mut(&id) {
+                // Only a child waiting for its restart: one removed and added again meanwhile
+                // runs already, and this restart was its predecessor's.
+                if let Some(child) = state.children.get_mut(&id).filter(|c| c.cell.is_none()) {
                     child.restarts += 1;
                     state.stats.restarts += 1;
                     start(&myself, state, &id).await;
@@ -502,6 +504,52 @@ mod tests {
                 .await
                 .unwrap()
         );
+        sup.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_due_before_a_remove_leaves_the_child_added_again_alone() {
+        let (sup, _join) = DynamicSupervisor::spawn("dyn-readd".into(), Intensity::default())
+            .await
+            .unwrap();
+        // Fails its first start: a restart is due in 1 s.
+        let starts = Arc::new(AtomicUsize::new(0));
+        let failing = Flaky {
+            starts: starts.clone(),
+            fail_first: 1,
+        };
+        let spec = ChildSpec::actor("dyn-readd-child", failing, || ())
+            .with_backoff(Backoff::constant(Duration::from_secs(1)));
+        add_child(&sup, spec).await.unwrap();
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        assert!(
+            !remove_child(&sup, "dyn-readd-child", Duration::from_secs(1))
+                .await
+                .unwrap()
+        );
+        // Added again before that restart is due: it starts and runs.
+        let (again, again_starts) = flaky("dyn-readd-child", 0);
+        add_child(&sup, again.with_restart(Restart::Permanent))
+            .await
+            .unwrap();
+        let running = ractor::registry::where_is(ractor::ActorName::from("dyn-readd-child"))
+            .expect("the child added again runs");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The stale restart touched nothing: the same incarnation runs, started once, and a
+        // remove still stops it.
+        let now = ractor::registry::where_is(ractor::ActorName::from("dyn-readd-child"))
+            .expect("still running");
+        assert_eq!(now.get_id(), running.get_id());
+        assert_eq!(again_starts.load(Ordering::SeqCst), 1);
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        let snap = snapshot(&sup).await.unwrap();
+        assert_eq!((snap.children, snap.restarts), (1, 0), "{snap:?}");
+        assert!(
+            remove_child(&sup, "dyn-readd-child", Duration::from_secs(1))
+                .await
+                .unwrap()
+        );
+        assert!(ractor::registry::where_is(ractor::ActorName::from("dyn-readd-child")).is_none());
         sup.stop(None);
     }
 

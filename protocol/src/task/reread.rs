@@ -4,7 +4,7 @@
 //! subscription. So the re-reads that matter follow a reconnect, and a task that waits long
 //! needs few others: each re-read that finds nothing doubles the wait before the next, from the
 //! base interval up to a cap, and anything found, or a new connection, starts again from the
-//! base (a new connection: at once). 10,000 tracked tasks that wait read 10,000 / cap times a
+//! base (a new connection: at the tracker's next look, within the base interval). 10,000 tracked tasks that wait read 10,000 / cap times a
 //! second, not 10,000 / base (docs/CAPACITY.md).
 
 use std::time::Duration;

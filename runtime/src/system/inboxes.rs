@@ -39,7 +39,9 @@ impl ActorSystem {
     /// [`SystemError::AlreadyAttached`] when `id`'s inbox is attached here already,
     /// [`SystemError::Spawn`] when the supervisor cannot be spawned, [`SystemError::Timeout`]
     /// when the inbox does not bind within 30 s (it keeps trying under its supervisor, and
-    /// [`detach_inbox`](Self::detach_inbox) stops it).
+    /// [`detach_inbox`](Self::detach_inbox) stops it). An inbox that failed past its restart
+    /// intensity is given up and stops, but stays attached in name (listed, and a new attach
+    /// refused) until it is detached.
     ///
     /// # Cancel safety
     /// Not cancel safe: a cancelled call may leave the inbox started (attached), which

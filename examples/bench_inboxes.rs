@@ -109,25 +109,9 @@ const TASKS_ENV: &str = "BENCH_INBOXES_TASKS";
 /// Where RSS is read at while attaching.
 const CHECKPOINTS: [u64; 3] = [1_000, 5_000, 10_000];
 
-/// This process's resident set, in kB.
-fn rss_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// RSS once it has stopped moving (allocators hand memory back lazily): the lowest of a few
-/// reads a second apart.
+/// RSS once it has stopped moving (allocators hand memory back lazily), kB.
 async fn settled_rss_kb() -> u64 {
-    let mut low = rss_kb();
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        low = low.min(rss_kb());
-    }
-    low
+    harness::rss::settled_rss_kb(Duration::from_secs(3)).await
 }
 
 async fn system(url: &str) -> ActorSystem {

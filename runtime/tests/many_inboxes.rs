@@ -29,28 +29,6 @@ const RSS_PER_INBOX_KB: u64 = 72;
 /// Which agent saw which DM, and how often.
 type Seen = Arc<Mutex<HashMap<(usize, u64), u32>>>;
 
-/// This process's resident set, kB.
-fn rss_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
-
-/// The lowest RSS of a few reads while the process settles (an allocator hands memory back
-/// lazily).
-async fn settled_rss_kb() -> u64 {
-    let mut low = rss_kb();
-    let start = tokio::time::Instant::now();
-    while start.elapsed() < Duration::from_secs(2) {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        low = low.min(rss_kb());
-    }
-    low
-}
-
 fn agent(i: usize) -> AgentId {
     AgentId::new(format!("many{i}")).unwrap()
 }
@@ -102,7 +80,7 @@ async fn two_thousand_inboxes_in_one_process_each_handle_their_dms_once_across_a
         .build()
         .await
         .unwrap();
-    let empty = settled_rss_kb().await;
+    let empty = harness::rss::settled_rss_kb(Duration::from_secs(2)).await;
     let seen: Seen = Arc::default();
     let attached: Vec<_> = futures::stream::iter(0..AGENTS)
         .map(|i| {
@@ -127,7 +105,10 @@ async fn two_thousand_inboxes_in_one_process_each_handle_their_dms_once_across_a
         failed.len(),
         failed.first()
     );
-    let per_inbox = settled_rss_kb().await.saturating_sub(empty) / AGENTS as u64;
+    let per_inbox = harness::rss::settled_rss_kb(Duration::from_secs(2))
+        .await
+        .saturating_sub(empty)
+        / AGENTS as u64;
     println!("RSS per idle inbox: {per_inbox} kB (bound {RSS_PER_INBOX_KB} kB)");
     assert!(
         per_inbox <= RSS_PER_INBOX_KB,

@@ -262,18 +262,20 @@ impl Actor for InboxConsumer {
         msg: InboxMsg,
         state: &mut InboxState,
     ) -> Result<(), ActorProcessingErr> {
-        if let InboxMsg::Bind = msg {
-            if state.0.is_none() {
-                // A failed bind fails the incarnation: its supervisor starts another, which
-                // attaches again.
-                state.0 = Some(self.start(myself).await?);
-            }
-            return Ok(());
-        }
         // The fault point `Handle` under the inbox's name is its pump's, per DM (see
-        // `pump.rs`); the actor's own messages check it under `actor_fault_name`.
-        fault::check(&actor_fault_name(&self.name), FaultPoint::Handle)?;
+        // `pump.rs`); the actor's own messages, all but its bind, check it under
+        // `actor_fault_name`.
+        if !matches!(msg, InboxMsg::Bind) {
+            fault::check(&actor_fault_name(&self.name), FaultPoint::Handle)?;
+        }
         match msg {
+            InboxMsg::Bind => {
+                if state.0.is_none() {
+                    // A failed bind fails the incarnation: its supervisor starts another,
+                    // which attaches again.
+                    state.0 = Some(self.start(myself).await?);
+                }
+            }
             InboxMsg::Snapshot(port) => {
                 if let Some(state) = &state.0 {
                     let _ = port.send(InboxSnapshot {
@@ -285,7 +287,6 @@ impl Actor for InboxConsumer {
                 }
             }
             InboxMsg::PumpFailed(reason) => return Err(InboxError::Pump(reason).into()),
-            InboxMsg::Bind => {}
         }
         Ok(())
     }

@@ -17,6 +17,7 @@
 //! ```
 
 mod nats_server;
+pub mod rss;
 mod runtime_process;
 pub mod secrets;
 mod wait;

@@ -516,8 +516,13 @@ async fn tracked_tasks(arg: &str) -> anyhow::Result<()> {
         let (cpu0, t0) = (cpu_ms(broker), Instant::now());
         tokio::time::sleep(Duration::from_secs(idle_secs)).await;
         let busy = (cpu_ms(broker) - cpu0) as f64 / t0.elapsed().as_millis() as f64;
+        let reads = tracker_host
+            .snapshot()
+            .await?
+            .tracking
+            .map_or(0, |t| t.counters.reads);
         println!(
-            "nats-server while {} tracked tasks wait ({window} {idle_secs} s): {:.1} % of a core",
+            "nats-server while {} tracked tasks wait ({window} {idle_secs} s): {:.1} % of a core ({reads} stored reads so far)",
             tracking.len(),
             busy * 100.0
         );

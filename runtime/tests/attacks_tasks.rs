@@ -435,13 +435,14 @@ async fn attack_21_bob_cannot_replay_a_forged_result_into_alices_tracker() {
     hub.alice_sees(&task_id, "running").await;
     // Alice tracks her task in her own process, live and through the router.
     let alice = AgentId::new("alice").unwrap();
-    let (tracker, result, _events) = actors::tracker::TaskTracker::new(
-        "alice-tracker",
-        h_client(&hub, "alice").await,
-        alice,
-        task_id.clone(),
-    );
-    let (tracker, _) = ractor::Actor::spawn(None, tracker, ()).await.unwrap();
+    let trackers = actors::tracker::Trackers::new("alice-trackers", h_client(&hub, "alice").await);
+    let (tracker, _) = ractor::Actor::spawn(None, trackers, ()).await.unwrap();
+    let track = actors::tracker::Track {
+        delegator: alice.clone(),
+        task_id: task_id.clone(),
+        fresh: false,
+    };
+    let (result, _events) = actors::tracker::track(&tracker, track).await.unwrap();
     let h = &hub.hub;
     // Bob stores a forged final result as a DM to himself (stamped as bob, naming bob as the
     // worker), then pulls it from his own inbox consumer with the reply aimed at alice's task
@@ -474,12 +475,17 @@ async fn attack_21_bob_cannot_replay_a_forged_result_into_alices_tracker() {
     })
     .await
     .unwrap();
-    // The tracker ignored it: the first final result it delivers is the real one, after alice
-    // cancels her task.
-    let snapshot: actors::tracker::TrackerSnapshot =
-        ractor::call!(tracker, actors::tracker::TrackerMsg::Snapshot)
-            .expect("the tracker still follows the task (it stops once it delivers a result)");
-    assert!(!snapshot.delivered, "a result was delivered: {snapshot:?}");
+    // The tracker ignored it (counted as replayed): the first final result it delivers is the
+    // real one, after alice cancels her task.
+    harness::wait_until_async("the replay seen and ignored", support::DEADLINE, || async {
+        let snapshot = ractor::call!(tracker, actors::tracker::TrackersMsg::Snapshot).unwrap();
+        snapshot.counters.replayed >= 1
+    })
+    .await
+    .unwrap();
+    let channel = protocol::subjects::TaskChannel::of(&alice, &task_id).subject();
+    let task = ractor::call!(tracker, actors::tracker::TrackersMsg::Task, channel).unwrap();
+    assert!(task.is_some(), "still tracked: no result was delivered");
     let (code, reply) = hub.task("alice", "cancel", &task_id).await;
     assert_eq!(code, Some(0), "{reply}");
     let result = tokio::time::timeout(support::DEADLINE, result)

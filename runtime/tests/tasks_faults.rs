@@ -428,7 +428,7 @@ async fn bad_tasks_are_rejected_and_the_next_good_task_still_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_supervisor_and_delivers_once(
+async fn trackers_crashed_by_the_fault_hook_are_restarted_by_the_systems_supervisor_and_deliver_once(
 ) {
     let server = harness::run_server().await.unwrap();
     let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
@@ -467,18 +467,22 @@ async fn tracker_crashed_by_the_fault_hook_is_restarted_by_the_systems_superviso
         0,
         "the fault fired"
     );
-    // Restarted once, then gone from the supervisor once it delivered.
+    // The trackers' actor was restarted once, and the task is no longer tracked once delivered.
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let trackers = hub.snapshot().await.unwrap().trackers.unwrap();
-        if trackers.children == 0 {
+        let snapshot = hub.snapshot().await.unwrap();
+        let trackers = snapshot.trackers.unwrap();
+        if snapshot.tracked_tasks == 0 {
             assert_eq!(trackers.restarts, 1);
-            assert_eq!((trackers.added, trackers.given_up), (1, 0));
+            assert_eq!(
+                (trackers.children, trackers.added, trackers.given_up),
+                (1, 1, 0)
+            );
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "tracker still supervised: {trackers:?}"
+            "task still tracked: {trackers:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -538,5 +542,65 @@ async fn a_stopped_trackers_supervisor_is_started_again_by_the_next_track() {
         .expect("second result in time")
         .unwrap();
     assert_eq!(result.task_id, second.task_id);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trackers_given_up_are_started_again_by_the_next_track_and_still_follow_the_tasks_tracked_before(
+) {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::Auto).await;
+    let queue = QueueName::new("given-up").unwrap();
+    // Tracked while no worker serves the queue: no result yet.
+    let (first, first_tracking) = delegate_tracked(&hub, &queue, "before").await;
+    // The trackers' actor fails at each of its next 6 messages: more than 5 restarts within
+    // 10 s, so its supervisor gives it up.
+    let actor = format!("{}/trackers/all", hub.id());
+    fault::arm(&actor, FaultPoint::Handle, Fault::Error, 6);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let snapshot = hub.snapshot().await.unwrap();
+        if snapshot.trackers.as_ref().unwrap().given_up == 1 {
+            assert_eq!(snapshot.trackers.unwrap().children, 0);
+            assert!(snapshot.tracking.is_none(), "no trackers' actor runs");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not given up: {snapshot:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fault::remaining(&actor, FaultPoint::Handle), 0);
+    assert_eq!(
+        hub.tracked_tasks(),
+        1,
+        "the task is still tracked, in the table"
+    );
+    // Its result is stored while nobody follows it.
+    let runs: Runs = Arc::default();
+    let journal = tempfile::tempdir().unwrap();
+    let handler = Arc::new(Sleeper::new(Duration::ZERO, &runs));
+    support::start_worker(&hub, "w-given-up", &queue, 1, handler, journal.path()).await;
+    harness::wait_until("the first task ran", DEADLINE, || {
+        runs.lock().unwrap().contains_key(first.task_id.as_str())
+    })
+    .await
+    .unwrap();
+    // The next track starts the actor again, which follows both tasks.
+    let (second, second_tracking) = delegate_tracked(&hub, &queue, "after").await;
+    let (a, b) = (
+        final_result(first_tracking).await,
+        final_result(second_tracking).await,
+    );
+    assert_eq!(
+        (a.task_id, a.state, b.task_id, b.state),
+        (
+            first.task_id,
+            TaskState::Completed,
+            second.task_id,
+            TaskState::Completed
+        )
+    );
+    let trackers = hub.snapshot().await.unwrap().trackers.unwrap();
+    assert_eq!((trackers.added, trackers.given_up), (2, 1), "{trackers:?}");
+    assert_eq!(hub.tracked_tasks(), 0);
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -3,11 +3,13 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use futures::StreamExt;
 use protocol::subjects::TaskChannel;
 use protocol::task::{AttemptId, StatusEvent, Suspend, TaskChannelBody, TaskResult, TaskState};
 use protocol::{subjects, AgentId, Codec, Envelope, MessageId, Meta, TaskId, WorkerId};
 use ractor::Actor;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use super::*;
 use crate::fault::Fault;
@@ -77,8 +79,62 @@ async fn publish_stored(js: &jetstream::Context, task_id: &str, id: &str, body: 
         .unwrap();
 }
 
-async fn snapshot(tracker: &ActorRef<TrackerMsg>) -> TrackerSnapshot {
-    ractor::call!(tracker, TrackerMsg::Snapshot).unwrap()
+fn agent(name: &str) -> AgentId {
+    AgentId::new(name).unwrap()
+}
+
+/// Trackers that read with direct gets (no router here), every 200 ms.
+fn trackers(name: &str, client: async_nats::Client) -> Trackers {
+    Trackers::new(name, client)
+        .with_read_as(ReadAs::Direct(subjects::TASKS_STREAM.into()))
+        .with_reread_every(Duration::from_millis(200))
+}
+
+async fn spawn(trackers: Trackers) -> (ActorRef<TrackersMsg>, JoinHandle<()>) {
+    Actor::spawn(Some(trackers.name.clone()), trackers, ())
+        .await
+        .unwrap()
+}
+
+async fn track_of(
+    actor: &ActorRef<TrackersMsg>,
+    delegator: &AgentId,
+    task_id: &str,
+    fresh: bool,
+) -> Receivers {
+    track(
+        actor,
+        Track {
+            delegator: delegator.clone(),
+            task_id: task(task_id),
+            fresh,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Tracks alice's `task_id`, not fresh.
+async fn track_alice(actor: &ActorRef<TrackersMsg>, task_id: &str) -> Receivers {
+    track_of(actor, &alice(), task_id, false).await
+}
+
+async fn snapshot(actor: &ActorRef<TrackersMsg>) -> TrackersSnapshot {
+    ractor::call!(actor, TrackersMsg::Snapshot).unwrap()
+}
+
+/// Alice's task `task_id`'s counters (default once it is no longer tracked).
+async fn counters(actor: &ActorRef<TrackersMsg>, task_id: &str) -> TaskCounters {
+    ractor::call!(actor, TrackersMsg::Task, channel(task_id))
+        .unwrap()
+        .map(|s| s.counters)
+        .unwrap_or_default()
+}
+
+async fn tracked(actor: &ActorRef<TrackersMsg>, task_id: &str) -> bool {
+    ractor::call!(actor, TrackersMsg::Task, channel(task_id))
+        .unwrap()
+        .is_some()
 }
 
 async fn next_event(events: &mut mpsc::UnboundedReceiver<TrackerEvent>) -> TrackerEvent {
@@ -92,49 +148,39 @@ async fn final_result(rx: oneshot::Receiver<TaskResult>) -> TaskResult {
     tokio::time::timeout(DEADLINE, rx)
         .await
         .expect("no final result in time")
-        .expect("the sink was dropped without a result")
+        .expect("the entry was dropped without a result")
 }
 
-fn tracker(
-    name: &str,
-    client: async_nats::Client,
-    task_id: &str,
-) -> (
-    TaskTracker,
-    oneshot::Receiver<TaskResult>,
-    mpsc::UnboundedReceiver<TrackerEvent>,
-) {
-    // No router here: the stored channel is read with direct gets.
-    let (t, rx, events) = TaskTracker::new(name, client, alice(), task(task_id));
-    let t = t.with_reader(Reader::Direct(subjects::TASKS_STREAM.into()));
-    (t.with_reread_every(Duration::from_millis(200)), rx, events)
+/// Waits until no task is tracked and no delegator subscribed.
+async fn all_untracked(actor: &ActorRef<TrackersMsg>) {
+    harness::wait_until_async("nothing tracked, no subscription", DEADLINE, || {
+        let actor = actor.clone();
+        async move {
+            let s = snapshot(&actor).await;
+            s.tracked == 0 && s.delegators == 0
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[tokio::test]
-async fn result_published_before_the_tracker_started_is_found_in_the_stored_channel() {
+async fn result_published_before_tracking_is_found_in_the_stored_channel_and_the_task_then_goes() {
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     let js = tasks_stream(&client).await;
     let done = result("t-before", "a1", TaskState::Completed);
     publish_stored(&js, "t-before", "r1", TaskChannelBody::Result(done.clone())).await;
-    // Another task's result on the same stream is not this tracker's business.
+    // Another task's result on the same stream is not this task's business.
     let other = result("t-other", "a9", TaskState::Failed);
     publish_stored(&js, "t-other", "r9", TaskChannelBody::Result(other)).await;
 
-    let (t, rx, _events) = tracker("tracker-before", client, "t-before");
-    let (_actor, join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let (actor, _join) = spawn(trackers("trackers-before", client)).await;
+    let (rx, _events) = track_alice(&actor, "t-before").await;
     assert_eq!(final_result(rx).await, done);
-    tokio::time::timeout(DEADLINE, join)
-        .await
-        .expect("the tracker stops after delivering")
-        .unwrap();
+    // Delivered: the entry goes, and alice's subscription with it.
+    all_untracked(&actor).await;
     // No durable consumer is left behind.
-    let info = js.get_stream(subjects::TASKS_STREAM).await.unwrap();
-    let mut names = info.consumer_names();
-    let mut left = Vec::new();
-    while let Some(name) = names.next().await {
-        left.push(name.unwrap());
-    }
     harness::wait_until_async("ephemeral readers deleted", DEADLINE, || {
         let js = js.clone();
         async move {
@@ -143,7 +189,8 @@ async fn result_published_before_the_tracker_started_is_found_in_the_stored_chan
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}; consumers seen: {left:?}"));
+    .unwrap();
+    actor.stop(None);
 }
 
 #[tokio::test]
@@ -151,17 +198,15 @@ async fn result_published_while_tracking_is_delivered_once() {
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     let js = tasks_stream(&client).await;
-    let (t, rx, mut events) = tracker("tracker-while", client.clone(), "t-while");
-    let sink = t.sink.clone();
-    let (actor, join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let (actor, _join) = spawn(trackers("trackers-while", client.clone())).await;
+    let (rx, mut events) = track_alice(&actor, "t-while").await;
     // The first stored read is done (so the result comes during tracking).
     harness::wait_until_async("first re-read", DEADLINE, || {
         let actor = actor.clone();
-        async move { snapshot(&actor).await.counters.rereads >= 1 }
+        async move { counters(&actor, "t-while").await.rereads >= 1 }
     })
     .await
     .unwrap();
-    assert!(!snapshot(&actor).await.delivered);
 
     let done = result("t-while", "a1", TaskState::Completed);
     // Stored (and seen live), plus a second live-only copy of the same envelope.
@@ -174,16 +219,23 @@ async fn result_published_while_tracking_is_delivered_once() {
         .await
         .unwrap();
     assert_eq!(final_result(rx).await, done);
-    tokio::time::timeout(DEADLINE, join)
-        .await
-        .expect("the tracker stops after delivering")
-        .unwrap();
-    assert!(sink.is_done());
-    assert!(
-        !sink.deliver(done),
-        "the sink refuses a second final result"
-    );
+    assert!(!tracked(&actor, "t-while").await, "delivered: untracked");
     assert!(events.try_recv().is_err(), "a final result is not progress");
+    // Once delivered, the copies still arriving are no task's.
+    client
+        .publish(
+            channel("t-while"),
+            envelope("r1", TaskChannelBody::Result(done)),
+        )
+        .await
+        .unwrap();
+    harness::wait_until_async("the late copy counted", DEADLINE, || {
+        let actor = actor.clone();
+        async move { snapshot(&actor).await.counters.untracked >= 1 }
+    })
+    .await
+    .unwrap();
+    actor.stop(None);
 }
 
 #[tokio::test]
@@ -215,15 +267,15 @@ async fn waiting_result_is_progress_and_the_final_result_follows() {
     )
     .await;
 
-    let (t, rx, mut events) = tracker("tracker-wait", client, "t-wait");
-    let (_actor, join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let (actor, _join) = spawn(trackers("trackers-wait", client)).await;
+    let (rx, mut events) = track_alice(&actor, "t-wait").await;
     assert_eq!(
         next_event(&mut events).await,
-        TrackerEvent::Status(accepted.clone())
+        TrackerEvent::Status(Box::new(accepted.clone()))
     );
     assert_eq!(
         next_event(&mut events).await,
-        TrackerEvent::Progress(waiting.clone())
+        TrackerEvent::Progress(Box::new(waiting.clone()))
     );
 
     // Repeats (a re-publish of both, under new ids) are not progress again.
@@ -232,43 +284,133 @@ async fn waiting_result_is_progress_and_the_final_result_follows() {
     let done = result("t-wait", "a1", TaskState::Completed);
     publish_stored(&js, "t-wait", "r2", TaskChannelBody::Result(done.clone())).await;
     assert_eq!(final_result(rx).await, done);
-    tokio::time::timeout(DEADLINE, join).await.unwrap().unwrap();
     assert!(
         events.try_recv().is_err(),
         "no repeated progress and no final result among progress"
     );
+    actor.stop(None);
 }
 
 #[tokio::test]
-async fn crashed_tracker_is_restarted_catches_up_and_delivers_once() {
+async fn many_tasks_of_several_delegators_share_one_subscription_per_delegator_and_each_gets_its_own_result(
+) {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let js = tasks_stream(&client).await;
+    let delegators = [agent("d0"), agent("d1"), agent("d2")];
+    let publish = |d: &AgentId, i: usize| {
+        let (js, id) = (js.clone(), format!("t{i}"));
+        let subject = subjects::task(&TaskChannel::of(d, &task(&id)));
+        async move {
+            let body = TaskChannelBody::Result(result(&id, "a1", TaskState::Completed));
+            js.publish(subject, envelope(&format!("r-{id}"), body))
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        }
+    };
+    // Half the results are stored before their task is tracked, half after.
+    for i in (0..150).step_by(2) {
+        publish(&delegators[i % 3], i).await;
+    }
+    let (actor, _join) = spawn(trackers("trackers-many", client)).await;
+    let mut receivers = Vec::new();
+    for i in 0..150 {
+        let (rx, _events) = track_of(&actor, &delegators[i % 3], &format!("t{i}"), false).await;
+        receivers.push(rx);
+    }
+    let s = snapshot(&actor).await;
+    assert_eq!(s.delegators, 3, "one subscription per delegator: {s:?}");
+    for i in (1..150).step_by(2) {
+        publish(&delegators[i % 3], i).await;
+    }
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let r = final_result(rx).await;
+        assert_eq!(
+            r.task_id,
+            task(&format!("t{i}")),
+            "task {i} got its own result"
+        );
+    }
+    all_untracked(&actor).await;
+    actor.stop(None);
+}
+
+#[tokio::test]
+async fn a_caller_that_drops_its_receiver_untracks_its_task_and_a_tracked_task_is_not_tracked_twice(
+) {
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let _js = tasks_stream(&client).await;
+    let (actor, _join) = spawn(trackers("trackers-dropped", client)).await;
+    let (rx, _events) = track_alice(&actor, "t-dropped").await;
+    let twice = track(
+        &actor,
+        Track {
+            delegator: alice(),
+            task_id: task("t-dropped"),
+            fresh: false,
+        },
+    )
+    .await;
+    assert!(
+        matches!(twice, Err(TrackError::AlreadyTracked(_))),
+        "{:?}",
+        twice.map(|_| ())
+    );
+    assert_eq!(snapshot(&actor).await.tracked, 1);
+    drop(rx);
+    all_untracked(&actor).await;
+    // Once untracked it may be tracked again.
+    let (_rx, _events) = track_alice(&actor, "t-dropped").await;
+    assert_eq!(snapshot(&actor).await.tracked, 1);
+    actor.stop(None);
+}
+
+#[tokio::test]
+async fn crashed_trackers_are_restarted_catch_up_and_deliver_once() {
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     let js = tasks_stream(&client).await;
     let done = result("t-crash", "a1", TaskState::Failed);
     publish_stored(&js, "t-crash", "r1", TaskChannelBody::Result(done.clone())).await;
 
-    let name = "tracker-crash";
-    let (t, rx, mut events) = tracker(name, client, "t-crash");
-    // The first message handled (the stored result) crashes the tracker.
-    crate::fault::arm(name, FaultPoint::Handle, Fault::Panic, 1);
+    let name = "trackers-crash";
+    let t = trackers(name, client);
+    let table = t.table.clone();
+    // The first body handled for the task (the stored result) crashes the trackers.
+    let key = fault_key(name, &alice(), &task("t-crash"));
+    crate::fault::arm(&key, FaultPoint::Handle, Fault::Panic, 1);
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(
         ChildSpec::actor(name, t, || ())
-            .with_restart(Restart::Transient)
+            .with_restart(Restart::Permanent)
             .with_backoff(Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_secs(1),
                 2,
             )),
     );
-    let (sup, _join) = supervision::spawn_supervisor(Some("sup-tracker-crash".into()), spec)
+    let (sup, _join) = supervision::spawn_supervisor(Some("sup-trackers-crash".into()), spec)
         .await
         .unwrap();
+    harness::wait_until("trackers registered", DEADLINE, || {
+        ractor::registry::where_is(ractor::ActorName::from(name)).is_some()
+    })
+    .await
+    .unwrap();
+    let actor: ActorRef<TrackersMsg> = ractor::registry::where_is(ractor::ActorName::from(name))
+        .unwrap()
+        .into();
+    let (rx, mut events) = track_alice(&actor, "t-crash").await;
     assert_eq!(final_result(rx).await, done);
+    assert_eq!(crate::fault::remaining(&key, FaultPoint::Handle), 0);
     let snap = supervision::snapshot(&sup).await.unwrap();
-    let child = snap.child(name).expect("the tracker is a child");
+    let child = snap.child(name).expect("the trackers are a child");
     assert!(child.restarts >= 1, "restarted after the crash: {snap:?}");
     assert!(events.try_recv().is_err());
-    crate::fault::disarm(name, FaultPoint::Handle);
+    assert!(table.is_empty(), "delivered: untracked");
+    crate::fault::disarm(&key, FaultPoint::Handle);
     supervision::shutdown(&sup, Duration::from_secs(5)).await;
 }
 
@@ -277,18 +419,18 @@ async fn result_stored_during_a_nats_server_outage_is_found_after_reconnect() {
     let mut server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     tasks_stream(&client).await;
-    let (t, rx, _events) = tracker("tracker-outage", client, "t-outage");
-    let (actor, join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let (actor, _join) = spawn(trackers("trackers-outage", client)).await;
+    let (rx, _events) = track_alice(&actor, "t-outage").await;
     harness::wait_until_async("first re-read", DEADLINE, || {
         let actor = actor.clone();
-        async move { snapshot(&actor).await.counters.rereads >= 1 }
+        async move { counters(&actor, "t-outage").await.rereads >= 1 }
     })
     .await
     .unwrap();
 
     server.restart().await.unwrap();
     // A fresh client stores the result as soon as the restarted server's JetStream answers,
-    // while the tracker's own connection is still being replaced.
+    // while the trackers' own connection is still being replaced.
     let writer = server.client().await.unwrap();
     let js = jetstream::new(writer);
     let done = result("t-outage", "a1", TaskState::Completed);
@@ -311,83 +453,82 @@ async fn result_stored_during_a_nats_server_outage_is_found_after_reconnect() {
     .await
     .unwrap();
     assert_eq!(final_result(rx).await, done);
-    tokio::time::timeout(DEADLINE, join)
-        .await
-        .expect("the tracker stops after delivering")
-        .unwrap();
+    all_untracked(&actor).await;
+    actor.stop(None);
 }
 
 #[tokio::test]
-async fn a_fresh_tracker_skips_only_its_first_read_and_a_restarted_one_reads_the_store() {
+async fn a_fresh_task_skips_only_its_first_read_and_a_restart_reads_the_store() {
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     let js = tasks_stream(&client).await;
-    // Stored before the tracker starts: a fresh tracker (whose task is submitted after it
-    // subscribed) assumes nothing is stored yet, so this is found only by a later read.
+    // Stored before the task is tracked: a fresh task (submitted after its delegator's
+    // subscription was made) is assumed to have nothing stored yet, so this is found only by a
+    // later read.
     let done = result("t-fresh", "a1", TaskState::Completed);
     publish_stored(&js, "t-fresh", "r1", TaskChannelBody::Result(done.clone())).await;
 
-    let name = "tracker-fresh";
-    let (t, mut rx, _events) = TaskTracker::new(name, client, alice(), task("t-fresh"));
-    let t = t.with_reader(Reader::Direct(subjects::TASKS_STREAM.into()));
-    let t = t.with_reread_every(Duration::from_secs(3600)).fresh();
+    let name = "trackers-fresh";
+    let t = trackers(name, client).with_reread_every(Duration::from_secs(3600));
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(
         ChildSpec::actor(name, t, || ())
-            .with_restart(Restart::Transient)
+            .with_restart(Restart::Permanent)
             .with_backoff(Backoff::constant(Duration::from_millis(50))),
     );
-    let (sup, _join) = supervision::spawn_supervisor(Some("sup-tracker-fresh".into()), spec)
+    let (sup, _join) = supervision::spawn_supervisor(Some("sup-trackers-fresh".into()), spec)
         .await
         .unwrap();
-    harness::wait_until("tracker registered", DEADLINE, || {
+    harness::wait_until("trackers registered", DEADLINE, || {
         ractor::registry::where_is(ractor::ActorName::from(name)).is_some()
     })
     .await
     .unwrap();
-    let actor: ActorRef<TrackerMsg> = ractor::registry::where_is(ractor::ActorName::from(name))
+    let actor: ActorRef<TrackersMsg> = ractor::registry::where_is(ractor::ActorName::from(name))
         .unwrap()
         .into();
-    // A non-fresh tracker finds the stored result at once (see the test above); this one
-    // does not read until its next incarnation.
+    let (mut rx, _events) = track_of(&actor, &alice(), "t-fresh", true).await;
+    // A task that is not fresh finds the stored result at once (see above); this one is not
+    // read until the next incarnation.
     assert!(
         tokio::time::timeout(Duration::from_millis(500), &mut rx)
             .await
             .is_err(),
         "nothing delivered by the first incarnation"
     );
-    let first = snapshot(&actor).await;
+    let first = counters(&actor, "t-fresh").await;
     assert_eq!(
-        (first.counters.stored_seen, first.counters.rereads),
+        (first.stored_seen, first.rereads),
         (0, 0),
         "no initial read"
     );
     // A crash: the next incarnation reads the stored channel from the start.
     crate::fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
-    let _ = ractor::call_t!(actor, TrackerMsg::Snapshot, 1000);
+    let _ = ractor::call_t!(actor, TrackersMsg::Snapshot, 1000);
     assert_eq!(final_result(rx).await, done);
     crate::fault::disarm(name, FaultPoint::Handle);
     supervision::shutdown(&sup, Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
-async fn a_tracker_whose_stored_read_fails_says_so_and_still_delivers_live() {
+async fn a_task_whose_stored_read_fails_says_so_and_still_delivers_live() {
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     let js = tasks_stream(&client).await;
-    // The tracker is told the wrong stream (a client without the router's stream names).
-    let (t, rx, mut events) = tracker("tracker-wrong-stream", client, "t-wrong");
-    let t = t.with_reader(Reader::Direct("NO_SUCH_STREAM".into()));
-    let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    // The trackers are told the wrong stream (a client without the router's stream names).
+    let t = trackers("trackers-wrong-stream", client)
+        .with_read_as(ReadAs::Direct("NO_SUCH_STREAM".into()));
+    let (actor, _join) = spawn(t).await;
+    let (rx, mut events) = track_alice(&actor, "t-wrong").await;
     match next_event(&mut events).await {
         TrackerEvent::StoredReadFailed(reason) => {
             assert!(reason.contains("NO_SUCH_STREAM"), "{reason}")
         }
         other => panic!("expected a stored read failure, got {other:?}"),
     }
-    assert!(snapshot(&actor).await.counters.read_errors >= 1);
+    assert!(counters(&actor, "t-wrong").await.read_errors >= 1);
     // Said once per run of failures, not at every re-read.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while snapshot(&actor).await.counters.read_errors < 3 {
+    while counters(&actor, "t-wrong").await.read_errors < 3 {
         assert!(tokio::time::Instant::now() < deadline, "no re-reads");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -396,6 +537,7 @@ async fn a_tracker_whose_stored_read_fails_says_so_and_still_delivers_live() {
     let done = result("t-wrong", "a1", TaskState::Completed);
     publish_stored(&js, "t-wrong", "r1", TaskChannelBody::Result(done.clone())).await;
     assert_eq!(final_result(rx).await, done);
+    actor.stop(None);
 }
 
 #[tokio::test]
@@ -421,48 +563,53 @@ async fn a_result_not_published_by_the_worker_it_names_is_ignored_and_counted() 
             .await
             .unwrap();
     }
-    let (t, rx, _events) = tracker("tracker-forged", client, "t-forged");
-    let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let (actor, _join) = spawn(trackers("trackers-forged", client)).await;
+    let (rx, _events) = track_alice(&actor, "t-forged").await;
     let deadline = tokio::time::Instant::now() + DEADLINE;
-    while snapshot(&actor).await.counters.unstamped < 2 {
+    while counters(&actor, "t-forged").await.unstamped < 2 {
         assert!(tokio::time::Instant::now() < deadline, "forgeries not seen");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The real one (stamped w1, as in `envelope`) is what the tracker delivers.
+    // The real one (stamped w1, as in `envelope`) is what is delivered.
     let real = result("t-forged", "a1", TaskState::Failed);
     publish_stored(&js, "t-forged", "r1", TaskChannelBody::Result(real.clone())).await;
     assert_eq!(final_result(rx).await, real);
+    actor.stop(None);
 }
 
-/// Waits until the tracker made at least `n` re-reads; returns when it saw them.
-async fn rereads_reach(actor: &ActorRef<TrackerMsg>, n: u64) -> tokio::time::Instant {
+/// Waits until alice's `task_id` was read again at least `n` times; returns when it saw them.
+async fn rereads_reach(
+    actor: &ActorRef<TrackersMsg>,
+    task_id: &str,
+    n: u64,
+) -> tokio::time::Instant {
     let waited = harness::wait_until_async(&format!("{n} re-reads"), DEADLINE, || {
         let actor = actor.clone();
-        async move { snapshot(&actor).await.counters.rereads >= n }
+        async move { counters(&actor, task_id).await.rereads >= n }
     })
     .await;
     let at = tokio::time::Instant::now();
     if let Err(e) = waited {
-        panic!("{e}: {:?}", snapshot(actor).await.counters);
+        panic!("{e}: {:?}", counters(actor, task_id).await);
     }
     at
 }
 
 #[tokio::test]
-async fn a_waiting_tracker_reads_less_and_less_and_again_at_once_after_a_reconnect() {
+async fn a_waiting_task_is_read_less_and_less_and_again_at_once_after_a_reconnect() {
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
     let _js = tasks_stream(&client).await;
-    let (t, _rx, _events) = tracker("tracker-backoff", client.clone(), "t-backoff");
     // 50 ms, doubled after each read that found nothing; no cap to speak of.
-    let t = t.with_reread(RereadSchedule {
+    let t = trackers("trackers-backoff", client.clone()).with_reread(RereadSchedule {
         base: Duration::from_millis(50),
         cap: Duration::from_secs(60),
     });
+    let (actor, _join) = spawn(t).await;
     let started = tokio::time::Instant::now();
-    let (actor, _join) = Actor::spawn(Some(t.name.clone()), t, ()).await.unwrap();
+    let (_rx, _events) = track_alice(&actor, "t-backoff").await;
     // Six quiet re-reads take at least 50 + 100 + ... + 1,600 ms (a fixed 50 ms: 300 ms).
-    let sixth = rereads_reach(&actor, 6).await;
+    let sixth = rereads_reach(&actor, "t-backoff", 6).await;
     assert!(
         sixth - started >= Duration::from_millis(3_000),
         "six re-reads within {:?}: the schedule did not back off",
@@ -470,7 +617,7 @@ async fn a_waiting_tracker_reads_less_and_less_and_again_at_once_after_a_reconne
     );
     // The next is due 3.2 s after the sixth, unless the connection is replaced.
     client.force_reconnect().await.unwrap();
-    let seventh = rereads_reach(&actor, 7).await;
+    let seventh = rereads_reach(&actor, "t-backoff", 7).await;
     assert!(
         seventh - sixth < Duration::from_millis(2_500),
         "the re-read after a reconnect came {:?} after the last one",

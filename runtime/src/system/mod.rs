@@ -325,6 +325,7 @@ impl ActorSystemBuilder {
             inboxes: Mutex::new(HashSet::new()),
             inbox_supervisor: Mutex::new(None),
             trackers: Mutex::new(None),
+            tracker_table: Arc::default(),
             holds: Arc::default(),
         })
     }
@@ -379,8 +380,10 @@ pub struct ActorSystem {
     inboxes: Mutex<HashSet<AgentId>>,
     /// The inboxes' dynamic supervisor, started by the first attach.
     inbox_supervisor: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
-    /// The dynamic supervisor of task trackers, started by the first `track`.
+    /// The dynamic supervisor of the trackers' actor, started by the first `track`.
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
+    /// The tasks tracked, kept across the trackers' restarts.
+    tracker_table: Arc<actors::tracker::TrackerTable>,
     /// What refusals for a limit told its senders to hold back, and until when.
     holds: Arc<holds::Holds>,
     /// The recipients' presence it read lately (a send's receipt names it).
@@ -400,9 +403,15 @@ pub struct SystemSnapshot {
     pub inboxes: BTreeMap<String, InboxSnapshot>,
     /// Every supervisor by name, with its children's restart counts.
     pub supervisors: BTreeMap<String, SupervisorSnapshot>,
-    /// The task trackers' dynamic supervisor, once a task was tracked.
+    /// The dynamic supervisor of the trackers' actor, once a task was tracked.
     #[serde(default)]
     pub trackers: Option<DynamicSnapshot>,
+    /// Tasks tracked now.
+    #[serde(default)]
+    pub tracked_tasks: usize,
+    /// The trackers' actor (its reads, what it ignored), while it runs.
+    #[serde(default)]
+    pub tracking: Option<actors::tracker::TrackersSnapshot>,
     /// The inboxes' dynamic supervisor (each inbox its child, restarted on its own), once an
     /// inbox was attached.
     #[serde(default)]
@@ -594,6 +603,8 @@ impl ActorSystem {
             inboxes,
             supervisors,
             trackers,
+            tracked_tasks: self.tracker_table.len(),
+            tracking: self.trackers_snapshot().await,
             inbox_supervisor,
         })
     }
@@ -641,6 +652,8 @@ impl ActorSystem {
                 sup.stop(Some("system shutdown".into()));
                 let _ = join.await;
             }
+            // Every caller still waiting for a result sees its sender gone.
+            self.tracker_table.clear();
             self.stop_inboxes(grace).await;
             for tree in others.into_iter().rev() {
                 supervision::shutdown(&tree.supervisor, grace).await;

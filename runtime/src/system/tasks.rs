@@ -3,6 +3,9 @@
 use protocol::task::idempotency::{self, Existing, IdempotencyRecord, Submission};
 use protocol::task::{TaskSpec, TASK_VERSION};
 use protocol::{subjects, AgentId, Envelope, Meta, QueueName, TaskId, WorkerId};
+use std::time::Duration;
+
+use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 
 use super::messaging::{new_message_id, Retry};
@@ -223,8 +226,8 @@ async fn mark_stored(
     }
 }
 
-/// A running task tracker: the final result arrives once on `result`; status events and
-/// waiting results on `events`.
+/// A tracked task: the final result arrives once on `result`; status events and waiting
+/// results on `events`.
 pub struct Tracking {
     /// The final result (completed, failed or cancelled), exactly once.
     pub result: tokio::sync::oneshot::Receiver<protocol::task::TaskResult>,
@@ -232,26 +235,40 @@ pub struct Tracking {
     pub events: tokio::sync::mpsc::UnboundedReceiver<actors::tracker::TrackerEvent>,
 }
 
+/// How long a track waits for the trackers' actor to be up (it may be restarting).
+const TRACKERS_UP: Duration = Duration::from_secs(10);
+
 impl ActorSystem {
-    /// The actor name of the tracker of `delegator`'s task `task_id` (fault-injection key).
+    /// The fault-injection key of the tracking of `delegator`'s task `task_id`
+    /// ([`actors::tracker::fault_key`]).
     pub fn tracker_name(&self, delegator: &AgentId, task_id: &TaskId) -> String {
-        format!("{}/tracker-{delegator}-{task_id}", self.id)
+        actors::tracker::fault_key(&self.trackers_name(), delegator, task_id)
     }
 
-    /// Starts a supervised tracker (transient: restarted after a crash, not after it delivered)
-    /// that follows the channel of `task_id`, delegated by `delegator`, live and reads its
-    /// stored channel from the start (through a router, as `delegator`: an identity reads only
-    /// the channels of the tasks it delegated), so a result published while nobody listened is
+    /// The name of the actor that tracks every task of this system.
+    fn trackers_name(&self) -> String {
+        format!("{}/trackers/all", self.id)
+    }
+
+    /// Follows the channel of `task_id`, delegated by `delegator`, live and reads its stored
+    /// channel from the start (through a router, as `delegator`: an identity reads only the
+    /// channels of the tasks it delegated), so a result published while nobody listened is
     /// still found.
     ///
-    /// Every tracker of the system is a child of one dynamic supervisor (started by the first
-    /// call): each is restarted on its own with backoff, at most 5 times within 10 s, after which
-    /// it is given up (its `result` receiver then reports the sender dropped). A tracker that
-    /// delivered leaves the supervisor, so the system keeps no trace of finished tasks.
+    /// Every task the system tracks is an entry of one trackers actor
+    /// ([`actors::tracker::Trackers`]), with one subscription per delegator: a tracked task
+    /// costs about 2 kB, no actor or task of its own (docs/CAPACITY.md). That actor is the
+    /// one child of a dynamic supervisor, started by the first call: it is restarted with
+    /// backoff, at most 5 times within 10 s, and each restart reads every tracked task again
+    /// from the start. Given up, it is started again by the next call, and the tasks still
+    /// tracked are followed again. A task whose result was delivered, or whose caller dropped
+    /// its `result` receiver, is no longer tracked: the system keeps no trace of finished
+    /// tasks.
     ///
     /// # Errors
-    /// [`SystemError::Spawn`] when the supervisor cannot be started or refuses the tracker
-    /// (e.g. the task is already tracked by this system).
+    /// [`SystemError::Spawn`] when the supervisor cannot be started or the task is already
+    /// tracked by this system; [`SystemError::Timeout`] when the trackers' actor is not up
+    /// within 10 s.
     pub async fn track(
         &self,
         delegator: &AgentId,
@@ -262,9 +279,9 @@ impl ActorSystem {
 
     /// Submits `spec` like [`delegate`](Self::delegate) and tracks it like
     /// [`track`](Self::track), subscribing to the task channel *before* submitting. A task
-    /// without an idempotency key is new (its id was never submitted), so its tracker skips the
-    /// initial stored read: one request less per task. With an idempotency key the task may
-    /// exist already; it is then tracked after the submission, reading the stored channel.
+    /// without an idempotency key is new (its id was never submitted), so its first stored
+    /// read is skipped: one request less per task. With an idempotency key the task may exist
+    /// already; it is then tracked after the submission, reading the stored channel.
     ///
     /// # Errors
     /// As [`delegate`](Self::delegate) and [`track`](Self::track).
@@ -288,30 +305,89 @@ impl ActorSystem {
         Ok((receipt, tracking))
     }
 
+    /// The number of tasks tracked now.
+    pub fn tracked_tasks(&self) -> usize {
+        self.tracker_table.len()
+    }
+
+    /// The trackers' actor's snapshot, while it runs.
+    pub(super) async fn trackers_snapshot(&self) -> Option<actors::tracker::TrackersSnapshot> {
+        let actor: ActorRef<actors::tracker::TrackersMsg> =
+            ractor::registry::where_is(self.trackers_name())?.into();
+        ractor::call_t!(
+            actor,
+            actors::tracker::TrackersMsg::Snapshot,
+            super::SNAPSHOT_TIMEOUT.as_millis() as u64
+        )
+        .ok()
+    }
+
     async fn start_tracker(
         &self,
         delegator: &AgentId,
         task_id: &TaskId,
         fresh: bool,
     ) -> Result<Tracking, SystemError> {
-        use actors::supervision::{dynamic, ChildSpec, Restart};
-        let (tracker, result, events) = actors::tracker::TaskTracker::new(
-            self.tracker_name(delegator, task_id),
-            self.client.clone(),
-            delegator.clone(),
-            task_id.clone(),
-        );
-        let mut tracker = tracker;
-        if fresh {
-            tracker = tracker.fresh();
+        use actors::tracker::{Track, TrackError};
+        let track = Track {
+            delegator: delegator.clone(),
+            task_id: task_id.clone(),
+            fresh,
+        };
+        let deadline = tokio::time::Instant::now() + TRACKERS_UP;
+        loop {
+            let actor = self.trackers_actor().await?;
+            let failure = match actors::tracker::track(&actor, track.clone()).await {
+                Ok((result, events)) => return Ok(Tracking { result, events }),
+                Err(TrackError::AlreadyTracked(e)) => {
+                    return Err(SystemError::spawn(
+                        &self.tracker_name(delegator, task_id),
+                        e,
+                    ))
+                }
+                // Stopping or restarting, or its subscription failed: it is tried again.
+                Err(e) => e,
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(SystemError::Timeout {
+                    what: format!("the trackers to track {task_id}: {failure}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let supervisor = &self.trackers_supervisor().await?;
-        let child = ChildSpec::actor(self.tracker_name(delegator, task_id), tracker, || ())
-            .with_restart(Restart::Transient);
-        dynamic::add_child(supervisor, child)
-            .await
-            .map_err(|e| SystemError::spawn(&self.tracker_name(delegator, task_id), e))?;
-        Ok(Tracking { result, events })
+    }
+
+    /// The trackers' actor: the child of the trackers' supervisor, added by the first call and
+    /// again after it was given up; waits while it is being restarted.
+    async fn trackers_actor(&self) -> Result<ActorRef<actors::tracker::TrackersMsg>, SystemError> {
+        use actors::supervision::dynamic::{self, DynamicError};
+        use actors::supervision::{ChildSpec, Restart};
+        let name = self.trackers_name();
+        let deadline = tokio::time::Instant::now() + TRACKERS_UP;
+        loop {
+            if let Some(cell) = ractor::registry::where_is(name.clone()) {
+                return Ok(cell.into());
+            }
+            let supervisor = self.trackers_supervisor().await?;
+            let trackers = actors::tracker::Trackers::new(name.clone(), self.client.clone())
+                .with_table(self.tracker_table.clone());
+            let child =
+                ChildSpec::actor(name.clone(), trackers, || ()).with_restart(Restart::Permanent);
+            match dynamic::add_child(&supervisor, child).await {
+                // Added, or added by a concurrent call, or waiting for its restart.
+                Ok(()) | Err(DynamicError::Duplicate(_)) => {}
+                Err(e) => return Err(SystemError::spawn(&name, e)),
+            }
+            if let Some(cell) = ractor::registry::where_is(name.clone()) {
+                return Ok(cell.into());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(SystemError::Timeout {
+                    what: format!("the trackers' actor {name} to start"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The trackers' dynamic supervisor, started on first use, and again if it ever stopped.

@@ -162,6 +162,9 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 9] {
         duplicate_window: dup,
         // A dead-lettered input is read back by sequence (only routers may).
         allow_direct: true,
+        // Its own limit: a consumer per queue and per pinned worker (and on the answers
+        // stream, per worker), past the broker's default of 1,000 for a stream that sets none.
+        max_consumers: i32::try_from(cfg.tasks.work_max_consumers).unwrap_or(i32::MAX),
         ..Default::default()
     };
     let answers = Config {
@@ -572,6 +575,52 @@ mod tests {
             inbox_config(&js).await.max_consumers,
             i32::try_from(cfg.inbox.max_consumers).unwrap()
         );
+    }
+
+    #[tokio::test]
+    async fn the_work_and_answer_streams_hold_more_consumers_than_the_brokers_default_limit() {
+        // As for the inbox stream: 1,001 queues on one hub, and 1,001 workers' answer
+        // consumers, each past the broker's default of 1,000.
+        use futures::StreamExt;
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        let cfg = DeliveryConfig::default();
+        ensure_streams(&js, &cfg).await.unwrap();
+        let (work, answers) = (
+            js.get_stream(subjects::WORK_STREAM).await.unwrap(),
+            js.get_stream(subjects::ANSWERS_STREAM).await.unwrap(),
+        );
+        let made = futures::stream::iter(0..1_001)
+            .flat_map(|i| {
+                let queue = protocol::QueueName::new(format!("q{i}")).unwrap();
+                let worker = protocol::WorkerId::new(format!("w{i}")).unwrap();
+                futures::stream::iter([
+                    (work.clone(), crate::consumers::queue_consumer(&cfg, &queue)),
+                    (
+                        answers.clone(),
+                        crate::consumers::answer_consumer(&cfg, &worker),
+                    ),
+                ])
+            })
+            .map(|(stream, config)| async move { stream.create_consumer(config).await })
+            .buffer_unordered(32)
+            .collect::<Vec<_>>()
+            .await;
+        let refused: Vec<_> = made.iter().filter_map(|r| r.as_ref().err()).collect();
+        assert!(
+            refused.is_empty(),
+            "{} refused: {:?}",
+            refused.len(),
+            refused.first()
+        );
+        for name in [subjects::WORK_STREAM, subjects::ANSWERS_STREAM] {
+            let mut stream = js.get_stream(name).await.unwrap();
+            assert_eq!(
+                stream.info().await.unwrap().config.max_consumers,
+                i32::try_from(cfg.tasks.work_max_consumers).unwrap(),
+                "{name}"
+            );
+        }
     }
 
     #[tokio::test]

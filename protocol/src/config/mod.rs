@@ -133,6 +133,10 @@ pub struct TasksStreamConfig {
     pub max_age_secs: i64,
     /// Messages kept per task channel; `-1` unlimited.
     pub max_msgs_per_subject: i64,
+    /// Consumers each of the work and answer streams holds (`HUB_WORK`: one per queue and one
+    /// per pinned worker; `HUB_ANSWERS`: one per worker). At least 1; no unlimited, as for
+    /// `inbox.max_consumers`.
+    pub work_max_consumers: i64,
 }
 
 /// Where a stream keeps its messages.
@@ -196,6 +200,9 @@ impl Default for IngressStreamConfig {
 /// one durable consumer on it).
 pub const DEFAULT_MAX_INBOX_CONSUMERS: i64 = 100_000;
 
+/// The work and answer streams' default `max_consumers`: queues and workers a hub holds.
+pub const DEFAULT_MAX_WORK_CONSUMERS: i64 = 100_000;
+
 impl Default for InboxStreamConfig {
     fn default() -> InboxStreamConfig {
         InboxStreamConfig {
@@ -218,6 +225,7 @@ impl Default for TasksStreamConfig {
             name: TASKS_STREAM.to_owned(),
             max_age_secs: DAY_SECS,
             max_msgs_per_subject: 10_000,
+            work_max_consumers: DEFAULT_MAX_WORK_CONSUMERS,
         }
     }
 }

@@ -42,6 +42,7 @@ fn default_matches_the_design() {
             name: "HUB_TASKS".into(),
             max_age_secs: 86_400,
             max_msgs_per_subject: 10_000,
+            work_max_consumers: 100_000,
         },
         duplicate_window_secs: 120,
         router_consumer: "router".into(),
@@ -87,6 +88,7 @@ fn full_fixture_sets_every_key() {
             name: "T1_TASKS".into(),
             max_age_secs: 43_200,
             max_msgs_per_subject: 2000,
+            work_max_consumers: 5000,
         },
         duplicate_window_secs: 300,
         router_consumer: "t1-router".into(),
@@ -215,6 +217,14 @@ fn invalid_values_name_the_key() {
         (
             r#"{"inbox": {"max_consumers": 2147483648}}"#,
             "inbox.max_consumers",
+        ),
+        (
+            r#"{"tasks": {"work_max_consumers": 0}}"#,
+            "tasks.work_max_consumers",
+        ),
+        (
+            r#"{"tasks": {"work_max_consumers": 2147483648}}"#,
+            "tasks.work_max_consumers",
         ),
         (r#"{"inbox": {"replicas": 6}}"#, "inbox.replicas"),
         (r#"{"inbox": {"max_bytes": 0}}"#, "inbox.max_bytes"),

@@ -19,7 +19,8 @@ impl DeliveryConfig {
     ///   the three stream names differ;
     /// - durations are at least 1 second (`-1` allowed where documented);
     /// - `duplicate_window_secs` does not exceed any finite `max_age_secs`;
-    /// - `inbox.replicas` is 1 to 5, `inbox.max_consumers` at least 1;
+    /// - `inbox.replicas` is 1 to 5, `inbox.max_consumers` and `tasks.work_max_consumers` at
+    ///   least 1;
     /// - limits are `-1` (unlimited) or at least 1: `0` is ambiguous.
     ///
     /// # Errors
@@ -148,6 +149,16 @@ impl DeliveryConfig {
                     "must be between 1 and {}, got {}",
                     i32::MAX,
                     self.inbox.max_consumers
+                ),
+            ));
+        }
+        if !(1..=i64::from(i32::MAX)).contains(&self.tasks.work_max_consumers) {
+            return Err(invalid(
+                "tasks.work_max_consumers",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    i32::MAX,
+                    self.tasks.work_max_consumers
                 ),
             ));
         }

@@ -15,8 +15,8 @@
 //! - [`worker`]: the worker role (join a work queue, fetch one task per free slot, run each as
 //!   an attempt actor with heartbeats, journal-before-publish and ack-after-publish).
 //! - [`trace_context`]: W3C trace context between `tracing` spans and NATS headers.
-//! - [`tracker`]: the task tracker actor (delegator side): follows a task channel, live and
-//!   stored, and delivers the final result exactly once.
+//! - [`tracker`]: the trackers actor (delegator side): follows every tracked task's channel,
+//!   live and stored, and delivers each final result exactly once.
 //! - [`task_channel`]: reading a stored task channel with direct gets.
 //! - [`counters`]: the counters every actor declares with [`counters!`].
 //!

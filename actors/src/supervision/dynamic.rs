@@ -1,21 +1,21 @@
-//! A dynamic supervisor: children are added while it runs (one per tracked task, say), each
+//! A dynamic supervisor: children are added while it runs (one per attached inbox, say), each
 //! restarted on its own (one-for-one) under its own [`Restart`] policy, [`Backoff`] and
 //! restart [`Intensity`], and forgotten once it ends for good.
 //!
 //! It differs from a static supervisor ([`spawn_supervisor`](super::spawn_supervisor)) in
 //! what happens when a child exceeds its intensity: the children of a dynamic supervisor are
-//! independent (one tracker per task), so the supervisor *gives up on that child* (it is not
+//! independent (one inbox per agent), so the supervisor *gives up on that child* (it is not
 //! restarted again, its arguments are dropped, and [`DynamicSnapshot::given_up`] counts it)
 //! instead of failing with all its siblings. A child that stops normally (or fails, when
 //! [`Restart::Temporary`]) leaves the supervisor's table at once: a long-running process that
 //! adds a child per task keeps a table the size of its live children.
 //!
 //! ```ignore
-//! let (sup, _join) = DynamicSupervisor::spawn("trackers".into(), Intensity::new(5, secs(10))).await?;
-//! dynamic::add_child(&sup, ChildSpec::actor("tracker-t1", tracker, || ())
+//! let (sup, _join) = DynamicSupervisor::spawn("inboxes".into(), Intensity::new(5, secs(10))).await?;
+//! dynamic::add_child(&sup, ChildSpec::actor("inbox-bob", inbox, || ())
 //!     .with_restart(Restart::Transient)).await?;
 //! let snap = dynamic::snapshot(&sup).await?; // running, restarts, given_up
-//! dynamic::remove_child(&sup, "tracker-t1", grace).await?; // stopped, never restarted
+//! dynamic::remove_child(&sup, "inbox-bob", grace).await?; // stopped, never restarted
 //! ```
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

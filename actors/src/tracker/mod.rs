@@ -31,7 +31,7 @@
 //! next tick, it does not fail the actor; it is reported to the task's caller as
 //! [`TrackerEvent::StoredReadFailed`] (once per run of failures) and counted, so a caller knows
 //! it relies on the live subscription alone meanwhile (a wrong tasks stream name, missing
-//! permissions). When a live subscription ends, or a pump fails or panics (an injected fault),
+//! permissions). When a live subscription ends, or a pump fails or panics (an injected fault, a stored read that panicked),
 //! the actor fails, so that its supervisor restarts it: the new incarnation subscribes again
 //! and re-reads every tracked task's stored channel from the start.
 //!
@@ -179,7 +179,8 @@ pub enum TrackersMsg {
     Track(Track, RpcReplyPort<Result<Receivers, TrackError>>),
     /// Snapshot for a local caller.
     Snapshot(RpcReplyPort<TrackersSnapshot>),
-    /// One task's snapshot (`None`: not tracked, or delivered).
+    /// One task's snapshot (`None`: not tracked, or delivered; a task whose caller left is
+    /// still there until the next re-read tick).
     Task(String, RpcReplyPort<Option<TrackerSnapshot>>),
     /// Drops the subscriptions of delegators with no task left.
     Prune,
@@ -257,15 +258,23 @@ pub enum TrackError {
     Pump(#[source] PumpFailure),
 }
 
+/// How long [`track`] waits for the actor's answer.
+pub const TRACK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Tracks `track` with the trackers `actor`: returns the task's final result receiver and its
 /// progress.
 ///
 /// # Errors
 /// [`TrackError`] from the actor; [`TrackError::Pump`] wrapping the call's failure when the
-/// actor did not answer (stopped, or restarting).
+/// actor did not answer within [`TRACK_TIMEOUT`] (stopped, restarting, or stuck subscribing).
 pub async fn track(actor: &ActorRef<TrackersMsg>, track: Track) -> Result<Receivers, TrackError> {
-    ractor::call!(actor, TrackersMsg::Track, track)
-        .map_err(|e| TrackError::Pump(PumpFailure::Error(e.to_string().into())))?
+    ractor::call_t!(
+        actor,
+        TrackersMsg::Track,
+        TRACK_TIMEOUT.as_millis() as u64,
+        track
+    )
+    .map_err(|e| TrackError::Pump(PumpFailure::Error(e.to_string().into())))?
 }
 
 impl Trackers {

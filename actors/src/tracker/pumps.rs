@@ -23,7 +23,10 @@ use crate::fault::{self, FaultPoint};
 use crate::task_channel::{Reader, Stored};
 
 /// Stored reads in flight at once, across all tasks (10,000 tasks tracked after a restart are
-/// read this many at a time).
+/// read this many at a time). A task's first read goes before the re-reads waiting. A read
+/// holds its slot for at most its timeout ([`READ_TIMEOUT`](crate::task_channel::READ_TIMEOUT),
+/// 10 s): while the router that serves the reads hangs, each pass over many tasks takes
+/// tasks × 10 s / this.
 pub const READS_IN_FLIGHT: usize = 32;
 
 /// How the stored channels are read.
@@ -65,6 +68,9 @@ pub enum PumpError {
     /// An injected fault.
     #[error(transparent)]
     Fault(#[from] fault::FaultError),
+    /// A stored read's task panicked.
+    #[error("a stored read panicked")]
+    ReadPanicked,
 }
 
 /// The fault-injection key of one tracked task: `<actor name>:<delegator>:<task id>`.
@@ -115,7 +121,8 @@ impl Ctx {
         let done = span.in_scope(|| entry.on_body(body));
         drop(entry);
         if done {
-            self.table.tasks.remove(subject);
+            // Only if it is still the delivered one (a track may have replaced it meanwhile).
+            self.table.tasks.remove_if(subject, |_, e| e.is_done());
         }
         Ok(())
     }
@@ -169,6 +176,10 @@ pub(super) async fn live(
     mut sub: Subscriber,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), PumpError> {
+    // `channel.task.<delegator>.`: anything else did not come through this subscription's own
+    // subject (a replay keeps its stored subject).
+    let prefix = protocol::subjects::tasks_of(&delegator);
+    let prefix = prefix.trim_end_matches('>');
     loop {
         let msg = tokio::select! {
             biased;
@@ -180,14 +191,15 @@ pub(super) async fn live(
             }
             next = sub.next() => next.ok_or_else(|| PumpError::LiveEnded(delegator.clone()))?,
         };
-        if !is_published_here(&msg) {
+        if !msg.subject.as_str().starts_with(prefix) || !is_published_here(&msg) {
             ctx.counters.replayed.bump();
             tracing::warn!(delegator = %delegator, subject = %msg.subject, "ignored a message replayed into the task channel subscription");
             continue;
         }
         let subject = msg.subject.as_str();
         let Some(task_id) = ctx.table.tasks.get(subject).map(|e| e.task_id.clone()) else {
-            // A task not tracked (any more): its result was delivered, or its caller left.
+            // A task not tracked here: its result was delivered, its caller left, or it is one
+            // of the delegator's tasks this system does not track.
             ctx.counters.untracked.bump();
             continue;
         };
@@ -203,12 +215,17 @@ pub(super) async fn live(
 /// sequence to start from.
 struct Job {
     subject: String,
+    generation: u64,
     delegator: AgentId,
     task_id: protocol::TaskId,
     from: u64,
 }
 
-type ReadDone = (String, Result<Vec<Stored>, crate::task_channel::ReadError>);
+type ReadDone = (
+    String,
+    u64,
+    Result<Vec<Stored>, crate::task_channel::ReadError>,
+);
 
 /// Reads the stored channels of the tracked tasks until stopped: at each base tick, those
 /// whose schedule says a read is due (and, at once, those `now` names: a task tracked that may
@@ -225,6 +242,7 @@ pub(super) async fn reader(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut in_flight: JoinSet<ReadDone> = JoinSet::new();
+    let mut last_len = 0;
     loop {
         tokio::select! {
             biased;
@@ -235,24 +253,30 @@ pub(super) async fn reader(
                 continue;
             }
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                if let Ok((subject, read)) = done {
-                    apply(&ctx, &subject, read)?;
-                }
+                // A read that panicked fails the pump (and the actor): its task would
+                // otherwise never be read again.
+                let (subject, generation, read) = done.map_err(|_| PumpError::ReadPanicked)?;
+                apply(&ctx, &subject, generation, read)?;
             }
             Some(subject) = now.recv() => {
                 let connects = ctx.connects();
                 if let Some(mut e) = ctx.tasks_entry(&subject) {
                     let at = tokio::time::Instant::now();
                     if e.read.take_due(at, connects, &ctx.reread).is_some() {
-                        queue.push_back(job(&subject, &e));
+                        // A first read goes before the re-reads waiting.
+                        queue.push_front(job(&subject, &e));
                     }
                 }
             }
             at = tick.tick() => {
-                ctx.table.prune();
+                let pruned = ctx.table.prune();
                 // Delegators whose last task went (delivered, or its caller left) need no
-                // subscription any more.
-                let _ = myself.cast(TrackersMsg::Prune);
+                // subscription any more: looked at when tasks went since the last tick.
+                let len = ctx.table.len();
+                if pruned > 0 || len < last_len {
+                    let _ = myself.cast(TrackersMsg::Prune);
+                }
+                last_len = len;
                 let connects = ctx.connects();
                 for mut e in ctx.table.tasks.iter_mut() {
                     if let Some(reread) = e.read.take_due(at, connects, &ctx.reread) {
@@ -272,7 +296,7 @@ pub(super) async fn reader(
                 let read =
                     crate::task_channel::read(&js, &reader, &job.delegator, &job.task_id, job.from)
                         .await;
-                (job.subject, read)
+                (job.subject, job.generation, read)
             });
         }
     }
@@ -281,6 +305,7 @@ pub(super) async fn reader(
 fn job(subject: &str, e: &super::table::Entry) -> Job {
     Job {
         subject: subject.to_owned(),
+        generation: e.generation,
         delegator: e.delegator.clone(),
         task_id: e.task_id.clone(),
         from: e.read.next_seq,
@@ -288,17 +313,22 @@ fn job(subject: &str, e: &super::table::Entry) -> Job {
 }
 
 /// Hands what one read found to its task.
+/// Hands what one read found to its task. The read's state (its next sequence, whether it
+/// failed) is its entry's only: an entry that replaced it (the task tracked again) keeps its
+/// own. The bodies go to whichever entry tracks the task now: they are its channel's, and
+/// each entry passes each on once.
 fn apply(
     ctx: &Ctx,
     subject: &str,
+    generation: u64,
     read: Result<Vec<Stored>, crate::task_channel::ReadError>,
 ) -> Result<(), PumpError> {
     match read {
         Ok(stored) => {
+            if let Some(mut e) = ctx
+                .tasks_entry(subject)
+                .filter(|e| e.generation == generation)
             {
-                let Some(mut e) = ctx.tasks_entry(subject) else {
-                    return Ok(());
-                };
                 let read = &mut e.read;
                 read.reading = false;
                 read.failing = false;
@@ -323,7 +353,10 @@ fn apply(
             }
         }
         Err(error) => {
-            let Some(mut e) = ctx.tasks_entry(subject) else {
+            let Some(mut e) = ctx
+                .tasks_entry(subject)
+                .filter(|e| e.generation == generation)
+            else {
                 return Ok(());
             };
             e.read.reading = false;
@@ -337,4 +370,89 @@ fn apply(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A context on `client` whose table holds alice's `t1`, tracked, dropped by its caller and
+    /// tracked again: returns it, the subject, the first entry's generation and the second's
+    /// progress receiver.
+    async fn tracked_twice(
+        client: Client,
+    ) -> (
+        Ctx,
+        String,
+        u64,
+        mpsc::UnboundedReceiver<TrackerEvent>,
+        tokio::sync::oneshot::Receiver<protocol::task::TaskResult>,
+    ) {
+        let ctx = Ctx {
+            name: "trackers-generations".into(),
+            client,
+            read_as: ReadAs::Direct("HUB_TASKS".into()),
+            reread: super::super::DEFAULT_REREAD,
+            table: Arc::default(),
+            counters: Arc::default(),
+        };
+        let (alice, t1) = (
+            AgentId::new("alice").unwrap(),
+            protocol::TaskId::new("t1").unwrap(),
+        );
+        let (subject, first) = ctx.table.insert(&alice, &t1, false, 0).unwrap();
+        let old = ctx.table.tasks.get(&subject).unwrap().generation;
+        // A read of the first entry starts; then its caller leaves and the task is tracked
+        // again before any prune.
+        let at = tokio::time::Instant::now();
+        assert_eq!(
+            ctx.table
+                .tasks
+                .get_mut(&subject)
+                .unwrap()
+                .read
+                .take_due(at, 0, &ctx.reread),
+            Some(false)
+        );
+        drop(first);
+        let (_, (result, events)) = ctx.table.insert(&alice, &t1, true, 0).unwrap();
+        (ctx, subject, old, events, result)
+    }
+
+    #[tokio::test]
+    async fn a_read_made_for_a_replaced_entry_does_not_touch_the_entry_that_replaced_it() {
+        let server = harness::run_server().await.unwrap();
+        let (ctx, subject, old, mut events, _result) =
+            tracked_twice(server.client().await.unwrap()).await;
+        let failed = crate::task_channel::ReadError::Timeout {
+            subject: subject.clone(),
+        };
+        apply(&ctx, &subject, old, Err(failed)).unwrap();
+        let e = ctx.table.tasks.get(&subject).unwrap();
+        assert!(e.generation > old);
+        assert_eq!(
+            (e.read.failing, e.read.reading, e.counters.read_errors),
+            (false, false, 0),
+            "the new entry's read state is its own"
+        );
+        assert!(
+            events.try_recv().is_err(),
+            "no failure told to the new caller"
+        );
+        drop(e);
+        // Its own read is applied.
+        let new = ctx.table.tasks.get(&subject).unwrap().generation;
+        let failed = crate::task_channel::ReadError::Timeout {
+            subject: subject.clone(),
+        };
+        apply(&ctx, &subject, new, Err(failed)).unwrap();
+        assert_eq!(
+            ctx.table.tasks.get(&subject).unwrap().counters.read_errors,
+            1
+        );
+        assert!(matches!(
+            events.try_recv(),
+            Ok(TrackerEvent::StoredReadFailed(_))
+        ));
+    }
 }

@@ -104,6 +104,9 @@ impl ReadState {
 
 /// One tracked task.
 pub(super) struct Entry {
+    /// Which tracking of the task this is: a read made for an earlier entry of the same
+    /// subject (one that was done and replaced) is not applied to this one.
+    pub generation: u64,
     pub delegator: AgentId,
     pub task_id: TaskId,
     result: Option<oneshot::Sender<TaskResult>>,
@@ -193,10 +196,13 @@ pub struct AlreadyTracked {
 #[derive(Default)]
 pub struct TrackerTable {
     pub(super) tasks: DashMap<String, Entry>,
+    /// The last entry's generation.
+    generations: std::sync::atomic::AtomicU64,
 }
 
 impl TrackerTable {
-    /// Tasks tracked now (not yet delivered, caller still there).
+    /// Tasks tracked now: not delivered, and their callers there at the last re-read tick (an
+    /// entry whose caller left goes at the next tick).
     pub fn len(&self) -> usize {
         self.tasks.len()
     }
@@ -230,7 +236,12 @@ impl TrackerTable {
                 task_id: task_id.clone(),
             }),
             entry => {
+                let generation = self
+                    .generations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1;
                 entry.insert(Entry {
+                    generation,
                     delegator: delegator.clone(),
                     task_id: task_id.clone(),
                     result: Some(result_tx),

@@ -235,7 +235,8 @@ pub struct Tracking {
     pub events: tokio::sync::mpsc::UnboundedReceiver<actors::tracker::TrackerEvent>,
 }
 
-/// How long a track waits for the trackers' actor to be up (it may be restarting).
+/// How long a track waits for the trackers' actor to be up (it may be restarting) and to
+/// answer, in all.
 const TRACKERS_UP: Duration = Duration::from_secs(10);
 
 impl ActorSystem {
@@ -267,8 +268,8 @@ impl ActorSystem {
     ///
     /// # Errors
     /// [`SystemError::Spawn`] when the supervisor cannot be started or the task is already
-    /// tracked by this system; [`SystemError::Timeout`] when the trackers' actor is not up
-    /// within 10 s.
+    /// tracked by this system; [`SystemError::Timeout`] when the trackers' actor is not up, or
+    /// does not answer, within about 10 s (a call begun just before may take 10 s more).
     pub async fn track(
         &self,
         delegator: &AgentId,
@@ -336,7 +337,7 @@ impl ActorSystem {
         };
         let deadline = tokio::time::Instant::now() + TRACKERS_UP;
         loop {
-            let actor = self.trackers_actor().await?;
+            let actor = self.trackers_actor(deadline).await?;
             let failure = match actors::tracker::track(&actor, track.clone()).await {
                 Ok((result, events)) => return Ok(Tracking { result, events }),
                 Err(TrackError::AlreadyTracked(e)) => {
@@ -359,11 +360,13 @@ impl ActorSystem {
 
     /// The trackers' actor: the child of the trackers' supervisor, added by the first call and
     /// again after it was given up; waits while it is being restarted.
-    async fn trackers_actor(&self) -> Result<ActorRef<actors::tracker::TrackersMsg>, SystemError> {
+    async fn trackers_actor(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<ActorRef<actors::tracker::TrackersMsg>, SystemError> {
         use actors::supervision::dynamic::{self, DynamicError};
         use actors::supervision::{ChildSpec, Restart};
         let name = self.trackers_name();
-        let deadline = tokio::time::Instant::now() + TRACKERS_UP;
         loop {
             if let Some(cell) = ractor::registry::where_is(name.clone()) {
                 return Ok(cell.into());

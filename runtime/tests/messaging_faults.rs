@@ -204,3 +204,71 @@ async fn crashed_router_and_inbox_are_restarted_rebind_and_lose_nothing() {
     assert!(inbox_restarts(&system, &bob).await >= 1);
     system.shutdown(GRACE).await.unwrap();
 }
+
+/// The broker never gets an inbox's pull (lost on the way, as a broker that forgot it): the
+/// client believes a pull is open, so nothing is delivered until the pull is issued again. A
+/// pull that stays silent past two idle heartbeats (10 s) is issued again, so the DM waiting
+/// is handled within about 10 s, not after the pull's expiry and async-nats's own re-pull (35 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_whose_pull_the_broker_never_got_pulls_again_after_two_missed_heartbeats() {
+    let server = harness::run_server().await.unwrap();
+    let hub = durable_system(server.url()).await;
+    hub.start_router().await.unwrap();
+    // Bob's host reaches the broker through a proxy that loses his inbox's first pull.
+    let proxy = harness::Proxy::start(server.port()).await.unwrap();
+    proxy.lose_next("$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.", 1);
+    let bob_host = durable_system(proxy.url()).await;
+    let (alice, bob) = (agent("alice"), agent("bob"));
+    let seen = attach_collect(&bob_host, &bob).await;
+    harness::wait_until("the first pull lost", DEADLINE, || proxy.lost() == 1)
+        .await
+        .unwrap();
+    let sent = std::time::Instant::now();
+    hub.send(&alice, &bob, json!("waiting for a pull"))
+        .await
+        .unwrap();
+    harness::wait_until("the DM handled", Duration::from_secs(20), || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e} ({:?} after the send)", sent.elapsed()));
+    assert_eq!(bodies(&seen), vec![json!("waiting for a pull")]);
+    let counters = wait_inbox(&bob_host, &bob, "the pull re-issued", |c| c.repulls >= 1).await;
+    assert_eq!(counters.delivered, 1);
+    bob_host.shutdown(GRACE).await.unwrap();
+    hub.shutdown(GRACE).await.unwrap();
+}
+
+/// The same for the router's pull of the ingress: a router whose pull the broker never got
+/// routes the DMs waiting within about 10 s, not 35 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_whose_pull_the_broker_never_got_pulls_again_after_two_missed_heartbeats() {
+    let server = harness::run_server().await.unwrap();
+    let proxy = harness::Proxy::start(server.port()).await.unwrap();
+    proxy.lose_next("$JS.API.CONSUMER.MSG.NEXT.HUB_INGRESS.", 1);
+    let router_host = durable_system(proxy.url()).await;
+    router_host.start_router().await.unwrap();
+    harness::wait_until("the router's first pull lost", DEADLINE, || {
+        proxy.lost() == 1
+    })
+    .await
+    .unwrap();
+    let hub = durable_system(server.url()).await;
+    let (alice, bob) = (agent("alice"), agent("bob"));
+    let seen = attach_collect(&hub, &bob).await;
+    let sent = std::time::Instant::now();
+    hub.send(&alice, &bob, json!("waiting for the router"))
+        .await
+        .unwrap();
+    harness::wait_until("the DM routed and handled", Duration::from_secs(20), || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e} ({:?} after the send)", sent.elapsed()));
+    assert_eq!(bodies(&seen), vec![json!("waiting for the router")]);
+    let counters = router_counters(&router_host).await;
+    assert!(counters.reconnects >= 1, "{counters:?}");
+    assert_eq!(counters.stored, 1);
+    hub.shutdown(GRACE).await.unwrap();
+    router_host.shutdown(GRACE).await.unwrap();
+}

@@ -19,7 +19,10 @@ use super::outbox::{Outbox, PendingReceipt, ReceiptSender};
 use super::{Binding, Delivery, InboxHandler};
 use crate::fault::{self, FaultPoint};
 
-/// Idle heartbeat of the pull requests (a silent pull is re-issued after 2× this).
+/// Idle heartbeat of the pull requests: a pull that stays silent for 2× this (no message and no
+/// heartbeat: the broker holds no pull of ours) is issued again, on a new subscription.
+/// async-nats alone only reports the silence, and issues the pull again after its expiry plus
+/// 5 s (35 s).
 const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Expiry of one pull request.
 const PULL_EXPIRES: Duration = Duration::from_secs(30);
@@ -191,7 +194,7 @@ impl InboxPump {
         // The setup, and the rare paths below, are boxed: the pump's future holds its largest
         // await inline for its whole life, once per idle inbox of a host. The context and the
         // consumer's info end with this block.
-        let (mut tick, mut messages) = Box::pin(async {
+        let (mut tick, pull_consumer, mut messages) = Box::pin(async {
             let js = jetstream::new(self.client.clone());
             // Consumer info only: an agent may not read the stream's info.
             let pull_consumer: jetstream::consumer::PullConsumer = js
@@ -211,15 +214,8 @@ impl InboxPump {
             let beat = (ack_wait / 3).max(Duration::from_millis(100));
             // One interval for the pump's life, reset at each handoff (no timer made per DM).
             let tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-            let messages = pull_consumer
-                .stream()
-                .max_messages_per_batch(self.batch.max(1))
-                .heartbeat(PULL_HEARTBEAT)
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await
-                .map_err(|e| pull(e.into()))?;
-            Ok::<_, PumpError>((tick, messages))
+            let messages = self.messages(&pull_consumer).await.map_err(pull)?;
+            Ok::<_, PumpError>((tick, pull_consumer, messages))
         })
         .await?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
@@ -245,6 +241,20 @@ impl InboxPump {
                             source: e,
                         })
                     }
+                    MessagesErrorKind::MissingHeartbeat => {
+                        // The broker holds no pull of ours (it never got it, or forgot it),
+                        // while the stream counts one open: nothing would come until that
+                        // pull's expiry. A new stream issues a new pull at once.
+                        self.counters.repulls.bump();
+                        tracing::warn!(id = %self.id, "inbox pull silent past two heartbeats; pulling again");
+                        match Box::pin(self.messages(&pull_consumer)).await {
+                            Ok(fresh) => messages = fresh,
+                            Err(e) => {
+                                tracing::warn!(error = %e, id = %self.id, "inbox pull not issued again; the stream's own re-pull stands")
+                            }
+                        }
+                        continue;
+                    }
                     _ => {
                         self.counters.repulls.bump();
                         tracing::warn!(error = %e, id = %self.id, "inbox pull error; pulling again");
@@ -258,6 +268,21 @@ impl InboxPump {
             self.handle(msg, &mut seen, &mut last_handed, &mut tick)
                 .await?;
         }
+    }
+
+    /// A pull stream of `consumer`: batches of the inbox's batch size, each pull expiring after
+    /// [`PULL_EXPIRES`] with an idle heartbeat every [`PULL_HEARTBEAT`].
+    async fn messages(
+        &self,
+        consumer: &jetstream::consumer::PullConsumer,
+    ) -> Result<jetstream::consumer::pull::Stream, async_nats::Error> {
+        Ok(consumer
+            .stream()
+            .max_messages_per_batch(self.batch.max(1))
+            .heartbeat(PULL_HEARTBEAT)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await?)
     }
 
     /// Judges, hands over and settles one durable message.

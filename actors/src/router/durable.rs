@@ -35,7 +35,9 @@ use crate::PUBLISH_ACK_TIMEOUT;
 
 /// Delay of a nak after a failed store: the message comes back after this long.
 pub const NAK_DELAY: Duration = Duration::from_secs(1);
-/// Idle heartbeat of the pull requests: a pull that stays silent for 2× this is re-issued.
+/// Idle heartbeat of the pull requests: a pull that stays silent for 2× this (no message and no
+/// heartbeat: the broker holds no pull of ours) is issued again, on a new subscription
+/// (async-nats alone would wait for the pull's expiry plus 5 s).
 pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Expiry of one pull request.
 pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
@@ -116,12 +118,15 @@ impl DurablePump {
             .create_consumer(crate::consumers::router_consumer(&self.delivery))
             .await
             .map_err(|e| RouterError::Consumer(Box::new(e)))?;
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(max_in_flight.min(500))
-            .heartbeat(PULL_HEARTBEAT)
-            .expires(PULL_EXPIRES)
-            .messages()
+        let open = || {
+            consumer
+                .stream()
+                .max_messages_per_batch(max_in_flight.min(500))
+                .heartbeat(PULL_HEARTBEAT)
+                .expires(PULL_EXPIRES)
+                .messages()
+        };
+        let mut messages = open()
             .await
             .map_err(|e| RouterError::Consumer(Box::new(e)))?;
         // What the broker held when this connection began (re-taken after every reconnect):
@@ -175,10 +180,16 @@ impl DurablePump {
                     }
                     Some(Err(e)) => match e.kind() {
                         MessagesErrorKind::MissingHeartbeat => {
-                            // The stream re-issues its pull by itself; count it so a silent
-                            // stall is visible in snapshots.
+                            // The broker holds no pull of ours while the stream counts one
+                            // open: nothing would come until that pull's expiry. A new stream
+                            // issues a new pull at once (messages delivered to the old one and
+                            // not seen come back after the ack wait).
                             self.counters.reconnects.bump();
-                            tracing::warn!("router pull missed its heartbeat; pulling again");
+                            tracing::warn!("router pull silent past two heartbeats; pulling again");
+                            match open().await {
+                                Ok(fresh) => messages = fresh,
+                                Err(e) => tracing::warn!(error = %e, "router pull not issued again; the stream's own re-pull stands"),
+                            }
                         }
                         MessagesErrorKind::ConsumerDeleted
                         | MessagesErrorKind::PushBasedConsumer => {

@@ -5,6 +5,7 @@
 //!   [`NatsServer::start`] model an outage, drop kills it and deletes the store.
 //! - [`RuntimeProcess`]: the built `runtime` binary as a child process that a test can
 //!   [`kill -9`](RuntimeProcess::kill9).
+//! - [`Proxy`]: a TCP proxy that loses chosen client publishes, as a broker that forgot them.
 //! - [`wait_until`]: wait for a condition with a deadline, never a bare sleep.
 //!
 //! ```no_run
@@ -17,6 +18,7 @@
 //! ```
 
 mod nats_server;
+mod proxy;
 pub mod rss;
 mod runtime_process;
 pub mod secrets;
@@ -25,6 +27,7 @@ mod wait;
 pub use nats_server::{
     find_nats_server, free_port, run_server, workspace_root, NatsServer, ServerOptions,
 };
+pub use proxy::Proxy;
 pub use runtime_process::{runtime_bin, RuntimeProcess};
 pub use wait::{wait_until, wait_until_async};
 

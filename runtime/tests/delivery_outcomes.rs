@@ -485,3 +485,46 @@ async fn a_termination_forged_on_another_inbox_s_dm_dead_letters_nothing() {
     );
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+/// The router's pull of the advisories (which say a DM was rejected) never reaches the broker:
+/// once it has been silent past two idle heartbeats the expiry actor fails and its restart
+/// pulls anew, so the dead letter and the sender's notice come within about 10 s, not 35 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_pull_of_the_advisories_delays_a_dead_letter_by_seconds_not_by_the_pulls_expiry() {
+    let server = harness::run_server().await.unwrap();
+    let proxy = harness::Proxy::start(server.port()).await.unwrap();
+    proxy.lose_next("$JS.API.CONSUMER.MSG.NEXT.HUB_ADVISORIES.", 1);
+    let router_host =
+        support::system_with(proxy.url(), true, DurableInboxMode::On, support::delivery()).await;
+    router_host.start_router().await.unwrap();
+    harness::wait_until("the advisories' first pull lost", support::DEADLINE, || {
+        proxy.lost() == 1
+    })
+    .await
+    .unwrap();
+    let hub = support::system_with(
+        server.url(),
+        true,
+        DurableInboxMode::On,
+        support::delivery(),
+    )
+    .await;
+    let alices = support::attach_collect(&hub, &support::agent("alice")).await;
+    let _seen = attach(&hub, |_| Handled::Reject("not wanted".into())).await;
+    let sent = std::time::Instant::now();
+    support::send_dm(hub.client(), "alice", "bob", "m-rejected").await;
+    harness::wait_until("alice told", Duration::from_secs(20), || {
+        !alices.lock().unwrap().is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e} ({:?} after the send)", sent.elapsed()));
+    let notice = protocol::rejection::parse_notice(&alices.lock().unwrap()[0].envelope).unwrap();
+    assert_eq!(
+        (notice.kind.as_str(), notice.message_id.as_str()),
+        ("undeliverable", "m-rejected")
+    );
+    let js = support::js(&server).await;
+    assert_eq!(dead_letters(&js, "bob").await.len(), 1);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+    router_host.shutdown(Duration::from_secs(10)).await.unwrap();
+}

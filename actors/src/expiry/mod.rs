@@ -32,6 +32,7 @@ mod tasks;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::{self, consumer::pull, AckKind};
 use async_nats::Client;
 use futures::StreamExt;
@@ -127,6 +128,14 @@ pub enum ExpiryError {
     /// A pump's message stream ended.
     #[error("the pull of {consumer} ended")]
     Ended {
+        /// The consumer.
+        consumer: String,
+    },
+    /// A pull stayed silent past two idle heartbeats: the broker holds no pull of ours. The
+    /// actor fails, and its restart pulls anew (async-nats alone would wait for the pull's
+    /// expiry plus 5 s).
+    #[error("the pull of {consumer} went silent")]
+    Silent {
         /// The consumer.
         consumer: String,
     },
@@ -565,8 +574,13 @@ async fn next(
             }
             next = messages.next() => match next {
                 Some(Ok(msg)) => return Ok(Some(msg)),
+                Some(Err(e)) if e.kind() == MessagesErrorKind::MissingHeartbeat => {
+                    return Err(ExpiryError::Silent {
+                        consumer: consumer.to_owned(),
+                    })
+                }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, consumer, "pull error; pulling again");
+                    tracing::warn!(error = %e, consumer, "pull error; the stream pulls again");
                 }
                 None => {
                     return Err(ExpiryError::Ended {

@@ -51,6 +51,8 @@ pub struct Run {
     /// The longest wait between two items handled, ms, where a run measures it (a stall
     /// shows here); 0 otherwise.
     pub longest_gap_ms: f64,
+    /// Pulls issued again by (router, inbox) after a silent one, where a run counts them.
+    pub repulls: (u64, u64),
 }
 
 /// Rate and latency percentiles of `n` items in `elapsed`.
@@ -62,6 +64,7 @@ pub fn summarize(n: u64, elapsed: Duration, latencies: &Mutex<Vec<u64>>) -> Run 
         p50_ms: percentile(&l, 0.50),
         p99_ms: percentile(&l, 0.99),
         longest_gap_ms: 0.0,
+        repulls: (0, 0),
     }
 }
 

@@ -159,9 +159,17 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) 
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let elapsed = start.elapsed();
+    // Which pull went silent, when one did.
+    let snapshot = system.snapshot().await.unwrap();
+    let router = snapshot.router.map_or(0, |r| r.counters.reconnects);
+    let inbox = snapshot
+        .inboxes
+        .get(bob.as_str())
+        .map_or(0, |i| i.counters.repulls);
     system.shutdown(Duration::from_secs(10)).await.unwrap();
     Run {
         longest_gap_ms: gap_us.load(Ordering::Relaxed) as f64 / 1000.0,
+        repulls: (router, inbox),
         ..summarize(n, elapsed, &latencies)
     }
 }
@@ -242,8 +250,10 @@ async fn main() -> anyhow::Result<()> {
         for (arm, run) in [("hub", &b), ("hub without audit", &c)] {
             if run.longest_gap_ms > 1_000.0 {
                 println!(
-                    "    {arm}: stalled, {:.1} s between two DMs",
-                    run.longest_gap_ms / 1000.0
+                    "    {arm}: stalled, {:.1} s between two DMs (pulls issued again after a silent one: router {}, inbox {})",
+                    run.longest_gap_ms / 1000.0,
+                    run.repulls.0,
+                    run.repulls.1
                 );
             }
         }

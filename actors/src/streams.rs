@@ -538,70 +538,12 @@ mod tests {
         assert!(!info.discard_new_per_subject);
     }
 
-    async fn inbox_config(js: &jetstream::Context) -> Config {
-        let mut stream = js.get_stream("HUB_INBOX").await.unwrap();
-        stream.info().await.unwrap().config.clone()
-    }
-
-    #[tokio::test]
-    async fn the_inbox_stream_holds_more_consumers_than_the_brokers_default_limit() {
-        // nats-server 2.15 limits a stream that sets no `max_consumers` of its own to 1,000
-        // consumers (`default_max_consumers`): one host of 1,000 agents, then every attach is
-        // refused with `maximum consumers limit reached`. The inbox stream sets its own limit.
+    /// Creates every consumer, 32 at a time, and checks that none was refused.
+    async fn all_created(
+        consumers: impl Iterator<Item = (jetstream::stream::Stream, jetstream::consumer::pull::Config)>,
+    ) {
         use futures::StreamExt;
-        let server = harness::run_server().await.unwrap();
-        let js = jetstream::new(server.client().await.unwrap());
-        let cfg = DeliveryConfig::default();
-        ensure_streams(&js, &cfg).await.unwrap();
-        let stream = js.get_stream(&cfg.inbox.name).await.unwrap();
-        let made = futures::stream::iter(0..1_001)
-            .map(|i| {
-                let stream = stream.clone();
-                let agent = protocol::AgentId::new(format!("agent{i}")).unwrap();
-                let config = crate::consumers::inbox_consumer(&cfg, &agent);
-                async move { stream.create_consumer(config).await }
-            })
-            .buffer_unordered(32)
-            .collect::<Vec<_>>()
-            .await;
-        let refused: Vec<_> = made.iter().filter_map(|r| r.as_ref().err()).collect();
-        assert!(
-            refused.is_empty(),
-            "{} refused: {:?}",
-            refused.len(),
-            refused.first()
-        );
-        assert_eq!(
-            inbox_config(&js).await.max_consumers,
-            i32::try_from(cfg.inbox.max_consumers).unwrap()
-        );
-    }
-
-    #[tokio::test]
-    async fn the_work_and_answer_streams_hold_more_consumers_than_the_brokers_default_limit() {
-        // As for the inbox stream: 1,001 queues on one hub, and 1,001 workers' answer
-        // consumers, each past the broker's default of 1,000.
-        use futures::StreamExt;
-        let server = harness::run_server().await.unwrap();
-        let js = jetstream::new(server.client().await.unwrap());
-        let cfg = DeliveryConfig::default();
-        ensure_streams(&js, &cfg).await.unwrap();
-        let (work, answers) = (
-            js.get_stream(subjects::WORK_STREAM).await.unwrap(),
-            js.get_stream(subjects::ANSWERS_STREAM).await.unwrap(),
-        );
-        let made = futures::stream::iter(0..1_001)
-            .flat_map(|i| {
-                let queue = protocol::QueueName::new(format!("q{i}")).unwrap();
-                let worker = protocol::WorkerId::new(format!("w{i}")).unwrap();
-                futures::stream::iter([
-                    (work.clone(), crate::consumers::queue_consumer(&cfg, &queue)),
-                    (
-                        answers.clone(),
-                        crate::consumers::answer_consumer(&cfg, &worker),
-                    ),
-                ])
-            })
+        let made = futures::stream::iter(consumers)
             .map(|(stream, config)| async move { stream.create_consumer(config).await })
             .buffer_unordered(32)
             .collect::<Vec<_>>()
@@ -613,6 +555,61 @@ mod tests {
             refused.len(),
             refused.first()
         );
+    }
+
+    async fn inbox_config(js: &jetstream::Context) -> Config {
+        let mut stream = js.get_stream("HUB_INBOX").await.unwrap();
+        stream.info().await.unwrap().config.clone()
+    }
+
+    #[tokio::test]
+    async fn the_inbox_stream_holds_more_consumers_than_the_brokers_default_limit() {
+        // nats-server 2.15 limits a stream that sets no `max_consumers` of its own to 1,000
+        // consumers (`default_max_consumers`): one host of 1,000 agents, then every attach is
+        // refused with `maximum consumers limit reached`. The inbox stream sets its own limit.
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        let cfg = DeliveryConfig::default();
+        ensure_streams(&js, &cfg).await.unwrap();
+        let stream = js.get_stream(&cfg.inbox.name).await.unwrap();
+        all_created((0..1_001).map(|i| {
+            let agent = protocol::AgentId::new(format!("agent{i}")).unwrap();
+            (
+                stream.clone(),
+                crate::consumers::inbox_consumer(&cfg, &agent),
+            )
+        }))
+        .await;
+        assert_eq!(
+            inbox_config(&js).await.max_consumers,
+            i32::try_from(cfg.inbox.max_consumers).unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_work_and_answer_streams_hold_more_consumers_than_the_brokers_default_limit() {
+        // As for the inbox stream: 1,001 queues on one hub, and 1,001 workers' answer
+        // consumers, each past the broker's default of 1,000.
+        let server = harness::run_server().await.unwrap();
+        let js = jetstream::new(server.client().await.unwrap());
+        let cfg = DeliveryConfig::default();
+        ensure_streams(&js, &cfg).await.unwrap();
+        let (work, answers) = (
+            js.get_stream(subjects::WORK_STREAM).await.unwrap(),
+            js.get_stream(subjects::ANSWERS_STREAM).await.unwrap(),
+        );
+        all_created((0..1_001).flat_map(|i| {
+            let queue = protocol::QueueName::new(format!("q{i}")).unwrap();
+            let worker = protocol::WorkerId::new(format!("w{i}")).unwrap();
+            [
+                (work.clone(), crate::consumers::queue_consumer(&cfg, &queue)),
+                (
+                    answers.clone(),
+                    crate::consumers::answer_consumer(&cfg, &worker),
+                ),
+            ]
+        }))
+        .await;
         for name in [subjects::WORK_STREAM, subjects::ANSWERS_STREAM] {
             let mut stream = js.get_stream(name).await.unwrap();
             assert_eq!(

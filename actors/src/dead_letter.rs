@@ -50,6 +50,31 @@ pub async fn copy_dm(
     .await
 }
 
+/// Where a dead letter came from and why, as [`copy_dm`] wrote it in its headers (a header
+/// missing or unreadable reads as empty, or as 0 / `None`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Provenance {
+    /// The DM's inbox subject (`Hub-Original-Subject`).
+    pub subject: String,
+    /// Its sequence in the inbox stream (`Hub-Original-Seq`).
+    pub original_seq: Option<u64>,
+    /// Why it was dead-lettered (`Hub-Reason`).
+    pub reason: String,
+    /// How many times it was delivered (`Hub-Deliveries`).
+    pub deliveries: u64,
+}
+
+/// Reads a dead letter's [`Provenance`] from its headers.
+pub fn provenance(map: &async_nats::HeaderMap) -> Provenance {
+    let header = |name: &str| map.get(name).map(|v| v.as_str()).unwrap_or_default();
+    Provenance {
+        subject: header(headers::DLQ_ORIGINAL_SUBJECT).to_owned(),
+        original_seq: header(headers::DLQ_ORIGINAL_SEQ).parse().ok(),
+        reason: header(headers::DLQ_REASON).to_owned(),
+        deliveries: header(headers::DLQ_DELIVERIES).parse().unwrap_or(0),
+    }
+}
+
 /// What became of a notice ([`store_notice`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoticeStored {

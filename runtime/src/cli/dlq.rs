@@ -4,9 +4,7 @@
 
 use async_nats::jetstream::{self, stream::DirectGetErrorKind};
 use clap::{Args, Subcommand};
-use protocol::headers::{
-    CONTENT_TYPE, DLQ_DELIVERIES, DLQ_ORIGINAL_SEQ, DLQ_ORIGINAL_SUBJECT, DLQ_REASON,
-};
+use protocol::headers::CONTENT_TYPE;
 use protocol::subjects;
 use runtime::SystemError;
 use serde::Serialize;
@@ -223,12 +221,7 @@ async fn delete(stream: &jetstream::stream::Stream<()>, id: u64) -> Result<(), S
 }
 
 fn dead_letter(msg: &jetstream::message::StreamMessage) -> DeadLetter {
-    let header = |name: &str| {
-        msg.headers
-            .get(name)
-            .map(|v| v.as_str().to_owned())
-            .unwrap_or_default()
-    };
+    let provenance = actors::dead_letter::provenance(&msg.headers);
     let env = protocol::decode_with_content_type(
         &msg.payload,
         msg.headers.get(CONTENT_TYPE).map(|v| v.as_str()),
@@ -236,14 +229,14 @@ fn dead_letter(msg: &jetstream::message::StreamMessage) -> DeadLetter {
     .ok();
     DeadLetter {
         id: msg.sequence,
-        subject: header(DLQ_ORIGINAL_SUBJECT),
+        subject: provenance.subject,
         from: env
             .as_ref()
             .and_then(|e| e.meta.from.as_ref().map(|f| f.to_string())),
         message_id: env.as_ref().map(|e| e.meta.id.to_string()),
-        reason: header(DLQ_REASON),
-        deliveries: header(DLQ_DELIVERIES).parse().unwrap_or(0),
-        original_seq: header(DLQ_ORIGINAL_SEQ).parse().unwrap_or(0),
+        reason: provenance.reason,
+        deliveries: provenance.deliveries,
+        original_seq: provenance.original_seq.unwrap_or(0),
     }
 }
 

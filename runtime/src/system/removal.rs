@@ -204,12 +204,12 @@ async fn copies_of(
             Err(e) => return Err(SystemError::request(&filter, e)),
         };
         next = msg.sequence + 1;
-        let header = |name: &str| msg.headers.get(name).map(|v| v.as_str().to_owned());
-        if header(headers::DLQ_ORIGINAL_SUBJECT).as_deref() != Some(original.as_str()) {
+        let letter = actors::dead_letter::provenance(&msg.headers);
+        if letter.subject != original {
             continue;
         }
-        if let Some(seq) = header(headers::DLQ_ORIGINAL_SEQ).and_then(|s| s.parse().ok()) {
-            out.insert(seq, header(headers::DLQ_REASON).unwrap_or_default());
+        if let Some(seq) = letter.original_seq {
+            out.insert(seq, letter.reason);
         }
     }
 }

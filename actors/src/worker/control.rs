@@ -55,8 +55,12 @@ impl Worker {
         msg: jetstream::Message,
         ack_wait: Duration,
     ) {
-        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        if state.running.holds(Input::Answer(seq)) {
+        let (seq, delivered) = msg
+            .info()
+            .map(|i| (i.stream_sequence, i.delivered))
+            .unwrap_or((0, 1));
+        // A first delivery at a held sequence is another answer (the stream made again).
+        if state.running.holds(Input::Answer(seq)) && delivered > 1 {
             // The resume holding this answer heartbeats and acks it.
             state.counters.redelivered_while_running.bump();
             return;

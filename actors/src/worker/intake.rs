@@ -28,7 +28,11 @@ impl Worker {
             tracing::warn!(subject = %msg.subject, "task message without JetStream info; dropped");
             return;
         };
-        if state.running.holds(Input::Task(seq)) {
+        let delivered = msg.info().map_or(1, |i| i.delivered);
+        // A redelivery is a second delivery or later. A first delivery at a sequence a running
+        // attempt holds is another message: the work stream was deleted and made again, its
+        // sequences starting over, while that attempt still acks its old input.
+        if state.running.holds(Input::Task(seq)) && delivered > 1 {
             // The running attempt heartbeats and acks this input itself.
             state.counters.redelivered_while_running.bump();
             tracing::warn!(
@@ -36,6 +40,12 @@ impl Worker {
                 "redelivery of a running attempt's input (a heartbeat came too late)"
             );
             return;
+        }
+        if state.running.holds(Input::Task(seq)) {
+            tracing::warn!(
+                input_seq = seq,
+                "a first delivery at a sequence a running attempt holds: the work stream was made again"
+            );
         }
         if state.draining {
             // Fetched before the drain: handed back at once, for another worker.
@@ -54,7 +64,6 @@ impl Worker {
             }
         };
         if state.audit.is_on() {
-            let delivered = msg.info().map_or(1, |i| i.delivered);
             let event = state.audit.task("fetched", task.task_id.as_str());
             state.audit.emit(
                 event

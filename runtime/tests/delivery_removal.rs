@@ -441,3 +441,56 @@ async fn an_admin_removes_and_restores_an_agent_on_the_rendered_grants() {
     // Nobody needed a grant it does not have.
     assert_eq!(hub.rendered.violations(), Vec::<String>::new());
 }
+
+/// A DM a router stored in the instant before it saw the tombstone lands after the removal's
+/// first sweep: the second sweep, after `SETTLE`, dead-letters it too, and nothing is left in
+/// the inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_stored_while_the_removal_settles_is_dead_lettered_by_its_second_sweep() {
+    let server = harness::run_server().await.unwrap();
+    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    let js = support::js(&server).await;
+    let bob = support::agent("bob");
+    let inbox = subjects::inbox(&bob);
+    let dm = |id: &str| {
+        serde_json::to_vec(
+            &serde_json::json!({"meta": {"id": id, "from": "alice", "to": "bob"}, "body": "hi"}),
+        )
+        .unwrap()
+    };
+    support::js_publish(&js, &inbox, "early", dm("early")).await;
+    wait_stored(&js, &inbox, 1).await;
+    let removal = tokio::spawn({
+        let (client, delivery, bob) = (hub.client().clone(), support::delivery(), bob.clone());
+        async move { runtime::system::removal::remove(&client, &delivery, &bob).await }
+    });
+    // The first sweep has copied the early DM; the removal now waits `SETTLE` (500 ms).
+    harness::wait_until_async("the early DM dead-lettered", support::DEADLINE, || async {
+        support::count_on(&js, "HUB_DLQ", "dlq.bob").await == 1
+    })
+    .await
+    .unwrap();
+    assert!(!removal.is_finished(), "still settling");
+    // A router that had not seen the tombstone yet stores one more.
+    support::js_publish(&js, &inbox, "late", dm("late")).await;
+    let removed = removal.await.unwrap().unwrap();
+    assert_eq!(removed.dead_lettered, 2, "{removed:?}");
+    let ids: Vec<String> = support::stored_on(&js, "HUB_DLQ", "dlq.bob")
+        .await
+        .iter()
+        .map(|m| {
+            protocol::decode(&m.payload, protocol::Codec::Json)
+                .unwrap()
+                .meta
+                .id
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids, ["early", "late"]);
+    assert_eq!(
+        support::count_on(&js, subjects::INBOX_STREAM, &inbox).await,
+        0,
+        "nothing left in the inbox"
+    );
+    hub.shutdown(support::GRACE).await.unwrap();
+}

@@ -233,7 +233,10 @@ async fn an_inbox_whose_pull_the_broker_never_got_pulls_again_after_two_missed_h
     .await
     .unwrap_or_else(|e| panic!("{e} ({:?} after the send)", sent.elapsed()));
     assert_eq!(bodies(&seen), vec![json!("waiting for a pull")]);
-    let counters = wait_inbox(&bob_host, &bob, "the pull re-issued", |c| c.repulls >= 1).await;
+    let counters = wait_inbox(&bob_host, &bob, "the pull re-issued", |c| {
+        c.repulls >= 1 && c.delivered >= 1
+    })
+    .await;
     assert_eq!(counters.delivered, 1);
     bob_host.shutdown(GRACE).await.unwrap();
     hub.shutdown(GRACE).await.unwrap();
@@ -266,7 +269,8 @@ async fn a_router_whose_pull_the_broker_never_got_pulls_again_after_two_missed_h
     .await
     .unwrap_or_else(|e| panic!("{e} ({:?} after the send)", sent.elapsed()));
     assert_eq!(bodies(&seen), vec![json!("waiting for the router")]);
-    let counters = router_counters(&router_host).await;
+    // Counted once the ingress ack is done, which may come after the handler saw the DM.
+    let counters = wait_router(&router_host, "the DM counted as stored", |c| c.stored >= 1).await;
     assert!(counters.reconnects >= 1, "{counters:?}");
     assert_eq!(counters.stored, 1);
     hub.shutdown(GRACE).await.unwrap();

@@ -15,7 +15,8 @@
 //!   [`RereadSchedule`]: by default 3 s after a read that found something, twice as long after
 //!   each that found nothing, at most 30 s, and within 3 s of a reconnect (the connection's
 //!   connect count is looked at every 3 s, which costs the broker nothing). At most
-//!   [`READS_IN_FLIGHT`] reads run at once. A re-read continues after the last stream sequence
+//!   [`READS_IN_FLIGHT`] reads run at once, and a reconnect abandons the reads in flight (their
+//!   replies may be lost) and makes them again. A re-read continues after the last stream sequence
 //!   this incarnation saw (`ByStartSequence`), which finds exactly what a re-read from the start
 //!   would find that is new, for less. A read is a chain of direct gets (`next_by_subj` from the
 //!   next sequence; the stream must allow direct gets, as `HUB_TASKS` does): no consumer is

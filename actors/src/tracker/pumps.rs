@@ -122,7 +122,7 @@ impl Ctx {
         drop(entry);
         if done {
             // Only if it is still the delivered one (a track may have replaced it meanwhile).
-            self.table.tasks.remove_if(subject, |_, e| e.is_done());
+            self.table.remove_done(subject);
         }
         Ok(())
     }
@@ -242,7 +242,8 @@ pub(super) async fn reader(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut queue: VecDeque<Job> = VecDeque::new();
     let mut in_flight: JoinSet<ReadDone> = JoinSet::new();
-    let mut last_len = 0;
+    let mut last_removed = 0;
+    let mut last_connects = ctx.connects();
     loop {
         tokio::select! {
             biased;
@@ -253,10 +254,14 @@ pub(super) async fn reader(
                 continue;
             }
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
-                // A read that panicked fails the pump (and the actor): its task would
-                // otherwise never be read again.
-                let (subject, generation, read) = done.map_err(|_| PumpError::ReadPanicked)?;
-                apply(&ctx, &subject, generation, read)?;
+                match done {
+                    Ok((subject, generation, read)) => apply(&ctx, &subject, generation, read)?,
+                    // Abandoned at a reconnect (below).
+                    Err(e) if e.is_cancelled() => {}
+                    // A read that panicked fails the pump (and the actor): its task would
+                    // otherwise never be read again.
+                    Err(_) => return Err(PumpError::ReadPanicked),
+                }
             }
             Some(subject) = now.recv() => {
                 let connects = ctx.connects();
@@ -269,15 +274,25 @@ pub(super) async fn reader(
                 }
             }
             at = tick.tick() => {
-                let pruned = ctx.table.prune();
+                ctx.table.prune();
                 // Delegators whose last task went (delivered, or its caller left) need no
                 // subscription any more: looked at when tasks went since the last tick.
-                let len = ctx.table.len();
-                if pruned > 0 || len < last_len {
+                let removed = ctx.table.removed();
+                if removed != last_removed {
                     let _ = myself.cast(TrackersMsg::Prune);
                 }
-                last_len = len;
+                last_removed = removed;
                 let connects = ctx.connects();
+                if connects != last_connects {
+                    // The connection was replaced: a read in flight may wait out its timeout
+                    // for a reply that is lost. Every read is abandoned and made again now.
+                    in_flight.abort_all();
+                    queue.clear();
+                    for mut e in ctx.table.tasks.iter_mut() {
+                        e.read.reading = false;
+                    }
+                    last_connects = connects;
+                }
                 for mut e in ctx.table.tasks.iter_mut() {
                     if let Some(reread) = e.read.take_due(at, connects, &ctx.reread) {
                         if reread {

@@ -198,6 +198,9 @@ pub struct TrackerTable {
     pub(super) tasks: DashMap<String, Entry>,
     /// The last entry's generation.
     generations: std::sync::atomic::AtomicU64,
+    /// Entries removed so far (delivered, or their callers gone): the reader looks at it to
+    /// know when a delegator may have lost its last task.
+    removed: std::sync::atomic::AtomicU64,
 }
 
 impl TrackerTable {
@@ -259,7 +262,23 @@ impl TrackerTable {
     pub(super) fn prune(&self) -> usize {
         let before = self.tasks.len();
         self.tasks.retain(|_, e| !e.is_done());
-        before.saturating_sub(self.tasks.len())
+        let gone = before.saturating_sub(self.tasks.len());
+        self.removed
+            .fetch_add(gone as u64, std::sync::atomic::Ordering::Relaxed);
+        gone
+    }
+
+    /// Removes `subject`'s entry if it is done (delivered): not one that replaced it.
+    pub(super) fn remove_done(&self, subject: &str) {
+        if self.tasks.remove_if(subject, |_, e| e.is_done()).is_some() {
+            self.removed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Entries removed so far.
+    pub(super) fn removed(&self) -> u64 {
+        self.removed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A new incarnation reads every channel from the start, at once.

@@ -257,6 +257,10 @@ pub enum TrackError {
     /// A pump failed.
     #[error("tracker pump failed: {0}")]
     Pump(#[source] PumpFailure),
+    /// The actor did not answer within [`TRACK_TIMEOUT`] (stopped, restarting, or stuck
+    /// subscribing).
+    #[error("the trackers did not answer: {0}")]
+    NoAnswer(String),
 }
 
 /// How long [`track`] waits for the actor's answer.
@@ -266,8 +270,8 @@ pub const TRACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// progress.
 ///
 /// # Errors
-/// [`TrackError`] from the actor; [`TrackError::Pump`] wrapping the call's failure when the
-/// actor did not answer within [`TRACK_TIMEOUT`] (stopped, restarting, or stuck subscribing).
+/// [`TrackError`] from the actor; [`TrackError::NoAnswer`] when it did not answer within
+/// [`TRACK_TIMEOUT`].
 pub async fn track(actor: &ActorRef<TrackersMsg>, track: Track) -> Result<Receivers, TrackError> {
     ractor::call_t!(
         actor,
@@ -275,7 +279,7 @@ pub async fn track(actor: &ActorRef<TrackersMsg>, track: Track) -> Result<Receiv
         TRACK_TIMEOUT.as_millis() as u64,
         track
     )
-    .map_err(|e| TrackError::Pump(PumpFailure::Error(e.to_string().into())))?
+    .map_err(|e| TrackError::NoAnswer(e.to_string()))?
 }
 
 impl Trackers {

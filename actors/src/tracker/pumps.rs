@@ -176,10 +176,6 @@ pub(super) async fn live(
     mut sub: Subscriber,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), PumpError> {
-    // `channel.task.<delegator>.`: anything else did not come through this subscription's own
-    // subject (a replay keeps its stored subject).
-    let prefix = protocol::subjects::tasks_of(&delegator);
-    let prefix = prefix.trim_end_matches('>');
     loop {
         let msg = tokio::select! {
             biased;
@@ -191,7 +187,11 @@ pub(super) async fn live(
             }
             next = sub.next() => next.ok_or_else(|| PumpError::LiveEnded(delegator.clone()))?,
         };
-        if !msg.subject.as_str().starts_with(prefix) || !is_published_here(&msg) {
+        // A subject that is not one of the delegator's task channels did not come through this
+        // subscription's own subject (a replay keeps its stored subject).
+        let own = protocol::subjects::parse_task(msg.subject.as_str())
+            .is_ok_and(|channel| channel.delegator == delegator);
+        if !own || !is_published_here(&msg) {
             ctx.counters.replayed.bump();
             tracing::warn!(delegator = %delegator, subject = %msg.subject, "ignored a message replayed into the task channel subscription");
             continue;

@@ -96,6 +96,32 @@ async fn spawn(trackers: Trackers) -> (ActorRef<TrackersMsg>, JoinHandle<()>) {
         .unwrap()
 }
 
+/// `trackers` as the permanent child of a supervisor of its own (named `sup-<name>`),
+/// restarted after `backoff`; returns the supervisor and the actor once it runs.
+async fn supervised(
+    trackers: Trackers,
+    backoff: Backoff,
+) -> (supervision::SupervisorRef, ActorRef<TrackersMsg>) {
+    let name = trackers.name.clone();
+    let spec = SupervisorSpec::new(Strategy::OneForOne).child(
+        ChildSpec::actor(name.clone(), trackers, || ())
+            .with_restart(Restart::Permanent)
+            .with_backoff(backoff),
+    );
+    let (sup, _join) = supervision::spawn_supervisor(Some(format!("sup-{name}")), spec)
+        .await
+        .unwrap();
+    harness::wait_until("trackers registered", DEADLINE, || {
+        ractor::registry::where_is(ractor::ActorName::from(name.as_str())).is_some()
+    })
+    .await
+    .unwrap();
+    let actor = ractor::registry::where_is(ractor::ActorName::from(name.as_str()))
+        .unwrap()
+        .into();
+    (sup, actor)
+}
+
 async fn track_of(
     actor: &ActorRef<TrackersMsg>,
     delegator: &AgentId,
@@ -382,26 +408,8 @@ async fn crashed_trackers_are_restarted_catch_up_and_deliver_once() {
     // The first body handled for the task (the stored result) crashes the trackers.
     let key = fault_key(name, &alice(), &task("t-crash"));
     crate::fault::arm(&key, FaultPoint::Handle, Fault::Panic, 1);
-    let spec = SupervisorSpec::new(Strategy::OneForOne).child(
-        ChildSpec::actor(name, t, || ())
-            .with_restart(Restart::Permanent)
-            .with_backoff(Backoff::new(
-                Duration::from_millis(50),
-                Duration::from_secs(1),
-                2,
-            )),
-    );
-    let (sup, _join) = supervision::spawn_supervisor(Some("sup-trackers-crash".into()), spec)
-        .await
-        .unwrap();
-    harness::wait_until("trackers registered", DEADLINE, || {
-        ractor::registry::where_is(ractor::ActorName::from(name)).is_some()
-    })
-    .await
-    .unwrap();
-    let actor: ActorRef<TrackersMsg> = ractor::registry::where_is(ractor::ActorName::from(name))
-        .unwrap()
-        .into();
+    let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1), 2);
+    let (sup, actor) = supervised(t, backoff).await;
     let (rx, mut events) = track_alice(&actor, "t-crash").await;
     assert_eq!(final_result(rx).await, done);
     assert_eq!(crate::fault::remaining(&key, FaultPoint::Handle), 0);
@@ -470,22 +478,7 @@ async fn a_fresh_task_skips_only_its_first_read_and_a_restart_reads_the_store() 
 
     let name = "trackers-fresh";
     let t = trackers(name, client).with_reread_every(Duration::from_secs(3600));
-    let spec = SupervisorSpec::new(Strategy::OneForOne).child(
-        ChildSpec::actor(name, t, || ())
-            .with_restart(Restart::Permanent)
-            .with_backoff(Backoff::constant(Duration::from_millis(50))),
-    );
-    let (sup, _join) = supervision::spawn_supervisor(Some("sup-trackers-fresh".into()), spec)
-        .await
-        .unwrap();
-    harness::wait_until("trackers registered", DEADLINE, || {
-        ractor::registry::where_is(ractor::ActorName::from(name)).is_some()
-    })
-    .await
-    .unwrap();
-    let actor: ActorRef<TrackersMsg> = ractor::registry::where_is(ractor::ActorName::from(name))
-        .unwrap()
-        .into();
+    let (sup, actor) = supervised(t, Backoff::constant(Duration::from_millis(50))).await;
     let (mut rx, _events) = track_of(&actor, &alice(), "t-fresh", true).await;
     // A task that is not fresh finds the stored result at once (see above); this one is not
     // read until the next incarnation.

@@ -24,24 +24,23 @@ impl Worker {
         ack_wait: Duration,
         permit: OwnedSemaphorePermit,
     ) {
-        let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
+        let Ok((seq, delivered)) = msg.info().map(|i| (i.stream_sequence, i.delivered)) else {
             tracing::warn!(subject = %msg.subject, "task message without JetStream info; dropped");
             return;
         };
-        let delivered = msg.info().map_or(1, |i| i.delivered);
         // A redelivery is a second delivery or later. A first delivery at a sequence a running
         // attempt holds is another message: the work stream was deleted and made again, its
         // sequences starting over, while that attempt still acks its old input.
-        if state.running.holds(Input::Task(seq)) && delivered > 1 {
-            // The running attempt heartbeats and acks this input itself.
-            state.counters.redelivered_while_running.bump();
-            tracing::warn!(
-                input_seq = seq,
-                "redelivery of a running attempt's input (a heartbeat came too late)"
-            );
-            return;
-        }
         if state.running.holds(Input::Task(seq)) {
+            if delivered > 1 {
+                // The running attempt heartbeats and acks this input itself.
+                state.counters.redelivered_while_running.bump();
+                tracing::warn!(
+                    input_seq = seq,
+                    "redelivery of a running attempt's input (a heartbeat came too late)"
+                );
+                return;
+            }
             tracing::warn!(
                 input_seq = seq,
                 "a first delivery at a sequence a running attempt holds: the work stream was made again"

@@ -141,26 +141,17 @@ impl DeliveryConfig {
                 ),
             ));
         }
-        // JetStream stores it as an `i32`, and puts its own default on a value below 1.
-        if !(1..=i64::from(i32::MAX)).contains(&self.inbox.max_consumers) {
-            return Err(invalid(
-                "inbox.max_consumers",
-                format!(
-                    "must be between 1 and {}, got {}",
-                    i32::MAX,
-                    self.inbox.max_consumers
-                ),
-            ));
-        }
-        if !(1..=i64::from(i32::MAX)).contains(&self.tasks.work_max_consumers) {
-            return Err(invalid(
-                "tasks.work_max_consumers",
-                format!(
-                    "must be between 1 and {}, got {}",
-                    i32::MAX,
-                    self.tasks.work_max_consumers
-                ),
-            ));
+        // JetStream stores them as an `i32`, and puts its own default on a value below 1.
+        for (key, value) in [
+            ("inbox.max_consumers", self.inbox.max_consumers),
+            ("tasks.work_max_consumers", self.tasks.work_max_consumers),
+        ] {
+            if !(1..=i64::from(i32::MAX)).contains(&value) {
+                return Err(invalid(
+                    key,
+                    format!("must be between 1 and {}, got {value}", i32::MAX),
+                ));
+            }
         }
         // JetStream stores the max message size as an `i32`.
         if self.inbox.max_msg_size > i64::from(i32::MAX) {

@@ -337,17 +337,19 @@ impl ActorSystem {
         };
         let deadline = tokio::time::Instant::now() + TRACKERS_UP;
         loop {
-            let actor = self.trackers_actor(deadline).await?;
-            let failure = match actors::tracker::track(&actor, track.clone()).await {
-                Ok((result, events)) => return Ok(Tracking { result, events }),
-                Err(TrackError::AlreadyTracked(e)) => {
-                    return Err(SystemError::spawn(
-                        &self.tracker_name(delegator, task_id),
-                        e,
-                    ))
-                }
-                // Stopping or restarting, or its subscription failed: it is tried again.
-                Err(e) => e,
+            // Not up (being restarted), stopping, or its subscription failed: tried again.
+            let failure = match self.trackers_actor().await? {
+                Some(actor) => match actors::tracker::track(&actor, track.clone()).await {
+                    Ok((result, events)) => return Ok(Tracking { result, events }),
+                    Err(TrackError::AlreadyTracked(e)) => {
+                        return Err(SystemError::spawn(
+                            &self.tracker_name(delegator, task_id),
+                            e,
+                        ))
+                    }
+                    Err(e) => e.to_string(),
+                },
+                None => "its actor is not up".to_owned(),
             };
             if tokio::time::Instant::now() >= deadline {
                 return Err(SystemError::Timeout {
@@ -359,18 +361,14 @@ impl ActorSystem {
     }
 
     /// The trackers' actor: the child of the trackers' supervisor, added by the first call and
-    /// again after it was given up; waits while it is being restarted.
+    /// again after it was given up; `None` while it is being restarted.
     async fn trackers_actor(
         &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<ActorRef<actors::tracker::TrackersMsg>, SystemError> {
+    ) -> Result<Option<ActorRef<actors::tracker::TrackersMsg>>, SystemError> {
         use actors::supervision::dynamic::{self, DynamicError};
         use actors::supervision::{ChildSpec, Restart};
         let name = self.trackers_name();
-        loop {
-            if let Some(cell) = ractor::registry::where_is(name.clone()) {
-                return Ok(cell.into());
-            }
+        if ractor::registry::where_is(name.clone()).is_none() {
             let supervisor = self.trackers_supervisor().await?;
             let trackers = actors::tracker::Trackers::new(name.clone(), self.client.clone())
                 .with_table(self.tracker_table.clone());
@@ -381,16 +379,8 @@ impl ActorSystem {
                 Ok(()) | Err(DynamicError::Duplicate(_)) => {}
                 Err(e) => return Err(SystemError::spawn(&name, e)),
             }
-            if let Some(cell) = ractor::registry::where_is(name.clone()) {
-                return Ok(cell.into());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(SystemError::Timeout {
-                    what: format!("the trackers' actor {name} to start"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        Ok(ractor::registry::where_is(name).map(Into::into))
     }
 
     /// The trackers' dynamic supervisor, started on first use, and again if it ever stopped.

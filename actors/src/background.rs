@@ -28,6 +28,11 @@ impl Owned {
         let _ = (&mut self.0).await;
     }
 
+    /// Whether the task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+
     /// Waits at most `within` for the task to end by itself, then aborts it.
     pub async fn join_within(mut self, within: std::time::Duration) {
         if tokio::time::timeout(within, &mut self.0).await.is_err() {

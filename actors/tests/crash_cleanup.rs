@@ -220,6 +220,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
         }),
         presence_beat: None,
         audit_events: false,
+        pulls: actors::inbox::InboxPulls::new(client.clone()),
     };
     let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, inbox, || ()));
     let (sup, _join) = supervision::spawn_supervisor(Some(format!("{name}-sup")), spec)

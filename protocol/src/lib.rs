@@ -19,6 +19,7 @@
 //!   why its envelope was refused;
 //! - [`backpressure`]: full inboxes, sender rate limits and when to try again;
 //! - [`presence`]: whether an agent is online, from its inbox's heartbeats;
+//! - [`pull`]: an inbox's pull requests and what each reply to one means;
 //! - [`removal`]: removing an agent (its tombstone, the fate of its stored DMs, the routers'
 //!   set of removed agents);
 //! - [`audit`]: the audit trail's events and the timeline of one message or task;
@@ -62,6 +63,7 @@ pub mod headers;
 pub mod ids;
 pub mod ordering;
 pub mod presence;
+pub mod pull;
 pub mod receipt;
 pub mod rejection;
 pub mod removal;

@@ -16,6 +16,7 @@
 
 mod outbox;
 mod presence;
+mod pulls;
 mod pump;
 
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
 pub use outbox::CAPACITY as RECEIPT_OUTBOX_CAPACITY;
+pub use pulls::{InboxPulls, PullsError};
 pub use pump::{InboxCounters, InboxCountersSnapshot};
 
 /// One DM handed to the handler.
@@ -102,6 +104,9 @@ pub struct InboxConsumer {
     pub presence_beat: Option<Duration>,
     /// Whether a durable inbox emits audit events ([`crate::audit`]).
     pub audit_events: bool,
+    /// The pulls of the connection's durable inboxes, shared by all of them ([`InboxPulls`]:
+    /// one subscription for every inbox of `client`).
+    pub pulls: InboxPulls,
 }
 
 /// Messages of the inbox actor.
@@ -331,6 +336,7 @@ impl InboxConsumer {
             clock: clock.clone(),
             outbox: receipts_out,
             receipts: sender,
+            pulls: self.pulls.clone(),
         };
         let pump = crate::background::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
             let _ = myself.cast(InboxMsg::PumpFailed(e));

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::pull::MessagesErrorKind;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
@@ -16,16 +15,9 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::outbox::{Outbox, PendingReceipt, ReceiptSender};
+use super::pulls::{InboxPulls, Pulled};
 use super::{Binding, Delivery, InboxHandler};
 use crate::fault::{self, FaultPoint};
-
-/// Idle heartbeat of the pull requests: a pull that stays silent for 2× this (no message and no
-/// heartbeat: the broker holds no pull of ours) is issued again, on a new subscription.
-/// async-nats alone only reports the silence, and issues the pull again after its expiry plus
-/// 5 s (35 s).
-const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
-/// Expiry of one pull request.
-const PULL_EXPIRES: Duration = Duration::from_secs(30);
 
 crate::counters! {
     /// Counters of one inbox incarnation.
@@ -81,14 +73,14 @@ pub enum PumpError {
         #[source]
         source: async_nats::Error,
     },
-    /// The consumer was deleted, or made a push consumer, under the pump.
-    #[error("consumer {consumer} is gone: {source}")]
+    /// The consumer was deleted, or made a push consumer, under the pump (or it refuses the
+    /// inbox's pulls).
+    #[error("consumer {consumer} is gone: {reason}")]
     ConsumerGone {
         /// The consumer.
         consumer: String,
-        /// What the pull stream said.
-        #[source]
-        source: async_nats::jetstream::consumer::pull::MessagesError,
+        /// What the broker said.
+        reason: String,
     },
     /// The live subscription could not be made.
     #[error("cannot subscribe to {subject}: {source}")]
@@ -99,7 +91,8 @@ pub enum PumpError {
         #[source]
         source: async_nats::SubscribeError,
     },
-    /// The message stream or subscription ended (the connection closed).
+    /// The subscription ended (the connection closed), or the inbox's pulls were registered
+    /// again by another incarnation.
     #[error("the inbox message stream ended")]
     Ended,
     /// A fault armed for this inbox fired (tests).
@@ -123,6 +116,8 @@ pub(super) struct InboxPump {
     pub outbox: Arc<Outbox>,
     /// Publishes read receipts through this identity's ingress.
     pub receipts: ReceiptSender,
+    /// The connection's shared pulls.
+    pub pulls: InboxPulls,
 }
 
 /// What one DM's audit events name.
@@ -194,7 +189,7 @@ impl InboxPump {
         // The setup, and the rare paths below, are boxed: the pump's future holds its largest
         // await inline for its whole life, once per idle inbox of a host. The context and the
         // consumer's info end with this block.
-        let (mut tick, pull_consumer, mut messages) = Box::pin(async {
+        let (mut tick, mut puller) = Box::pin(async {
             let js = jetstream::new(self.client.clone());
             // Consumer info only: an agent may not read the stream's info.
             let pull_consumer: jetstream::consumer::PullConsumer = js
@@ -214,8 +209,13 @@ impl InboxPump {
             let beat = (ack_wait / 3).max(Duration::from_millis(100));
             // One interval for the pump's life, reset at each handoff (no timer made per DM).
             let tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
-            let messages = self.messages(&pull_consumer).await.map_err(pull)?;
-            Ok::<_, PumpError>((tick, pull_consumer, messages))
+            // Its pulls go through the connection's shared subscription ([`super::pulls`]).
+            let puller = self
+                .pulls
+                .register(&stream, &consumer, self.batch)
+                .await
+                .map_err(|e| pull(e.into()))?;
+            Ok::<_, PumpError>((tick, puller))
         })
         .await?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
@@ -230,59 +230,18 @@ impl InboxPump {
                     }
                     continue;
                 }
-                next = messages.next() => next,
+                next = puller.next(&self.counters.repulls) => next,
             };
             let msg = match next {
-                Some(Ok(msg)) => msg,
-                Some(Err(e)) => match e.kind() {
-                    MessagesErrorKind::ConsumerDeleted | MessagesErrorKind::PushBasedConsumer => {
-                        return Err(PumpError::ConsumerGone {
-                            consumer,
-                            source: e,
-                        })
-                    }
-                    MessagesErrorKind::MissingHeartbeat => {
-                        // The broker holds no pull of ours (it never got it, or forgot it),
-                        // while the stream counts one open: nothing would come until that
-                        // pull's expiry. A new stream issues a new pull at once.
-                        self.counters.repulls.bump();
-                        tracing::warn!(id = %self.id, "inbox pull silent past two heartbeats; pulling again");
-                        match Box::pin(self.messages(&pull_consumer)).await {
-                            Ok(fresh) => messages = fresh,
-                            Err(e) => {
-                                tracing::warn!(error = %e, id = %self.id, "inbox pull not issued again; the stream's own re-pull stands")
-                            }
-                        }
-                        continue;
-                    }
-                    _ => {
-                        self.counters.repulls.bump();
-                        tracing::warn!(error = %e, id = %self.id, "inbox pull error; pulling again");
-                        continue;
-                    }
-                },
-                None => return Err(PumpError::Ended),
+                Pulled::Message(msg) => msg,
+                Pulled::Gone(reason) => return Err(PumpError::ConsumerGone { consumer, reason }),
+                Pulled::Ended => return Err(PumpError::Ended),
             };
             // Not boxed: an allocation per DM costs the DM path more than the 2.7 kB it would
             // take off each idle pump.
             self.handle(msg, &mut seen, &mut last_handed, &mut tick)
                 .await?;
         }
-    }
-
-    /// A pull stream of `consumer`: batches of the inbox's batch size, each pull expiring after
-    /// [`PULL_EXPIRES`] with an idle heartbeat every [`PULL_HEARTBEAT`].
-    async fn messages(
-        &self,
-        consumer: &jetstream::consumer::PullConsumer,
-    ) -> Result<jetstream::consumer::pull::Stream, async_nats::Error> {
-        Ok(consumer
-            .stream()
-            .max_messages_per_batch(self.batch.max(1))
-            .heartbeat(PULL_HEARTBEAT)
-            .expires(PULL_EXPIRES)
-            .messages()
-            .await?)
     }
 
     /// Judges, hands over and settles one durable message.

@@ -177,6 +177,42 @@ pub fn consumer_info_request(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}")
 }
 
+/// The JetStream API request for the next messages of `consumer` on `stream`: an inbox's pull
+/// ([`crate::pull`]), within its own grants.
+pub fn consumer_next_request(stream: &str, consumer: &str) -> String {
+    format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
+}
+
+/// The reply subject of pull number `pull` of `consumer` under the shared root `prefix` (a
+/// connection's inbox): `<prefix>.<consumer>.<pull>`. Consumer names have no dots.
+pub fn pull_reply(prefix: &str, consumer: &str, pull: u64) -> String {
+    format!("{prefix}.{consumer}.{pull}")
+}
+
+/// The consumer and pull number of a status on [`pull_reply`]'s subject (a heartbeat, a pull's
+/// end), given the length of its prefix; `None` for a subject of another shape (the pull number
+/// is `None` when it is not a number).
+pub fn parse_pull_reply(subject: &str, prefix_len: usize) -> Option<(&str, Option<u64>)> {
+    let rest = subject.get(prefix_len..)?.strip_prefix('.')?;
+    let (consumer, pull) = rest.rsplit_once('.')?;
+    (!consumer.is_empty() && !consumer.contains('.')).then(|| (consumer, pull.parse().ok()))
+}
+
+/// The consumer a JetStream message's ack subject names: `$JS.ACK.<stream>.<consumer>.…` (9
+/// tokens), or nats-server's v2 form `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.…`
+/// (11 or 12 tokens). A pulled message comes on its own subject, not on the pull's reply
+/// subject: this is how it is told apart.
+pub fn parse_ack_consumer(ack: &str) -> Option<&str> {
+    let rest = ack.strip_prefix("$JS.ACK.")?;
+    let tokens = rest.split('.').count() + 2;
+    let index = match tokens {
+        9 => 1,
+        11 | 12 => 3,
+        _ => return None,
+    };
+    rest.split('.').nth(index).filter(|c| !c.is_empty())
+}
+
 /// The JetStream API request for the info of `stream`: what `runtime doctor` reads the
 /// server's clock from as an operator.
 pub fn stream_info_request(stream: &str) -> String {

@@ -483,3 +483,42 @@ fn the_task_ingress_filter_matches_every_senders_publish_to_the_channel() {
     let channel = TaskChannel::of(&agent("alice"), &crate::TaskId::new("t-1").unwrap());
     assert_eq!(task_ingress_filter(&channel), "hub.pub.*.task.alice.t-1");
 }
+
+#[test]
+fn a_pulled_message_names_its_consumer_in_either_form_of_its_ack_subject() {
+    assert_eq!(
+        parse_ack_consumer("$JS.ACK.HUB_INBOX.inbox-bob.1.2.3.4.5"),
+        Some("inbox-bob")
+    );
+    assert_eq!(
+        parse_ack_consumer("$JS.ACK.hub.ABCDEF.HUB_INBOX.inbox-bob.1.2.3.4.5.tok"),
+        Some("inbox-bob")
+    );
+    assert_eq!(
+        parse_ack_consumer("$JS.ACK.hub.ABCDEF.HUB_INBOX.inbox-bob.1.2.3.4.5"),
+        Some("inbox-bob")
+    );
+    assert_eq!(parse_ack_consumer("$JS.ACK.HUB_INBOX.inbox-bob.1.2"), None);
+    assert_eq!(parse_ack_consumer("_INBOX.x.inbox-bob.1"), None);
+}
+
+#[test]
+fn a_pull_reply_subject_round_trips_and_other_shapes_do_not_parse() {
+    let prefix = "_INBOX.abc";
+    let subject = pull_reply(prefix, "inbox-bob", 7);
+    assert_eq!(subject, "_INBOX.abc.inbox-bob.7");
+    assert_eq!(
+        parse_pull_reply(&subject, prefix.len()),
+        Some(("inbox-bob", Some(7)))
+    );
+    assert_eq!(
+        parse_pull_reply("_INBOX.abc.inbox-bob.x", prefix.len()),
+        Some(("inbox-bob", None))
+    );
+    assert_eq!(parse_pull_reply("_INBOX.abc.a.b.7", prefix.len()), None);
+    assert_eq!(parse_pull_reply("_INBOX.abcd", prefix.len()), None);
+    assert_eq!(
+        consumer_next_request("HUB_INBOX", "inbox-bob"),
+        "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob"
+    );
+}

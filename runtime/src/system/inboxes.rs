@@ -102,6 +102,7 @@ impl ActorSystem {
             handler,
             presence_beat: self.durable.then(|| self.delivery.presence_beat()),
             audit_events: self.delivery.audit_events,
+            pulls: self.inbox_pulls.clone(),
         };
         let child =
             ChildSpec::actor(self.inbox_name(id), inbox, || ()).with_restart(Restart::Permanent);

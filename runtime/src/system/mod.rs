@@ -313,6 +313,7 @@ impl ActorSystemBuilder {
                 Err(_) => DurableInboxMode::default(),
             },
         };
+        let inbox_pulls = actors::inbox::InboxPulls::new(client.clone());
         Ok(ActorSystem {
             id,
             client,
@@ -326,6 +327,7 @@ impl ActorSystemBuilder {
             inbox_supervisor: Mutex::new(None),
             trackers: Mutex::new(None),
             tracker_table: Arc::default(),
+            inbox_pulls,
             holds: Arc::default(),
         })
     }
@@ -384,6 +386,8 @@ pub struct ActorSystem {
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// The tasks tracked, kept across the trackers' restarts.
     tracker_table: Arc<actors::tracker::TrackerTable>,
+    /// The pulls of its durable inboxes: one subscription for all of them.
+    inbox_pulls: actors::inbox::InboxPulls,
     /// What refusals for a limit told its senders to hold back, and until when.
     holds: Arc<holds::Holds>,
     /// The recipients' presence it read lately (a send's receipt names it).

@@ -1,0 +1,660 @@
+//! Shared pulls: every durable inbox of one connection pulls through one subscription.
+//!
+//! An inbox registers its consumer ([`InboxPulls::register`]) and gets a [`Puller`], which
+//! issues the inbox's own pull requests (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`) with
+//! the reply subject `<prefix>.<consumer>.<pull>`. One wildcard subscription on `<prefix>.>`
+//! receives the messages of every inbox's pulls, and its demultiplexer puts each on the queue
+//! of the consumer its subject names, in the order the broker sent them. Per inbox there is no
+//! task, no subscription and no channel block: only a slot (a queue, a wake-up and two flags).
+//!
+//! - **Heartbeats** stop at the demultiplexer: they only mark their slot alive, so an idle
+//!   inbox's pump never wakes for them.
+//! - **One watchdog**, every [`WATCH_EVERY`], flags a slot for a new pull when its pulls have
+//!   been silent for two heartbeats ([`SILENCE`]: the broker holds no pull of ours), and every
+//!   slot when the connection was replaced (a new connection's broker holds none).
+//! - **Accounting is per pull.** A pull's messages and its end (`408` at expiry, `409`) come on
+//!   its own reply subject, so the puller knows exactly what each pull still owes; it tops up
+//!   to its batch when what is owed and queued falls to half of it. The inbox never holds more
+//!   than its batch of unacked DMs.
+//! - **A stopped inbox's pulls live on at the broker** until they expire (the shared
+//!   subscription keeps their reply subjects' interest), so messages still come for it. Its
+//!   slot is *parked*, not removed: what comes is held there, kept from redelivery with
+//!   progress acks ([`WATCH_EVERY`]), and handed to the next registration of the same
+//!   consumer in this process (a restart, a new attach) as if it were its own, delivered once.
+//!   A parked slot that nobody takes once its last pull expired is let go: what it holds is
+//!   nak'd, and comes back to the consumer's next pull delivered twice. A nak at once would
+//!   not do: the broker would hand the message to the next of the dead pulls, once per message
+//!   they still owe, and a DM would run out of deliveries.
+//!
+//! The subscription and the two tasks are started by the first registration, and again by a
+//! registration after they ended (the connection closed); they end when the last clone of the
+//! [`InboxPulls`] is dropped.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::{Client, StatusCode};
+use dashmap::DashMap;
+use futures::StreamExt;
+use protocol::pull::{classify, PullBook, PullReply};
+use protocol::subjects;
+
+use crate::background::Owned;
+
+/// Idle heartbeat asked of every pull.
+pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Expiry of one pull request.
+pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
+/// How long a slot with pulls open may stay silent (no message, no heartbeat) before it pulls
+/// again: two heartbeats.
+pub const SILENCE: Duration = Duration::from_secs(10);
+/// How often the watchdog looks at every slot.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// How long a puller waits after the broker refused a pull (no JetStream) before the next.
+const REFUSED_PAUSE: Duration = Duration::from_millis(250);
+
+/// The pulls of one connection's durable inboxes (cheap to clone).
+#[derive(Clone)]
+pub struct InboxPulls(Arc<Shared>);
+
+struct Shared {
+    client: Client,
+    /// The root of every pull's reply subject: a fresh inbox of the connection.
+    prefix: String,
+    slots: Arc<Slots>,
+    /// The demultiplexer and the watchdog, while they run.
+    running: tokio::sync::Mutex<Option<Running>>,
+    /// The context a pulled message acks through (cloned into each message).
+    context: async_nats::jetstream::Context,
+    /// Expiry of each pull ([`PULL_EXPIRES`]; shorter in tests).
+    expires: Duration,
+}
+
+type Slots = DashMap<Box<str>, Arc<Slot>>;
+
+struct Running {
+    demux: Owned,
+    _watchdog: Owned,
+}
+
+/// One registered consumer (or a parked one: its puller stopped).
+#[derive(Default)]
+struct Slot {
+    /// The registration that holds it; 0 while parked.
+    owner: AtomicU64,
+    /// When its last pull was issued (ms, as `alive_ms`): a parked slot is let go once that
+    /// pull expired.
+    last_pull_ms: AtomicU64,
+    queue: Mutex<VecDeque<async_nats::Message>>,
+    wake: tokio::sync::Notify,
+    /// When a message or a heartbeat last came for it, or a pull was last issued (ms since
+    /// the process's first slot).
+    alive_ms: AtomicU64,
+    /// The watchdog asks for a new pull.
+    repull: AtomicBool,
+    /// The subscription ended: no message will come again.
+    closed: AtomicBool,
+}
+
+/// The generation of the next registration (never 0: a parked slot's owner).
+static REGISTRATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// Why a registration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PullsError {
+    /// The shared subscription could not be made.
+    #[error("cannot subscribe to the pull replies {subject}: {source}")]
+    Subscribe {
+        /// Its subject.
+        subject: String,
+        /// Why.
+        #[source]
+        source: async_nats::SubscribeError,
+    },
+}
+
+impl InboxPulls {
+    /// The pulls of `client`'s inboxes; nothing is subscribed until the first registration.
+    pub fn new(client: Client) -> InboxPulls {
+        InboxPulls::expiring(client, PULL_EXPIRES)
+    }
+
+    /// The same, with pulls that expire after `expires` (heartbeats at most a third of it).
+    fn expiring(client: Client, expires: Duration) -> InboxPulls {
+        let prefix = client.new_inbox();
+        let context = async_nats::jetstream::new(client.clone());
+        InboxPulls(Arc::new(Shared {
+            client,
+            prefix,
+            slots: Arc::default(),
+            running: tokio::sync::Mutex::new(None),
+            context,
+            expires,
+        }))
+    }
+
+    /// Registers `consumer` of `stream` and returns the puller of its inbox, which issues
+    /// pulls of at most `batch` messages. It takes over the slot of the consumer's previous
+    /// registration, parked or not, with the messages held there (a previous puller still
+    /// running ends: [`Pulled::Ended`]).
+    ///
+    /// # Errors
+    /// [`PullsError::Subscribe`] when the shared subscription was not running and cannot be
+    /// made.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is registered until it returns.
+    pub async fn register(
+        &self,
+        stream: &str,
+        consumer: &str,
+        batch: usize,
+    ) -> Result<Puller, PullsError> {
+        self.ensure_running().await?;
+        let generation = REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
+        let slot = self
+            .0
+            .slots
+            .entry(consumer.into())
+            .or_default()
+            .value()
+            .clone();
+        slot.alive_ms.store(now_ms(), Ordering::Relaxed);
+        // A puller still running sees it is no longer the owner, and ends.
+        slot.owner.store(generation, Ordering::Release);
+        slot.wake.notify_one();
+        Ok(Puller {
+            pulls: self.clone(),
+            consumer: consumer.into(),
+            generation,
+            slot,
+            next_subject: subjects::consumer_next_request(stream, consumer),
+            batch: batch.max(1),
+            book: PullBook::default(),
+        })
+    }
+
+    /// How many consumers are registered, parked ones included (tests, snapshots).
+    pub fn registered(&self) -> usize {
+        self.0.slots.len()
+    }
+
+    /// How many of them are parked.
+    pub fn parked(&self) -> usize {
+        self.0
+            .slots
+            .iter()
+            .filter(|s| s.owner.load(Ordering::Acquire) == 0)
+            .count()
+    }
+
+    async fn ensure_running(&self) -> Result<(), PullsError> {
+        let mut running = self.0.running.lock().await;
+        if running.as_ref().is_some_and(|r| !r.demux.is_finished()) {
+            return Ok(());
+        }
+        let subject = format!("{}.>", self.0.prefix);
+        let subscriber = self
+            .0
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|source| PullsError::Subscribe { subject, source })?;
+        let demux = Owned::spawn(demux(
+            subscriber,
+            self.0.client.clone(),
+            self.0.prefix.len(),
+            self.0.slots.clone(),
+        ));
+        let watchdog = Owned::spawn(watchdog(
+            self.0.client.clone(),
+            self.0.slots.clone(),
+            self.0.expires,
+        ));
+        *running = Some(Running {
+            demux,
+            _watchdog: watchdog,
+        });
+        Ok(())
+    }
+}
+
+impl Slot {
+    fn push(&self, msg: async_nats::Message) {
+        self.queue.lock().expect("not poisoned").push_back(msg);
+        self.wake.notify_one();
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    fn take_all(&self) -> VecDeque<async_nats::Message> {
+        std::mem::take(&mut *self.queue.lock().expect("not poisoned"))
+    }
+}
+
+/// Hands every message of the pull replies to its slot, until the subscription ends; then
+/// closes every slot (their pumps fail, and their restarts subscribe again).
+async fn demux(
+    mut subscriber: async_nats::Subscriber,
+    client: Client,
+    prefix_len: usize,
+    slots: Arc<Slots>,
+) {
+    while let Some(msg) = subscriber.next().await {
+        // A message comes on its own subject, its ack subject naming its consumer; a status
+        // (a heartbeat, a pull's end) on its pull's reply subject.
+        let consumer = match (&msg.status, &msg.reply) {
+            (None, Some(ack)) => subjects::parse_ack_consumer(ack),
+            _ => subjects::parse_pull_reply(&msg.subject, prefix_len).map(|(c, _)| c),
+        };
+        let slot = consumer.and_then(|c| slots.get(c).map(|s| s.value().clone()));
+        let Some(slot) = slot else {
+            // A pull of a slot let go an instant ago (its last pull was expiring): back to the
+            // consumer.
+            if msg.status.is_none() {
+                if let Some(reply) = msg.reply {
+                    let _ = client.publish(reply, "-NAK".into()).await;
+                }
+            }
+            continue;
+        };
+        slot.alive_ms.store(now_ms(), Ordering::Relaxed);
+        if msg.status == Some(StatusCode::IDLE_HEARTBEAT) {
+            continue;
+        }
+        slot.push(msg);
+    }
+    // Registrations after this one subscribe again and start with fresh slots.
+    let ended: Vec<Arc<Slot>> = slots.iter().map(|s| s.value().clone()).collect();
+    slots.clear();
+    for slot in ended {
+        slot.close();
+    }
+}
+
+/// Flags for a new pull every slot that was silent for [`SILENCE`], and every slot once the
+/// connection was replaced; keeps what parked slots hold from redelivery, and lets a parked
+/// slot go once its last pull expired.
+async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
+    let connects = || client.statistics().connects.load(Ordering::Acquire);
+    let mut last_connects = connects();
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    loop {
+        tick.tick().await;
+        let now = now_ms();
+        let reconnected = connects() != last_connects;
+        last_connects = connects();
+        let mut parked = Vec::new();
+        for slot in slots.iter() {
+            if slot.owner.load(Ordering::Acquire) == 0 {
+                parked.push((slot.key().clone(), slot.value().clone()));
+                continue;
+            }
+            let alive = slot.alive_ms.load(Ordering::Relaxed);
+            if reconnected || now.saturating_sub(alive) >= ms(SILENCE) {
+                // Judged again one silence later, not at every tick.
+                slot.alive_ms.store(now, Ordering::Relaxed);
+                slot.repull.store(true, Ordering::Release);
+                slot.wake.notify_one();
+            }
+        }
+        for (consumer, slot) in parked {
+            let expired = now.saturating_sub(slot.last_pull_ms.load(Ordering::Relaxed))
+                > ms(expires + WATCH_EVERY);
+            let gone = expired
+                && slots
+                    .remove_if(&consumer, |_, s| {
+                        Arc::ptr_eq(s, &slot) && s.owner.load(Ordering::Acquire) == 0
+                    })
+                    .is_some();
+            let held: Vec<async_nats::Subject> = if gone {
+                slot.take_all()
+                    .into_iter()
+                    .filter_map(|m| m.reply)
+                    .collect()
+            } else {
+                let queue = slot.queue.lock().expect("not poisoned");
+                queue.iter().filter_map(|m| m.reply.clone()).collect()
+            };
+            let ack: &'static str = if gone { "-NAK" } else { "+WPI" };
+            for reply in held {
+                let _ = client.publish(reply, ack.into()).await;
+            }
+        }
+    }
+}
+
+/// Milliseconds on a monotonic clock shared by the slots.
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+    // From 1: 0 means never.
+    u64::try_from(EPOCH.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
+/// What the puller hands its pump.
+// Returned by value, once per message: boxing the message would allocate once per DM.
+#[allow(clippy::large_enum_variant)]
+pub enum Pulled {
+    /// A message of the consumer.
+    Message(async_nats::jetstream::Message),
+    /// The broker ended a pull for a reason that stops the inbox: the consumer was deleted
+    /// or is a push consumer, or it refuses the pull itself (its description).
+    Gone(String),
+    /// The shared subscription ended (the connection closed), or another registration of the
+    /// same consumer replaced this one.
+    Ended,
+}
+
+/// One inbox's side of a registration: its pulls and what each still owes. Dropping it
+/// deregisters the consumer.
+pub struct Puller {
+    pulls: InboxPulls,
+    consumer: Box<str>,
+    /// Its registration: the slot's owner while it holds it.
+    generation: u64,
+    slot: Arc<Slot>,
+    next_subject: String,
+    batch: usize,
+    book: PullBook,
+}
+
+impl Puller {
+    /// The next message, pulling as needed; `repulls` is bumped for every pull issued again
+    /// after a silence or a reconnect, or after the broker refused one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a message is taken off the queue only when it is returned, and a pull
+    /// counted open but not sent is found silent and issued again.
+    pub async fn next(&mut self, repulls: &crate::counters::Counter) -> Pulled {
+        loop {
+            if self.slot.closed.load(Ordering::Acquire)
+                || self.slot.owner.load(Ordering::Acquire) != self.generation
+            {
+                return Pulled::Ended;
+            }
+            if self.slot.repull.swap(false, Ordering::AcqRel) && self.book.forget_all() {
+                // The broker holds none of them (silent, or a new connection); a late message
+                // of one is still handed over.
+                repulls.bump();
+                tracing::warn!(consumer = %self.consumer, "inbox pull silent past two heartbeats, or the connection was replaced; pulling again");
+            }
+            let (msg, queued) = {
+                let mut queue = self.slot.queue.lock().expect("not poisoned");
+                let msg = queue.pop_front();
+                (msg, queue.len())
+            };
+            self.top_up(queued + usize::from(msg.is_some())).await;
+            let Some(msg) = msg else {
+                self.slot.wake.notified().await;
+                continue;
+            };
+            let pull = || {
+                subjects::parse_pull_reply(&msg.subject, self.pulls.0.prefix.len())
+                    .and_then(|(_, pull)| pull)
+            };
+            match classify(msg.status.map(|s| s.as_u16()), msg.description.as_deref()) {
+                PullReply::Message => {
+                    self.book.received();
+                    return Pulled::Message(async_nats::jetstream::Message {
+                        message: msg,
+                        context: self.pulls.0.context.clone(),
+                    });
+                }
+                // Stopped at the demultiplexer; counted alive there.
+                PullReply::Heartbeat => {}
+                PullReply::Ended => self.book.ended(pull()),
+                PullReply::Gone(why) => return Pulled::Gone(why),
+                PullReply::Refused => {
+                    tracing::warn!(consumer = %self.consumer, status = ?msg.status, description = ?msg.description, "inbox pull refused; pulling again");
+                    repulls.bump();
+                    self.book.ended(pull());
+                    // Not at once: a broker without JetStream answers the next one at once.
+                    tokio::time::sleep(REFUSED_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// Issues the pull [`PullBook::top_up`] says is due, with `held` messages received and not
+    /// settled.
+    async fn top_up(&mut self, held: usize) {
+        let was_open = self.book.is_open();
+        let Some((pull, want)) = self.book.top_up(held, self.batch) else {
+            return;
+        };
+        let now = now_ms();
+        if !was_open {
+            // Silence is judged from the first open pull on.
+            self.slot.alive_ms.store(now, Ordering::Relaxed);
+        }
+        self.slot.last_pull_ms.store(now, Ordering::Relaxed);
+        let reply = subjects::pull_reply(&self.pulls.0.prefix, &self.consumer, pull);
+        let expires = self.pulls.0.expires;
+        let heartbeat = PULL_HEARTBEAT.min(expires / 3);
+        let request = protocol::pull::next_request(want, expires, heartbeat);
+        if let Err(e) = self
+            .pulls
+            .0
+            .client
+            .publish_with_reply(self.next_subject.clone(), reply, request.into())
+            .await
+        {
+            // Counted open all the same: the watchdog finds it silent, and it is issued again.
+            tracing::warn!(consumer = %self.consumer, error = %e, "inbox pull not sent");
+        }
+    }
+}
+
+impl Drop for Puller {
+    fn drop(&mut self) {
+        // Parked, unless another registration took it over meanwhile; with no pull of its
+        // own still open at the broker, nothing can come for it any more: let go at once.
+        let parked = self
+            .slot
+            .owner
+            .compare_exchange(self.generation, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if parked && self.slot.last_pull_ms.load(Ordering::Relaxed) == 0 {
+            self.pulls.0.slots.remove_if(&self.consumer, |_, s| {
+                Arc::ptr_eq(s, &self.slot) && s.owner.load(Ordering::Acquire) == 0
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::jetstream::{self, consumer::pull, stream};
+
+    const WITHIN: Duration = Duration::from_secs(10);
+
+    /// A stream `P` on `p.>` with the durable pull consumers `names` (batch-sized ack pending).
+    async fn stream_with(client: &Client, names: &[&str]) -> jetstream::Context {
+        let js = jetstream::new(client.clone());
+        js.create_stream(stream::Config {
+            name: "P".into(),
+            subjects: vec!["p.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        for name in names {
+            js.create_consumer_on_stream(
+                pull::Config {
+                    durable_name: Some((*name).into()),
+                    filter_subject: format!("p.{name}"),
+                    ack_wait: Duration::from_secs(30),
+                    ..Default::default()
+                },
+                "P",
+            )
+            .await
+            .unwrap();
+        }
+        js
+    }
+
+    async fn put(js: &jetstream::Context, subject: &str, body: &str) {
+        js.publish(subject.to_owned(), body.to_owned().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    async fn next_body(puller: &mut Puller, repulls: &crate::counters::Counter) -> String {
+        match tokio::time::timeout(WITHIN, puller.next(repulls)).await {
+            Ok(Pulled::Message(m)) => {
+                m.ack().await.unwrap();
+                String::from_utf8(m.payload.to_vec()).unwrap()
+            }
+            Ok(Pulled::Gone(why)) => panic!("gone: {why}"),
+            Ok(Pulled::Ended) => panic!("ended"),
+            Err(_) => panic!("nothing within {WITHIN:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn many_consumers_share_one_subscription_and_each_gets_its_own_messages_in_order() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["a", "b"]).await;
+        let pulls = InboxPulls::new(client.clone());
+        let (mut a, mut b) = (
+            pulls.register("P", "a", 4).await.unwrap(),
+            pulls.register("P", "b", 4).await.unwrap(),
+        );
+        assert_eq!(pulls.registered(), 2);
+        for i in 0..10 {
+            put(&js, "p.a", &format!("a{i}")).await;
+            put(&js, "p.b", &format!("b{i}")).await;
+        }
+        let repulls = crate::counters::Counter::default();
+        for i in 0..10 {
+            assert_eq!(next_body(&mut a, &repulls).await, format!("a{i}"));
+        }
+        for i in 0..10 {
+            assert_eq!(next_body(&mut b, &repulls).await, format!("b{i}"));
+        }
+        assert_eq!(repulls.get(), 0);
+        // Its pull is still open at the broker: parked, not gone.
+        drop(a);
+        assert_eq!((pulls.registered(), pulls.parked()), (2, 1));
+    }
+
+    #[tokio::test]
+    async fn a_message_that_reaches_a_pull_of_a_stopped_inbox_comes_back_to_the_next_at_once() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["a"]).await;
+        let pulls = InboxPulls::new(client.clone());
+        let repulls = crate::counters::Counter::default();
+        let mut first = pulls.register("P", "a", 4).await.unwrap();
+        put(&js, "p.a", "one").await;
+        assert_eq!(next_body(&mut first, &repulls).await, "one");
+        // Its pull is still open at the broker when it stops: its slot is parked.
+        drop(first);
+        assert_eq!((pulls.registered(), pulls.parked()), (1, 1));
+        put(&js, "p.a", "two").await;
+        put(&js, "p.a", "three").await;
+        let mut next = pulls.register("P", "a", 4).await.unwrap();
+        assert_eq!(pulls.parked(), 0);
+        for body in ["two", "three"] {
+            match tokio::time::timeout(WITHIN, next.next(&repulls)).await {
+                Ok(Pulled::Message(m)) => {
+                    assert_eq!(String::from_utf8_lossy(&m.payload), body);
+                    // Handed over as the next incarnation's own: delivered once.
+                    assert_eq!(m.info().unwrap().delivered, 1);
+                    m.ack().await.unwrap();
+                }
+                _ => panic!("{body} did not come within {WITHIN:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_parked_slot_nobody_takes_is_let_go_once_its_pulls_expired_and_its_messages_come_back(
+    ) {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["a"]).await;
+        let expires = Duration::from_secs(2);
+        let pulls = InboxPulls::expiring(client.clone(), expires);
+        let repulls = crate::counters::Counter::default();
+        let mut first = pulls.register("P", "a", 4).await.unwrap();
+        // It pulls when asked for a message: wait for the pull to be at the broker, then stop.
+        let _ = tokio::time::timeout(Duration::from_millis(100), first.next(&repulls)).await;
+        let mut consumer = js
+            .get_consumer_from_stream::<pull::Config, _, _>("a", "P")
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while consumer.info().await.unwrap().num_waiting == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no pull at the broker"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(first);
+        put(&js, "p.a", "held").await;
+        // Held by the parked slot (kept from redelivery), then let go and nak'd.
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while pulls.registered() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the parked slot stayed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Another process's inbox (a second connection) gets it at once, delivered twice.
+        let other = InboxPulls::new(server.client().await.unwrap());
+        let mut next = other.register("P", "a", 4).await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(5), next.next(&repulls)).await {
+            Ok(Pulled::Message(m)) => {
+                assert_eq!(&m.payload[..], b"held");
+                assert_eq!(m.info().unwrap().delivered, 2);
+            }
+            _ => panic!("the nak'd message did not come back"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_consumer_deleted_under_its_puller_is_gone_and_a_replaced_registration_ends() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["a", "b"]).await;
+        let pulls = InboxPulls::new(client.clone());
+        let repulls = crate::counters::Counter::default();
+        let mut a = pulls.register("P", "a", 4).await.unwrap();
+        put(&js, "p.a", "one").await;
+        assert_eq!(next_body(&mut a, &repulls).await, "one");
+        js.delete_consumer_from_stream("a", "P").await.unwrap();
+        match tokio::time::timeout(WITHIN, a.next(&repulls)).await {
+            Ok(Pulled::Gone(why)) => assert_eq!(why, "Consumer Deleted"),
+            _ => panic!("the deletion was not seen"),
+        }
+        let mut old = pulls.register("P", "b", 4).await.unwrap();
+        let mut new = pulls.register("P", "b", 4).await.unwrap();
+        assert!(matches!(
+            tokio::time::timeout(WITHIN, old.next(&repulls)).await,
+            Ok(Pulled::Ended)
+        ));
+        // The replaced one going does not take the new one's slot.
+        drop(old);
+        assert_eq!(pulls.registered(), 2);
+        put(&js, "p.b", "b1").await;
+        assert_eq!(next_body(&mut new, &repulls).await, "b1");
+    }
+}

@@ -52,6 +52,8 @@ pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
 pub const SILENCE: Duration = Duration::from_secs(10);
 /// How often the watchdog looks at every slot.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+/// The room for messages a slot's queue keeps once it is empty; a burst's is given back.
+const QUEUE_KEPT: usize = 8;
 /// How long a puller waits after the broker refused a pull (no JetStream) before the next.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 
@@ -391,6 +393,11 @@ impl Puller {
             let (msg, queued) = {
                 let mut queue = self.slot.queue.lock().expect("not poisoned");
                 let msg = queue.pop_front();
+                if msg.is_none() && queue.capacity() > QUEUE_KEPT {
+                    // A burst's room is given back once it was handled: an idle inbox holds
+                    // no buffer.
+                    *queue = VecDeque::new();
+                }
                 (msg, queue.len())
             };
             self.top_up(queued + usize::from(msg.is_some())).await;
@@ -656,5 +663,34 @@ mod tests {
         assert_eq!(pulls.registered(), 2);
         put(&js, "p.b", "b1").await;
         assert_eq!(next_body(&mut new, &repulls).await, "b1");
+    }
+
+    #[tokio::test]
+    async fn a_burst_s_room_is_given_back_once_it_was_handled() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["a"]).await;
+        for i in 0..40 {
+            put(&js, "p.a", &format!("m{i}")).await;
+        }
+        let pulls = InboxPulls::new(client.clone());
+        let repulls = crate::counters::Counter::default();
+        let mut a = pulls.register("P", "a", 64).await.unwrap();
+        assert_eq!(next_body(&mut a, &repulls).await, "m0");
+        // The rest of the burst arrives while nobody takes it.
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while a.slot.queue.lock().unwrap().len() < 39 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the burst did not come"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(a.slot.queue.lock().unwrap().capacity() > QUEUE_KEPT);
+        for i in 1..40 {
+            assert_eq!(next_body(&mut a, &repulls).await, format!("m{i}"));
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(50), a.next(&repulls)).await;
+        assert!(a.slot.queue.lock().unwrap().capacity() <= QUEUE_KEPT);
     }
 }

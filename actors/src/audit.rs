@@ -10,7 +10,12 @@
 //! awaited: the audit trail is best effort). An event that finds [`QUEUE`] events waiting is
 //! dropped and counted ([`Auditor::dropped`]); once every handle is dropped the flusher
 //! publishes what is left and ends. An emitter with nothing to say costs nothing: its flusher
-//! sleeps without a timer until an event comes (many idle inboxes in one process).
+//! sleeps without a timer until an event comes.
+//!
+//! Many emitters of one process that are mostly idle (the inboxes of a host of thousands of
+//! agents) share one flusher instead, an [`AuditHub`]: each emitter keeps its own events,
+//! subject and actor, and only the first event of a window puts it on the hub's list of what
+//! to flush. Per emitter there is then no task at all.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,6 +38,15 @@ struct Shared {
     dropped: AtomicU64,
     /// Wakes the flusher: for the first event after a flush, and when the last handle goes.
     wake: tokio::sync::Notify,
+    /// Flushed by a hub's task, not by a task of its own.
+    link: Option<HubLink>,
+}
+
+/// Where a hub's emitter publishes.
+struct HubLink {
+    hub: Arc<Hub>,
+    subject: String,
+    actor: Arc<str>,
 }
 
 /// The events since the last flush, encoded as they came: batches of at most [`MAX_BATCH`],
@@ -133,7 +147,10 @@ impl Auditor {
             };
             // One wake-up per flush window, none per event: the flusher sleeps while idle.
             if first {
-                shared.wake.notify_one();
+                match &shared.link {
+                    None => shared.wake.notify_one(),
+                    Some(link) => link.hub.mark(shared),
+                }
             }
         }
     }
@@ -153,6 +170,122 @@ impl Auditor {
         self.shared
             .as_ref()
             .map_or(0, |s| s.0.dropped.load(Ordering::Relaxed))
+    }
+}
+
+/// One flusher for the emitters of many actors (cheap to clone): each keeps its events, and
+/// the first event of a window puts it on the hub's list; [`FLUSH_EVERY`] later the hub's task
+/// publishes what every listed emitter holds, on that emitter's subject. The task ends when
+/// the last clone of the hub goes (what is still listed then is not published:
+/// [`AuditHub::flush`] first).
+#[derive(Clone)]
+pub struct AuditHub(Arc<HubOwner>);
+
+struct HubOwner {
+    hub: Arc<Hub>,
+    _task: Owned,
+}
+
+struct Hub {
+    client: async_nats::Client,
+    /// The emitters with events since the last flush, each once.
+    dirty: Mutex<Vec<Arc<Shared>>>,
+    wake: tokio::sync::Notify,
+}
+
+impl AuditHub {
+    /// A hub publishing on `client`, and its task.
+    pub fn new(client: async_nats::Client) -> AuditHub {
+        let hub = Arc::new(Hub {
+            client,
+            dirty: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+        });
+        let task = Owned::spawn(hub_flush(hub.clone()));
+        AuditHub(Arc::new(HubOwner { hub, _task: task }))
+    }
+
+    /// An emitter for the actor `name` of `role`, flushed by this hub: it has no task of its
+    /// own.
+    pub fn emitter(&self, role: &str, name: &str) -> Auditor {
+        let actor: Arc<str> = Arc::from(format!("{role}:{name}"));
+        let shared = Shared {
+            link: Some(HubLink {
+                hub: self.0.hub.clone(),
+                subject: protocol::subjects::audit(role, name),
+                actor: actor.clone(),
+            }),
+            ..Shared::default()
+        };
+        Auditor {
+            shared: Some(Arc::new(Handles(Arc::new(shared)))),
+            actor,
+        }
+    }
+
+    /// Publishes at once what every emitter of the hub holds (a shutdown's last flush).
+    pub async fn flush(&self) {
+        self.0.hub.publish(&mut Vec::new()).await;
+    }
+}
+
+impl Hub {
+    /// Lists `shared` for the next flush (its first event of a window).
+    fn mark(&self, shared: &Arc<Shared>) {
+        let first = {
+            let mut dirty = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+            dirty.push(shared.clone());
+            dirty.len() == 1
+        };
+        if first {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Publishes what every listed emitter holds, `out` as the encoding buffer.
+    async fn publish(&self, out: &mut Vec<u8>) {
+        let listed = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
+        for shared in listed {
+            let Some(link) = &shared.link else {
+                continue;
+            };
+            // An event emitted from here on lists the emitter again.
+            let batches = {
+                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                pending.events = 0;
+                std::mem::take(&mut pending.batches)
+            };
+            for batch in batches {
+                out.clear();
+                batch.write_batch(&link.actor, out);
+                let payload = bytes::Bytes::copy_from_slice(out);
+                if let Err(e) = self.client.publish(link.subject.clone(), payload).await {
+                    tracing::debug!(error = %e, "audit batch not published");
+                }
+            }
+        }
+    }
+}
+
+/// The hub's task: idle until an emitter is listed, then [`FLUSH_EVERY`] later publishes what
+/// is listed; for as long as it runs (its owner aborts it).
+async fn hub_flush(hub: Arc<Hub>) {
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let wake = hub.wake.notified();
+        tokio::pin!(wake);
+        wake.as_mut().enable();
+        let idle = hub
+            .dirty
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        if idle {
+            out.shrink_to(KEEP);
+            wake.await;
+        }
+        tokio::time::sleep(FLUSH_EVERY).await;
+        hub.publish(&mut out).await;
     }
 }
 
@@ -314,5 +447,65 @@ mod tests {
             .await
             .expect("the flusher ended once its last handle went")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_hub_flushes_each_emitter_on_its_own_subject_and_outlives_a_dropped_one() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let mut sub = client.subscribe("hub.audit.inbox.>").await.unwrap();
+        client.flush().await.unwrap();
+        let hub = AuditHub::new(client.clone());
+        let (bob, carol) = (hub.emitter("inbox", "bob"), hub.emitter("inbox", "carol"));
+        for n in 0..3 {
+            bob.emit(bob.msg("fetched", &format!("b{n}")));
+            carol.emit(carol.msg("fetched", &format!("c{n}")));
+        }
+        // Emitted, then gone at once (a stopped inbox): still published.
+        carol.emit(carol.msg("delivered", "c-last"));
+        drop(carol);
+        let mut got: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        while got.values().map(Vec::len).sum::<usize>() < 7 {
+            let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
+                .await
+                .expect("the hub publishes")
+                .unwrap();
+            let batch = AuditBatch::decode(&msg.payload).unwrap();
+            for event in batch.into_events() {
+                got.entry(msg.subject.to_string())
+                    .or_default()
+                    .push(format!("{}:{}", event.actor, event.msg_id.unwrap()));
+            }
+        }
+        assert_eq!(
+            got["hub.audit.inbox.bob"],
+            ["inbox:bob:b0", "inbox:bob:b1", "inbox:bob:b2"]
+        );
+        assert_eq!(
+            got["hub.audit.inbox.carol"],
+            [
+                "inbox:carol:c0",
+                "inbox:carol:c1",
+                "inbox:carol:c2",
+                "inbox:carol:c-last"
+            ]
+        );
+        // A later window lists the emitter again; a flush publishes without waiting for it.
+        bob.emit(bob.msg("delivered", "b-later"));
+        hub.flush().await;
+        let msg = tokio::time::timeout(Duration::from_secs(5), sub.next())
+            .await
+            .expect("the flush publishes")
+            .unwrap();
+        let events = AuditBatch::decode(&msg.payload).unwrap().into_events();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].msg_id.as_deref(), Some("b-later"));
+        // Nothing else was waiting.
+        assert!(
+            tokio::time::timeout(FLUSH_EVERY * 10, sub.next())
+                .await
+                .is_err(),
+            "published twice"
+        );
     }
 }

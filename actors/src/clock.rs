@@ -129,9 +129,22 @@ impl ServerClock {
         let _ = tokio::time::timeout(SETTLE_WITHIN, notified).await;
     }
 
-    /// Measures now, then every [`REFRESH_EVERY`], for as long as it runs (its owner's task).
-    pub async fn refresh(self: Arc<Self>, client: async_nats::Client, subject: String) {
+    /// Measures now, then every [`REFRESH_EVERY`], for as long as it runs (its owner's task),
+    /// each time on the subject `subject` names then (the inboxes of a host share one clock,
+    /// measured on the consumer info of the inbox that registered last); without one, that
+    /// measure is skipped.
+    pub async fn refresh(
+        self: Arc<Self>,
+        client: async_nats::Client,
+        subject: impl Fn() -> Option<String> + Send,
+    ) {
         loop {
+            let Some(subject) = subject() else {
+                self.tried.store(true, Ordering::Release);
+                self.settled.notify_waiters();
+                tokio::time::sleep(REFRESH_EVERY).await;
+                continue;
+            };
             // Boxed: between measures the task holds only its timer.
             match Box::pin(self.measure(&client, &subject)).await {
                 Ok(m)
@@ -147,6 +160,59 @@ impl ServerClock {
             self.settled.notify_waiters();
             tokio::time::sleep(REFRESH_EVERY).await;
         }
+    }
+}
+
+/// One inbox's view of a shared [`ServerClock`]: its own local skew (tests: several
+/// "processes" in one), the measured offset corrected by it. The server's time it gives is the
+/// shared clock's; its local clock and offset are this inbox's.
+#[derive(Debug, Clone)]
+pub struct ClockView {
+    clock: Arc<ServerClock>,
+    skew_ms: i64,
+}
+
+impl ClockView {
+    /// `clock` as the actor `name` sees it (its test skew, if one is set).
+    pub fn new(clock: Arc<ServerClock>, name: &str) -> ClockView {
+        ClockView {
+            clock,
+            skew_ms: imp::skew(name),
+        }
+    }
+
+    /// A clock of its own for the actor `name`, never measured: its local clock is taken for
+    /// the server's (a core-mode inbox has no consumer to ask).
+    pub fn unmeasured(name: &str) -> ClockView {
+        ClockView::new(ServerClock::new(""), name)
+    }
+
+    /// This inbox's local clock, unix ms.
+    pub fn local_ms(&self) -> u64 {
+        self.clock.local_ms().saturating_add_signed(self.skew_ms)
+    }
+
+    /// The server's time now, as last measured (this inbox's local clock until then).
+    pub fn now_ms(&self) -> u64 {
+        match self.offset_ms() {
+            Some(offset) => protocol::clock::server_now(self.local_ms(), offset),
+            None => self.local_ms(),
+        }
+    }
+
+    /// The server's clock minus this inbox's, as last measured, if it was.
+    pub fn offset_ms(&self) -> Option<i64> {
+        self.clock
+            .offset_ms()
+            .map(|o| o.saturating_sub(self.skew_ms))
+    }
+
+    /// [`ServerClock::settled`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn settled(&self) {
+        self.clock.settled().await;
     }
 }
 

@@ -1,6 +1,7 @@
-//! An actor that fails (a `handle` error: ractor then skips `post_stop`) leaves none of its
-//! background tasks behind: its old subscriptions and pumps take no more messages, and the
-//! incarnation its supervisor restarts answers everything. Real nats-server, the fault hook.
+//! An actor that fails (a `handle` error: ractor then skips `post_stop`), or an inbox whose
+//! incarnation fails, leaves none of its background tasks behind: its old subscriptions and
+//! pumps take no more messages, and the incarnation its supervisor restarts answers
+//! everything. Real nats-server, the fault hook.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -159,7 +160,8 @@ async fn a_crashed_router_leaves_no_pump_behind() {
 
 #[tokio::test]
 async fn a_crashed_inbox_leaves_no_pump_behind() {
-    use actors::inbox::{InboxConsumer, InboxMsg};
+    use actors::inbox::{InboxConsumer, InboxShared, InboxView};
+    use actors::supervision::{dynamic, DynamicSupervisor, Intensity};
     use protocol::attach::DurableInboxMode;
     let server = harness::run_server().await.unwrap();
     let client = server.client().await.unwrap();
@@ -205,10 +207,10 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
     let handled = Arc::new(AtomicU64::new(0));
     let seen = handled.clone();
     let name = "crash-inbox";
+    let bob = protocol::AgentId::new("bob").unwrap();
     let inbox = InboxConsumer {
         name: name.into(),
-        client: client.clone(),
-        id: protocol::AgentId::new("bob").unwrap(),
+        id: bob.clone(),
         mode: DurableInboxMode::On,
         inbox_stream: delivery.inbox.name.clone(),
         hub_durable: true,
@@ -220,42 +222,43 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
         }),
         presence_beat: None,
         audit_events: false,
-        pulls: actors::inbox::InboxPulls::new(client.clone()),
+        shared: InboxShared::new(client.clone(), "crash-inbox/clock"),
     };
-    let spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, inbox, || ()));
-    let (sup, _join) = supervision::spawn_supervisor(Some(format!("{name}-sup")), spec)
+    let (sup, _join) = DynamicSupervisor::spawn(format!("{name}-sup"), Intensity::default())
         .await
         .unwrap();
-    let first = restarted(name, None, InboxMsg::Snapshot).await;
-    // A snapshot request fails the actor while its pump is healthy (the pump keeps pulling
-    // unless the failure ends it too).
-    fault::arm(
-        &actors::inbox::actor_fault_name(name),
-        FaultPoint::Handle,
-        Fault::Error,
-        1,
-    );
-    let crash = ractor::call_t!(first, InboxMsg::Snapshot, 2000);
-    assert!(crash.is_err(), "the fault fired: {crash:?}");
-    let second = restarted(name, Some(first.get_id()), InboxMsg::Snapshot).await;
+    let view = Arc::new(InboxView::default());
+    dynamic::add_task(&sup, inbox.task_spec(view.clone()))
+        .await
+        .unwrap();
+    assert!(view.wait_bound(DEADLINE).await, "the inbox did not bind");
+    // The first DM fails its incarnation before it is handed over (the pump is the
+    // incarnation's task: nothing of it may go on pulling).
+    fault::arm(name, FaultPoint::Handle, Fault::Error, 1);
     let js = async_nats::jetstream::new(client.clone());
     for i in 0..20 {
         send_dm(&js, &format!("m{i}"), serde_json::json!(i)).await;
     }
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
-        let snap = ractor::call_t!(second, InboxMsg::Snapshot, 2000).unwrap();
-        if snap.counters.delivered == 20 {
+        let restarts = dynamic::snapshot(&sup).await.unwrap().restarts;
+        let delivered = view.snapshot(&bob).map_or(0, |s| s.counters.delivered);
+        if restarts >= 1 && delivered == 20 {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the restarted inbox handed over {} of 20 ({} handled in all): an old pump took the rest",
-            snap.counters.delivered,
+            "the restarted inbox handed over {delivered} of 20 ({} handled in all, {restarts} restarts): an old pump took the rest",
             handled.load(Ordering::SeqCst)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    supervision::shutdown(&sup, Duration::from_secs(5)).await;
+    assert_eq!(handled.load(Ordering::SeqCst), 20, "each DM handled once");
+    assert_eq!(fault::remaining(name, FaultPoint::Handle), 0);
+    assert!(dynamic::remove_child(&sup, name, Duration::from_secs(5))
+        .await
+        .unwrap());
+    assert!(view.snapshot(&bob).is_none());
+    sup.stop(None);
     supervision::shutdown(&hub, Duration::from_secs(5)).await;
 }

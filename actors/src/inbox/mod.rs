@@ -1,4 +1,4 @@
-//! The inbox consumer actor (client side): attaches to the hub, binds the durable consumer
+//! The inbox consumer (client side): attaches to the hub, binds the durable consumer
 //! `inbox-<id>` (or falls back to a core subscription), and hands each DM to the handler once,
 //! in stream-sequence order, acking it after the handler returned.
 //!
@@ -6,10 +6,17 @@
 //! subscribes to `channel.inbox.<id>` at once; when no router answers in time it binds
 //! `inbox-<id>` directly if it exists. `on` never falls back to core; `off` never attaches.
 //!
-//! A restart (supervisor) re-runs the attach and re-binds; the consumer resumes after the last
-//! acked DM, and the dedupe set drops what the previous incarnation handled but did not ack...
-//! within its own memory only: a fresh incarnation starts with an empty set (see
-//! docs/SEMANTICS.md).
+//! An inbox is a task child of a dynamic supervisor ([`InboxConsumer::task_spec`],
+//! [`crate::supervision::task`]), not an actor: a host of thousands of agents pays for every
+//! actor's mailboxes (docs/CAPACITY.md). Each incarnation is one task that binds, then runs
+//! the pump inline, until its stop signal or a failure; the supervisor restarts it with its
+//! own backoff and intensity, and gives up on it alone. What the inboxes of a connection share
+//! (pulls, presence beats, the audit flusher, the server's clock) is in [`InboxShared`]; what
+//! one inbox shows is its [`InboxView`].
+//!
+//! A restart re-runs the attach and re-binds; the consumer resumes after the last acked DM,
+//! and the dedupe set drops what the previous incarnation handled but did not ack... within
+//! its own memory only: a fresh incarnation starts with an empty set (see docs/SEMANTICS.md).
 //!
 //! Read receipts (`meta.requires_ack`) that cannot be sent at once wait in the incarnation's
 //! outbox and are tried again until stored ([`outbox`]).
@@ -18,26 +25,26 @@ mod outbox;
 mod presence;
 mod pulls;
 mod pump;
+mod shared;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::Client;
 use futures::future::BoxFuture;
 use protocol::attach::{
     attach_fallback, attach_fallback_on_durable_hub, when_consumer_missing, AttachOutcome,
     AttachResponse, DurableInboxMode, InboxFailure, InboxPlan,
 };
 use protocol::{subjects, AgentId, Envelope};
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::background::Owned;
+use crate::clock::ClockView;
 use crate::fault::{self, FaultPoint};
+use crate::supervision::task::{StopSignal, TaskSpec};
 pub use outbox::CAPACITY as RECEIPT_OUTBOX_CAPACITY;
 pub use pulls::{InboxPulls, PullsError};
-pub use pump::{InboxCounters, InboxCountersSnapshot};
-
+pub use pump::{InboxCounters, InboxCountersSnapshot, PumpError};
+pub use shared::InboxShared;
 /// One DM handed to the handler.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -77,13 +84,12 @@ impl From<()> for Handled {
 /// the future completes.
 pub type InboxHandler = Arc<dyn Fn(Delivery) -> BoxFuture<'static, Handled> + Send + Sync>;
 
-/// Inbox consumer configuration.
+/// Inbox consumer configuration: one agent's inbox. Its incarnations run as a task child
+/// ([`InboxConsumer::task_spec`]).
 #[derive(Clone)]
 pub struct InboxConsumer {
-    /// Actor name, also the fault-injection key.
+    /// Its child id, also the fault-injection key and the name its clock's test skew goes by.
     pub name: String,
-    /// The connection.
-    pub client: Client,
     /// Whose inbox.
     pub id: AgentId,
     /// auto, on or off.
@@ -104,21 +110,9 @@ pub struct InboxConsumer {
     pub presence_beat: Option<Duration>,
     /// Whether a durable inbox emits audit events ([`crate::audit`]).
     pub audit_events: bool,
-    /// The pulls of the connection's durable inboxes, shared by all of them ([`InboxPulls`]:
-    /// one subscription for every inbox of `client`).
-    pub pulls: InboxPulls,
-}
-
-/// Messages of the inbox actor.
-pub enum InboxMsg {
-    /// Snapshot for a local caller: answered once the inbox is bound (until then the port is
-    /// dropped, and the call fails).
-    Snapshot(RpcReplyPort<InboxSnapshot>),
-    /// Attach and bind (each incarnation sends it to itself from `pre_start`, so that a
-    /// supervisor that starts many inboxes does not wait on their round trips).
-    Bind,
-    /// The pump stopped with an error: fail so that the supervisor restarts the actor.
-    PumpFailed(crate::background::PumpFailure),
+    /// What the connection's inboxes share: the connection, one subscription for every pull,
+    /// the presence beats, the audit flusher, the server's clock ([`InboxShared`]).
+    pub shared: InboxShared,
 }
 
 /// How the inbox is bound.
@@ -151,28 +145,69 @@ pub struct InboxSnapshot {
     pub clock_offset_ms: Option<i64>,
 }
 
-/// State of one incarnation: nothing until it is bound.
-pub struct InboxState(Option<Bound>);
-
-/// What a bound incarnation holds.
-struct Bound {
-    binding: Binding,
-    pump: Option<Owned>,
-    /// Publishes the pump's audit events.
-    audit_flusher: Option<Owned>,
-    /// The presence beats (a durable binding with a beat only).
-    presence: Option<Owned>,
-    /// The outbox of read receipts and its retry task (a durable binding only).
-    receipts: Option<outbox::ReceiptOutbox>,
-    stop: tokio::sync::watch::Sender<bool>,
-    counters: Arc<InboxCounters>,
-    /// Server time, and the task that measures it (a durable binding only; held, it ends
-    /// with the state).
-    clock: Arc<crate::clock::ServerClock>,
-    _clock_refresh: Option<Owned>,
+/// What one attached inbox shows, across its incarnations: the snapshot of the incarnation
+/// that is bound now, none while it binds, restarts or is given up. Read without a round trip
+/// (no mailbox to ask).
+#[derive(Default)]
+pub struct InboxView {
+    bound: Mutex<Option<Bound>>,
+    /// Wakes those waiting for a binding.
+    changed: tokio::sync::Notify,
 }
 
-/// Inbox failures.
+/// What a bound incarnation shows.
+struct Bound {
+    binding: Binding,
+    counters: Arc<InboxCounters>,
+    clock: ClockView,
+}
+
+impl InboxView {
+    /// The snapshot of `id`'s incarnation bound now, if one is.
+    pub fn snapshot(&self, id: &AgentId) -> Option<InboxSnapshot> {
+        let bound = self.bound.lock().unwrap_or_else(|e| e.into_inner());
+        bound.as_ref().map(|b| InboxSnapshot {
+            id: id.to_string(),
+            binding: b.binding.clone(),
+            counters: b.counters.snapshot(),
+            clock_offset_ms: b.clock.offset_ms(),
+        })
+    }
+
+    /// Whether an incarnation is bound now.
+    pub fn is_bound(&self) -> bool {
+        self.bound
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Waits until an incarnation is bound, at most `within`; returns whether one is.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait_bound(&self, within: Duration) -> bool {
+        let wait = async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if self.is_bound() {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.is_ok()
+    }
+
+    fn set(&self, bound: Option<Bound>) {
+        *self.bound.lock().unwrap_or_else(|e| e.into_inner()) = bound;
+        self.changed.notify_waiters();
+    }
+}
+
+/// Inbox failures: an incarnation that ends with one is restarted by its supervisor.
 #[derive(Debug, thiserror::Error)]
 pub enum InboxError {
     /// Attach was refused or no durable inbox could be bound.
@@ -186,7 +221,10 @@ pub enum InboxError {
     },
     /// The pump failed.
     #[error("inbox pump failed: {0}")]
-    Pump(#[source] crate::background::PumpFailure),
+    Pump(#[source] PumpError),
+    /// A fault armed for this inbox's start fired (tests).
+    #[error(transparent)]
+    Fault(#[from] fault::FaultError),
 }
 
 /// Why no inbox could be bound ([`InboxError::Bind`]).
@@ -203,169 +241,100 @@ pub enum BindError {
     },
 }
 
-/// The name under which an inbox actor named `name` checks the fault point `Handle` for its
-/// own messages (snapshots, pump failures); `name` itself is its pump's, checked per DM.
-pub fn actor_fault_name(name: &str) -> String {
-    format!("{name}.actor")
-}
-
-#[ractor::async_trait]
-impl Actor for InboxConsumer {
-    type Msg = InboxMsg;
-    type State = InboxState;
-    type Arguments = ();
-
-    async fn pre_start(
-        &self,
-        myself: ActorRef<InboxMsg>,
-        _: (),
-    ) -> Result<InboxState, ActorProcessingErr> {
-        fault::check(&self.name, FaultPoint::PreStart)?;
-        myself.cast(InboxMsg::Bind)?;
-        Ok(InboxState(None))
-    }
-
-    async fn post_stop(
-        &self,
-        _: ActorRef<InboxMsg>,
-        state: &mut InboxState,
-    ) -> Result<(), ActorProcessingErr> {
-        let Some(state) = state.0.as_mut() else {
-            return Ok(());
-        };
-        let _ = state.stop.send(true);
-        if let Some(pump) = state.pump.take() {
-            // The pump finishes the DM in hand (acks it) and stops pulling.
-            pump.join_within(Duration::from_secs(5)).await;
-        }
-        if let Some(receipts) = state.receipts.take() {
-            // Once the pump is gone (it queues no more): one try to flush the outbox, before
-            // the audit flusher is joined (its `read` events go out with the rest).
-            receipts.close().await;
-        }
-        if let Some(flusher) = state.audit_flusher.take() {
-            flusher.join_within(Duration::from_secs(1)).await;
-        }
-        if let (Some(beats), Some(every)) = (state.presence.take(), self.presence_beat) {
-            beats.abort().await;
-            // A clean stop says so at once (a crash leaves the last beat to time out).
-            let js = async_nats::jetstream::new(self.client.clone());
-            let record = protocol::presence::PresenceRecord::offline(
-                protocol::expiry::now_ms(),
-                every.as_secs(),
-            );
-            if let Err(e) = presence::write(&js, &self.id, &record).await {
-                tracing::warn!(id = %self.id, error = %e, "offline marker not stored");
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<InboxMsg>,
-        msg: InboxMsg,
-        state: &mut InboxState,
-    ) -> Result<(), ActorProcessingErr> {
-        // The fault point `Handle` under the inbox's name is its pump's, per DM (see
-        // `pump.rs`); the actor's own messages, all but its bind, check it under
-        // `actor_fault_name`.
-        if !matches!(msg, InboxMsg::Bind) {
-            fault::check(&actor_fault_name(&self.name), FaultPoint::Handle)?;
-        }
-        match msg {
-            InboxMsg::Bind => {
-                if state.0.is_none() {
-                    // A failed bind fails the incarnation: its supervisor starts another,
-                    // which attaches again.
-                    state.0 = Some(self.start(myself).await?);
-                }
-            }
-            InboxMsg::Snapshot(port) => {
-                if let Some(state) = &state.0 {
-                    let _ = port.send(InboxSnapshot {
-                        id: self.id.to_string(),
-                        binding: state.binding.clone(),
-                        counters: state.counters.snapshot(),
-                        clock_offset_ms: state.clock.offset_ms(),
-                    });
-                }
-            }
-            InboxMsg::PumpFailed(reason) => return Err(InboxError::Pump(reason).into()),
-        }
-        Ok(())
-    }
-}
-
 impl InboxConsumer {
-    /// Binds, then starts the pump and the tasks beside it.
-    async fn start(&self, myself: ActorRef<InboxMsg>) -> Result<Bound, InboxError> {
-        let binding = self.bind().await?;
-        let counters = Arc::new(InboxCounters::default());
-        let durable = matches!(binding, Binding::Durable { .. });
-        let (audit, audit_flusher) = if durable && self.audit_events {
-            let (audit, flusher) =
-                crate::audit::Auditor::spawn(self.client.clone(), "inbox", self.id.as_str());
-            (audit, Some(flusher))
-        } else {
-            (crate::audit::Auditor::off(), None)
-        };
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let clock = crate::clock::ServerClock::new(&self.name);
-        let clock_refresh = match &binding {
-            Binding::Durable { stream, consumer } => Some(Owned::spawn(clock.clone().refresh(
-                self.client.clone(),
-                protocol::subjects::consumer_info_request(stream, consumer),
-            ))),
-            Binding::Core => None,
-        };
-        let receipts_out = outbox::Outbox::new(outbox::CAPACITY, counters.clone());
-        let sender = outbox::ReceiptSender::new(self.client.clone(), &self.id);
-        // Only a durable inbox sends receipts (nothing is acked in core mode).
-        let receipts = durable.then(|| {
-            outbox::ReceiptOutbox::spawn(receipts_out.clone(), sender.clone(), audit.clone())
-        });
-        let pump = pump::InboxPump {
-            client: self.client.clone(),
-            id: self.id.clone(),
-            handler: self.handler.clone(),
-            counters: counters.clone(),
-            batch: self.batch,
-            fault_name: self.name.clone(),
-            audit,
-            clock: clock.clone(),
-            outbox: receipts_out,
-            receipts: sender,
-            pulls: self.pulls.clone(),
-        };
-        let pump = crate::background::spawn_pump(pump.run(binding.clone(), stop_rx), move |e| {
-            let _ = myself.cast(InboxMsg::PumpFailed(e));
-        });
-        let presence = match (&binding, self.presence_beat) {
-            (Binding::Durable { .. }, Some(every)) => Some(Owned::spawn(presence::beat(
-                async_nats::jetstream::new(self.client.clone()),
-                self.id.clone(),
-                every,
-                counters.clone(),
-            ))),
-            _ => None,
-        };
-        tracing::info!(id = %self.id, ?binding, "inbox bound");
-        Ok(Bound {
-            binding,
-            pump: Some(pump),
-            audit_flusher,
-            presence,
-            receipts,
-            stop,
-            counters,
-            clock,
-            _clock_refresh: clock_refresh,
-        })
+    /// The task child that runs this inbox, each incarnation showing itself in `view`.
+    pub fn task_spec(self, view: Arc<InboxView>) -> TaskSpec {
+        let name = self.name.clone();
+        let inbox = Arc::new(self);
+        TaskSpec::new(name, move |stop| inbox.clone().run(stop, view.clone()))
     }
-}
 
-impl InboxConsumer {
+    /// One incarnation: binds, then hands DMs over until `stop` (a clean stop: the DM in hand
+    /// is finished and acked, the read receipts waiting get one more try, the agent is marked
+    /// offline) or a failure (what it held is dropped: the supervisor restarts it).
+    ///
+    /// Not an `async fn`: its future holds the inbox once, and a host of many inboxes holds
+    /// one such future per idle inbox.
+    ///
+    /// # Errors
+    /// [`InboxError`] when it cannot bind or its pump fails.
+    #[allow(clippy::manual_async_fn)]
+    pub fn run(
+        self: Arc<Self>,
+        stop: StopSignal,
+        view: Arc<InboxView>,
+    ) -> impl std::future::Future<Output = Result<(), InboxError>> + Send + 'static {
+        async move {
+            fault::check(&self.name, FaultPoint::PreStart)?;
+            // Boxed: the bind's requests are not held by an idle inbox's future.
+            let binding = tokio::select! {
+                biased;
+                () = stop.stopped() => return Ok(()),
+                bound = Box::pin(self.bind()) => bound?,
+            };
+            let counters = Arc::new(InboxCounters::default());
+            let durable = matches!(binding, Binding::Durable { .. });
+            let audit = if durable && self.audit_events {
+                self.shared.auditor(&self.id)
+            } else {
+                crate::audit::Auditor::off()
+            };
+            let clock = match &binding {
+                Binding::Durable { stream, consumer } => {
+                    self.shared.clock(&self.name, stream, consumer)
+                }
+                Binding::Core => ClockView::unmeasured(&self.name),
+            };
+            // Only a durable inbox sends receipts (nothing is acked in core mode).
+            let receipts = durable.then(|| {
+                Arc::new(outbox::ReceiptOutbox::new(
+                    outbox::Outbox::new(outbox::CAPACITY, counters.clone()),
+                    outbox::ReceiptSender::new(
+                        self.shared.client().clone(),
+                        self.shared.js().clone(),
+                        &self.id,
+                    ),
+                    audit.clone(),
+                ))
+            });
+            let beats = match (&binding, self.presence_beat) {
+                (Binding::Durable { .. }, Some(every)) => {
+                    Some(self.shared.beat(&self.id, every, counters.clone()))
+                }
+                _ => None,
+            };
+            view.set(Some(Bound {
+                binding: binding.clone(),
+                counters: counters.clone(),
+                clock: clock.clone(),
+            }));
+            tracing::info!(id = %self.id, ?binding, "inbox bound");
+            let pump = pump::InboxPump {
+                inbox: self.clone(),
+                counters,
+                audit,
+                clock,
+                receipts: receipts.clone(),
+            };
+            let pumped = pump.run(binding, &stop).await;
+            view.set(None);
+            pumped.map_err(InboxError::Pump)?;
+            // A clean stop. Boxed: only a stopping inbox holds it.
+            Box::pin(async move {
+                if let Some(receipts) = receipts {
+                    // Once the pump is gone (it queues no more): one try to flush the outbox.
+                    receipts.close().await;
+                }
+                if let Some(beats) = beats {
+                    // A clean stop says so at once (a crash leaves the last beat to time out).
+                    beats.offline().await;
+                }
+            })
+            .await;
+            Ok(())
+        }
+    }
+
     /// Attach (unless off), then decide how to bind.
     async fn bind(&self) -> Result<Binding, InboxError> {
         let fail = |source: BindError| InboxError::Bind {
@@ -407,7 +376,7 @@ impl InboxConsumer {
 
     async fn request_attach(&self) -> AttachOutcome {
         let subject = subjects::attach_request(&self.id);
-        let request = self.client.request(subject, Vec::new().into());
+        let request = self.shared.client().request(subject, Vec::new().into());
         match tokio::time::timeout(self.attach_timeout, request).await {
             Err(_) => AttachOutcome::Timeout,
             Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
@@ -426,7 +395,7 @@ impl InboxConsumer {
     }
 
     async fn consumer_exists(&self, consumer: &str) -> bool {
-        let js = async_nats::jetstream::new(self.client.clone());
+        let js = self.shared.js();
         // Consumer info only: an agent may not read the stream's info.
         let lookup = async {
             js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(

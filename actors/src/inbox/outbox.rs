@@ -3,9 +3,10 @@
 //!
 //! The pump sends a receipt itself while the outbox is empty; otherwise (or when that send
 //! fails) it queues the receipt here, behind the others, so that receipts go out in the
-//! order their DMs were handled (per sender too). A task owned by the inbox's state
+//! order their DMs were handled (per sender too). A task owned by the inbox's incarnation
 //! ([`ReceiptOutbox`]) sends the oldest one again and again, with backoff, until the
-//! ingress stored it, then the next. Every try publishes the same bytes under the same
+//! ingress stored it, then the next, and ends once the outbox is empty (an inbox with no
+//! receipt waiting has no such task; the next receipt queued starts one). Every try publishes the same bytes under the same
 //! `Nats-Msg-Id` (`<me>:<receipt id>`), so a try whose first attempt did land after all is
 //! deduplicated by the ingress stream (within its duplicate window). While the client is not
 //! connected nothing is published (a publish would only wait in the client's buffer); the
@@ -13,11 +14,12 @@
 //!
 //! The outbox holds at most [`CAPACITY`] receipts: one more drops the oldest, counted
 //! (`receipts_dropped`). It lives in memory, with its inbox incarnation: a clean stop tries
-//! once to flush it within [`FLUSH_DEADLINE`]; a crash (or a restart of the inbox actor)
-//! loses what it held.
+//! once to flush it within [`FLUSH_DEADLINE`]; a crash (or a restart of the inbox) loses
+//! what it held.
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -25,7 +27,6 @@ use async_nats::connection::State;
 use async_nats::jetstream;
 use bytes::Bytes;
 use protocol::{subjects, AgentId, Envelope};
-use tokio::sync::Notify;
 
 use super::pump::{InboxCounters, Trail};
 use crate::audit::Auditor;
@@ -101,10 +102,10 @@ pub struct ReceiptSender {
 }
 
 impl ReceiptSender {
-    /// The sender of `me`'s receipts on `client`.
-    pub fn new(client: async_nats::Client, me: &AgentId) -> ReceiptSender {
+    /// The sender of `me`'s receipts on `client`, through `js`.
+    pub fn new(client: async_nats::Client, js: jetstream::Context, me: &AgentId) -> ReceiptSender {
         ReceiptSender {
-            js: jetstream::new(client.clone()),
+            js,
             client,
             subject: subjects::ingress(me, &protocol::Channel::Inbox),
         }
@@ -160,8 +161,8 @@ impl Queue {
 /// (which sends). See the module docs.
 pub struct Outbox {
     queue: Mutex<Queue>,
-    /// Wakes the retry task when a receipt is queued.
-    wake: Notify,
+    /// A retry task runs (or is about to end, and looks once more).
+    retrying: AtomicBool,
     counters: Arc<InboxCounters>,
 }
 
@@ -174,7 +175,7 @@ impl Outbox {
                 next: 0,
                 capacity,
             }),
-            wake: Notify::new(),
+            retrying: AtomicBool::new(false),
             counters,
         })
     }
@@ -189,7 +190,8 @@ impl Outbox {
     }
 
     /// Queues a receipt that could not be sent at once (`receipts_failed`), behind the others;
-    /// past the capacity the oldest is dropped (`receipts_dropped`).
+    /// past the capacity the oldest is dropped (`receipts_dropped`). Who queues then makes sure
+    /// a retry task runs ([`Outbox::claim_retry`]).
     pub fn push(&self, receipt: PendingReceipt) {
         self.counters.receipts_failed.bump();
         let dropped = {
@@ -207,7 +209,12 @@ impl Outbox {
                 tracing::warn!(id = %old.id, dropped = total, capacity = CAPACITY, "read receipt outbox full: its oldest receipt is dropped");
             }
         }
-        self.wake.notify_one();
+    }
+
+    /// Whether the caller is to start a retry task: none runs. Once per task: the task gives
+    /// it back when it ends ([`retry`]).
+    pub fn claim_retry(&self) -> bool {
+        !self.retrying.swap(true, Ordering::AcqRel)
     }
 
     /// The oldest receipt and its place in line.
@@ -235,8 +242,9 @@ impl Outbox {
     }
 }
 
-/// Sends the oldest receipt of `outbox` with `send` until it is stored, then the next, for
-/// ever (the task is aborted with its owner). A failed try waits `backoff.delay(n)` after the
+/// Sends the oldest receipt of `outbox` with `send` until it is stored, then the next, until
+/// the outbox is empty (then it gives back its claim, [`Outbox::claim_retry`], and ends; the
+/// task is aborted with its owner before that). A failed try waits `backoff.delay(n)` after the
 /// `n`-th failure in a row; a client not connected ([`ReceiptError::Disconnected`]) is looked
 /// at again every [`CONNECTION_POLL`], publishing nothing and counting no try. Each stored
 /// receipt is counted (`receipts`) and given to `stored`.
@@ -252,8 +260,13 @@ pub async fn retry<S, F>(
     let mut failures: u32 = 0;
     loop {
         let Some((place, head)) = outbox.head() else {
-            // A receipt queued since `head` left a permit: no wake-up is lost.
-            outbox.wake.notified().await;
+            outbox.retrying.store(false, Ordering::Release);
+            // A receipt queued since `head`, whose queuer saw this task still running, is
+            // taken here: the claim is taken back, unless that queuer claimed it for a task
+            // of its own.
+            if outbox.is_empty() || !outbox.claim_retry() {
+                return;
+            }
             continue;
         };
         match send(head.clone()).await {
@@ -313,44 +326,69 @@ where
     outbox.queue().entries.len()
 }
 
-/// An inbox incarnation's outbox with its retry task, held by the inbox's state: the task ends
-/// with it.
+/// An inbox incarnation's outbox, its sender, and the retry task while receipts wait: the
+/// task ends with it.
 pub struct ReceiptOutbox {
     outbox: Arc<Outbox>,
     sender: ReceiptSender,
     audit: Auditor,
-    retry: Owned,
+    retry: Mutex<Option<Owned>>,
 }
 
 impl ReceiptOutbox {
-    /// Starts retrying what `outbox` holds through `sender`; each stored receipt's `read`
-    /// event goes to `audit`.
-    pub fn spawn(outbox: Arc<Outbox>, sender: ReceiptSender, audit: Auditor) -> ReceiptOutbox {
-        let task = {
-            let (sender, audit) = (sender.clone(), audit.clone());
-            retry(
-                outbox.clone(),
-                retry_backoff(),
-                move |r| {
-                    let sender = sender.clone();
-                    // Boxed: an idle inbox's retry task holds only its wait, not a send.
-                    Box::pin(async move { sender.send(&r).await })
-                },
-                move |r| super::pump::emit(&audit, r.trail.as_ref(), "read", Default::default()),
-            )
-        };
+    /// `outbox`, whose receipts are sent through `sender`; each stored receipt's `read` event
+    /// goes to `audit`. No task runs until a receipt is queued.
+    pub fn new(outbox: Arc<Outbox>, sender: ReceiptSender, audit: Auditor) -> ReceiptOutbox {
         ReceiptOutbox {
-            retry: Owned::spawn(task),
             outbox,
             sender,
             audit,
+            retry: Mutex::new(None),
         }
     }
 
+    /// The receipts waiting.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// Publishes receipts through this identity's ingress.
+    pub fn sender(&self) -> &ReceiptSender {
+        &self.sender
+    }
+
+    /// Queues `receipt` behind the others ([`Outbox::push`]) and starts the retry task unless
+    /// one runs.
+    pub fn queue(&self, receipt: PendingReceipt) {
+        self.outbox.push(receipt);
+        if !self.outbox.claim_retry() {
+            return;
+        }
+        let (sender, audit) = (self.sender.clone(), self.audit.clone());
+        let task = retry(
+            self.outbox.clone(),
+            retry_backoff(),
+            move |r| {
+                let sender = sender.clone();
+                async move { sender.send(&r).await }
+            },
+            move |r| super::pump::emit(&audit, r.trail.as_ref(), "read", Default::default()),
+        );
+        // A task that ended (its claim given back) is replaced.
+        *self.retry.lock().unwrap_or_else(PoisonError::into_inner) = Some(Owned::spawn(task));
+    }
+
     /// A clean stop: ends the retry task, then tries once to flush the outbox within
-    /// [`FLUSH_DEADLINE`]; what is left is lost (logged). Drops its audit handle.
-    pub async fn close(self) {
-        self.retry.abort().await;
+    /// [`FLUSH_DEADLINE`]; what is left is lost (logged).
+    pub async fn close(&self) {
+        let task = self
+            .retry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            task.abort().await;
+        }
         if self.outbox.is_empty() {
             return;
         }
@@ -489,11 +527,11 @@ mod tests {
             (c.receipts, c.receipts_retried, c.receipts_pending),
             (3, 6, 0)
         );
-        // A receipt queued later wakes the task, which sends it at once.
+        // Empty, it gave its claim back and ended; the next receipt queued claims a new one.
+        harness_wait(|| task.is_finished()).await;
         outbox.push(receipt(3));
-        harness_wait(|| counters.snapshot().receipts == 4).await;
-        assert_eq!(counters.snapshot().receipts_pending, 0);
-        task.abort().await;
+        assert!(outbox.claim_retry());
+        assert!(!outbox.claim_retry(), "one task at a time");
     }
 
     #[tokio::test(start_paused = true)]

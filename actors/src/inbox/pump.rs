@@ -10,14 +10,15 @@ use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
 
 use super::Handled;
 use protocol::audit::Details;
-use protocol::{subjects, AgentId};
-use tokio::sync::watch;
+use protocol::subjects;
 use tracing::Instrument;
 
-use super::outbox::{Outbox, PendingReceipt, ReceiptSender};
-use super::pulls::{InboxPulls, Pulled};
-use super::{Binding, Delivery, InboxHandler};
+use super::outbox::{PendingReceipt, ReceiptOutbox};
+use super::pulls::Pulled;
+use super::{Binding, Delivery, InboxConsumer};
+use crate::clock::ClockView;
 use crate::fault::{self, FaultPoint};
+use crate::supervision::task::StopSignal;
 
 crate::counters! {
     /// Counters of one inbox incarnation.
@@ -59,7 +60,7 @@ crate::counters! {
     }
 }
 
-/// Why an inbox pump stopped (its actor fails with it, and is restarted).
+/// Why an inbox pump stopped (its incarnation fails with it, and is restarted).
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
     /// The durable consumer could not be looked up or pulled from.
@@ -100,24 +101,17 @@ pub enum PumpError {
     Fault(#[from] fault::FaultError),
 }
 
-/// What the pump needs.
+/// What the pump needs: its inbox's configuration and its incarnation's parts.
 pub(super) struct InboxPump {
-    pub client: async_nats::Client,
-    pub id: AgentId,
-    pub handler: InboxHandler,
+    pub inbox: Arc<InboxConsumer>,
     pub counters: Arc<InboxCounters>,
-    pub batch: usize,
-    pub fault_name: String,
     /// Where its audit events go (`fetched`, `delivered`, `nacked`, ...).
     pub audit: crate::audit::Auditor,
     /// Server time, which deadlines are judged in ([`crate::clock`]).
-    pub clock: Arc<crate::clock::ServerClock>,
-    /// Where read receipts that could not be sent at once wait ([`super::outbox`]).
-    pub outbox: Arc<Outbox>,
-    /// Publishes read receipts through this identity's ingress.
-    pub receipts: ReceiptSender,
-    /// The connection's shared pulls.
-    pub pulls: InboxPulls,
+    pub clock: ClockView,
+    /// Sends read receipts through this identity's ingress, and keeps those that could not be
+    /// sent at once ([`super::outbox`]; a durable binding only).
+    pub receipts: Option<Arc<ReceiptOutbox>>,
 }
 
 /// What one DM's audit events name.
@@ -155,16 +149,17 @@ enum Verdict {
 }
 
 impl InboxPump {
-    /// Pumps `binding` until `stop` turns true or the pump fails.
+    /// Pumps `binding` until `stop` is given (then `Ok`, the DM in hand finished) or the pump
+    /// fails.
     ///
     /// Not an `async fn`: its future holds the pump once (an `async fn` keeps its arguments
     /// twice), and a host of many inboxes holds one such future per idle inbox.
     #[allow(clippy::manual_async_fn)]
-    pub fn run(
+    pub fn run<'a>(
         self,
         binding: Binding,
-        stop: watch::Receiver<bool>,
-    ) -> impl std::future::Future<Output = Result<(), PumpError>> + Send {
+        stop: &'a StopSignal,
+    ) -> impl std::future::Future<Output = Result<(), PumpError>> + Send + 'a {
         async move {
             match binding {
                 Binding::Durable { stream, consumer } => self.durable(stream, consumer, stop).await,
@@ -177,7 +172,7 @@ impl InboxPump {
         &self,
         stream: String,
         consumer: String,
-        mut stop: watch::Receiver<bool>,
+        stop: &StopSignal,
     ) -> Result<(), PumpError> {
         // The first deadline is judged in server time too.
         self.clock.settled().await;
@@ -189,8 +184,8 @@ impl InboxPump {
         // The setup, and the rare paths below, are boxed: the pump's future holds its largest
         // await inline for its whole life, once per idle inbox of a host. The context and the
         // consumer's info end with this block.
-        let (mut tick, mut puller) = Box::pin(async {
-            let js = jetstream::new(self.client.clone());
+        let (beat, mut puller) = Box::pin(async {
+            let js = self.inbox.shared.js();
             // Consumer info only: an agent may not read the stream's info.
             let pull_consumer: jetstream::consumer::PullConsumer = js
                 .get_consumer_from_stream(&consumer, &stream)
@@ -207,15 +202,15 @@ impl InboxPump {
                 .unwrap_or(config.ack_wait)
                 .min(config.ack_wait.max(Duration::from_millis(1)));
             let beat = (ack_wait / 3).max(Duration::from_millis(100));
-            // One interval for the pump's life, reset at each handoff (no timer made per DM).
-            let tick = tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
             // Its pulls go through the connection's shared subscription ([`super::pulls`]).
             let puller = self
-                .pulls
-                .register(&stream, &consumer, self.batch)
+                .inbox
+                .shared
+                .pulls()
+                .register(&stream, &consumer, self.inbox.batch)
                 .await
                 .map_err(|e| pull(e.into()))?;
-            Ok::<_, PumpError>((tick, puller))
+            Ok::<_, PumpError>((beat, puller))
         })
         .await?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
@@ -224,12 +219,7 @@ impl InboxPump {
         loop {
             let next = tokio::select! {
                 biased;
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return Ok(());
-                    }
-                    continue;
-                }
+                () = stop.stopped() => return Ok(()),
                 next = puller.next(&self.counters.repulls) => next,
             };
             let msg = match next {
@@ -237,10 +227,9 @@ impl InboxPump {
                 Pulled::Gone(reason) => return Err(PumpError::ConsumerGone { consumer, reason }),
                 Pulled::Ended => return Err(PumpError::Ended),
             };
-            // Not boxed: an allocation per DM costs the DM path more than the 2.7 kB it would
-            // take off each idle pump.
-            self.handle(msg, &mut seen, &mut last_handed, &mut tick)
-                .await?;
+            // Boxed: an idle inbox's future does not hold a DM's handling (about 3 kB, once
+            // per idle inbox of a host); one allocation per DM.
+            Box::pin(self.handle(msg, &mut seen, &mut last_handed, beat)).await?;
         }
     }
 
@@ -250,7 +239,7 @@ impl InboxPump {
         msg: jetstream::Message,
         seen: &mut SeenSet,
         last_handed: &mut Option<u64>,
-        tick: &mut tokio::time::Interval,
+        beat: Duration,
     ) -> Result<(), PumpError> {
         let (stream_seq, delivered) = msg
             .info()
@@ -274,7 +263,8 @@ impl InboxPump {
                     match futures::poll!(&mut work) {
                         std::task::Poll::Ready(done) => done?,
                         std::task::Poll::Pending => {
-                            tick.reset();
+                            let mut tick =
+                                tokio::time::interval_at(tokio::time::Instant::now() + beat, beat);
                             loop {
                                 tokio::select! {
                                     done = &mut work => break done?,
@@ -353,10 +343,12 @@ impl InboxPump {
         Ok(())
     }
 
-    async fn core(&self, mut stop: watch::Receiver<bool>) -> Result<(), PumpError> {
-        let subject = subjects::inbox(&self.id);
+    async fn core(&self, stop: &StopSignal) -> Result<(), PumpError> {
+        let subject = subjects::inbox(&self.inbox.id);
         let mut sub = self
-            .client
+            .inbox
+            .shared
+            .client()
             .subscribe(subject.clone())
             .await
             .map_err(|source| PumpError::Subscribe { subject, source })?;
@@ -364,12 +356,7 @@ impl InboxPump {
         loop {
             let msg = tokio::select! {
                 biased;
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return Ok(());
-                    }
-                    continue;
-                }
+                () = stop.stopped() => return Ok(()),
                 next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
             if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, None, &seen) {
@@ -378,8 +365,8 @@ impl InboxPump {
                     &delivery.envelope.meta.id,
                 );
                 // Nothing is redelivered in core mode: whatever the handler says, the DM is
-                // gone once handed over.
-                let handled = self.deliver(delivery, msg.headers.as_ref()).await?;
+                // gone once handed over. Boxed, as a durable DM's handling.
+                let handled = Box::pin(self.deliver(delivery, msg.headers.as_ref())).await?;
                 if handled != Handled::Done {
                     tracing::warn!(
                         ?handled,
@@ -396,7 +383,10 @@ impl InboxPump {
     /// once (or that older receipts still wait before) goes to the outbox, which tries it
     /// again until it is stored ([`super::outbox`]): the DM was handled and acked.
     async fn send_receipt(&self, receipt: &protocol::Envelope, trail: Option<Trail>) {
-        let pending = match PendingReceipt::new(&self.id, receipt, trail) {
+        let Some(receipts) = &self.receipts else {
+            return;
+        };
+        let pending = match PendingReceipt::new(&self.inbox.id, receipt, trail) {
             Ok(pending) => pending,
             Err(e) => {
                 self.counters.receipts_dropped.bump();
@@ -404,12 +394,12 @@ impl InboxPump {
                 return;
             }
         };
-        if !self.outbox.is_empty() {
+        if !receipts.outbox().is_empty() {
             // Behind the receipts still waiting: receipts go out in the order of their DMs.
-            self.outbox.push(pending);
+            receipts.queue(pending);
             return;
         }
-        match self.receipts.send(&pending).await {
+        match receipts.sender().send(&pending).await {
             Ok(()) => {
                 self.counters.receipts.bump();
                 emit(
@@ -421,7 +411,7 @@ impl InboxPump {
             }
             Err(e) => {
                 tracing::warn!(error = %e, id = %pending.id, "read receipt not sent; kept in the outbox");
-                self.outbox.push(pending);
+                receipts.queue(pending);
             }
         }
     }
@@ -437,7 +427,9 @@ impl InboxPump {
             .reply
             .clone()
             .ok_or("a JetStream message without an ack subject")?;
-        self.client
+        self.inbox
+            .shared
+            .client()
             .publish(reply, format!("+TERM {reason}").into())
             .await?;
         Ok(())
@@ -550,15 +542,15 @@ impl InboxPump {
     ) -> Result<Handled, PumpError> {
         // Crash tests: a fault armed for this inbox fires before the DM is handed over, so the
         // DM stays unacked and must come back.
-        fault::check(&self.fault_name, FaultPoint::Handle)?;
+        fault::check(&self.inbox.name, FaultPoint::Handle)?;
         let span = tracing::info_span!(
             "inbox.handle",
-            inbox = %self.id,
+            inbox = %self.inbox.id,
             id = %delivery.envelope.meta.id,
             stream_seq = delivery.stream_seq
         );
         crate::trace_context::set_parent_from(&span, headers);
-        let handled = (self.handler)(delivery).instrument(span).await;
+        let handled = (self.inbox.handler)(delivery).instrument(span).await;
         self.counters.delivered.bump();
         Ok(handled)
     }

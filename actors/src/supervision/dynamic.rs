@@ -10,6 +10,10 @@
 //! [`Restart::Temporary`]) leaves the supervisor's table at once: a long-running process that
 //! adds a child per task keeps a table the size of its live children.
 //!
+//! A child is an actor ([`add_child`]) or a task ([`add_task`], [`super::task`]): a task child
+//! is supervised the same way, one task per incarnation, without an actor's mailboxes (a host
+//! of thousands of inboxes).
+//!
 //! ```ignore
 //! let (sup, _join) = DynamicSupervisor::spawn("inboxes".into(), Intensity::new(5, secs(10))).await?;
 //! dynamic::add_child(&sup, ChildSpec::actor("inbox-bob", inbox, || ())
@@ -29,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use super::backoff::BackoffTracker;
 use super::spec::{ChildSpec, Intensity, Restart};
+use super::task::{TaskRun, TaskSpec};
 
 /// How long [`add_child`] and [`snapshot`] wait for the supervisor.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,13 +50,35 @@ pub enum DynamicMsg {
     /// Start a child; replies once its `pre_start` ran (a failing `pre_start` is not an error
     /// here: the child is restarted like one that crashed). An id already in use is refused.
     Add(ChildSpec, RpcReplyPort<Result<(), DynamicError>>),
+    /// Start a task child; replies once its first incarnation is spawned. An id already in
+    /// use is refused.
+    AddTask(TaskSpec, RpcReplyPort<Result<(), DynamicError>>),
+    /// The incarnation `generation` of the task child `id` ended by itself (`failed`: an error
+    /// or a panic).
+    TaskExited {
+        /// The child.
+        id: String,
+        /// Its incarnation.
+        generation: u64,
+        /// It failed.
+        failed: bool,
+    },
     /// Restart the child `id` (sent to itself after the child's backoff delay).
     Restart(String),
     /// A snapshot of the children.
     Snapshot(RpcReplyPort<DynamicSnapshot>),
     /// Forget the child `id` (it is never restarted again) and reply with its running
     /// incarnation, which the caller stops ([`remove_child`]); `None` when there is none.
-    Remove(String, RpcReplyPort<Option<ActorCell>>),
+    Remove(String, RpcReplyPort<Option<Running>>),
+}
+
+/// The running incarnation of a removed child, for its remover to stop.
+#[derive(Debug)]
+pub enum Running {
+    /// An actor child's.
+    Actor(ActorCell),
+    /// A task child's.
+    Task(TaskRun),
 }
 
 /// Why a child could not be added.
@@ -82,11 +109,27 @@ pub struct DynamicSnapshot {
 }
 
 struct Child {
-    spec: ChildSpec,
-    cell: Option<ActorCell>,
+    spec: Spec,
+    running: Option<Running>,
     backoff: BackoffTracker,
     failures: VecDeque<Instant>,
     restarts: u64,
+    /// The incarnations started (a task child's exit is current only for the last).
+    generation: u64,
+}
+
+enum Spec {
+    Actor(ChildSpec),
+    Task(TaskSpec),
+}
+
+impl Spec {
+    fn restart(&self) -> Restart {
+        match self {
+            Spec::Actor(spec) => spec.restart,
+            Spec::Task(spec) => spec.restart,
+        }
+    }
 }
 
 /// State of a dynamic supervisor.
@@ -125,8 +168,24 @@ pub async fn add_child(supervisor: &DynamicRef, child: ChildSpec) -> Result<(), 
     .map_err(|e| DynamicError::Unavailable(e.to_string()))?
 }
 
-/// Removes the child `id` from `supervisor` and stops it gracefully (its `post_stop` runs)
-/// within `grace`, killing it past that; it is not restarted. Returns whether it had an
+/// Adds the task child `task` to `supervisor` and starts its first incarnation.
+///
+/// # Errors
+/// [`DynamicError::Duplicate`] for an id in use; [`DynamicError::Unavailable`] when the
+/// supervisor does not answer within [`CALL_TIMEOUT`].
+pub async fn add_task(supervisor: &DynamicRef, task: TaskSpec) -> Result<(), DynamicError> {
+    ractor::call_t!(
+        supervisor,
+        DynamicMsg::AddTask,
+        CALL_TIMEOUT.as_millis() as u64,
+        task
+    )
+    .map_err(|e| DynamicError::Unavailable(e.to_string()))?
+}
+
+/// Removes the child `id` from `supervisor` and stops it gracefully (an actor's `post_stop`
+/// runs; a task is given its stop signal) within `grace`, killing it past that; it is not
+/// restarted. Returns whether it had an
 /// incarnation to stop (one that ended just before is stopped already). The supervisor's mailbox does not wait for the stop: many children
 /// may be removed at once.
 ///
@@ -137,22 +196,25 @@ pub async fn remove_child(
     id: &str,
     grace: Duration,
 ) -> Result<bool, DynamicError> {
-    let cell = ractor::call_t!(
+    let running = ractor::call_t!(
         supervisor,
         DynamicMsg::Remove,
         CALL_TIMEOUT.as_millis() as u64,
         id.to_owned()
     )
     .map_err(|e| DynamicError::Unavailable(e.to_string()))?;
-    let Some(cell) = cell else {
-        return Ok(false);
-    };
-    if cell
-        .stop_and_wait(Some("removed".into()), Some(grace))
-        .await
-        .is_err()
-    {
-        cell.kill_and_wait(Some(grace)).await.ok();
+    match running {
+        None => return Ok(false),
+        Some(Running::Actor(cell)) => {
+            if cell
+                .stop_and_wait(Some("removed".into()), Some(grace))
+                .await
+                .is_err()
+            {
+                cell.kill_and_wait(Some(grace)).await.ok();
+            }
+        }
+        Some(Running::Task(run)) => run.stop_within(grace).await,
     }
     Ok(true)
 }
@@ -201,24 +263,40 @@ impl Actor for DynamicSupervisor {
                     return Ok(());
                 }
                 let id = spec.id.clone();
-                state.children.insert(
-                    id.clone(),
-                    Child {
-                        backoff: spec.backoff.tracker(),
-                        spec,
-                        cell: None,
-                        failures: VecDeque::new(),
-                        restarts: 0,
-                    },
-                );
-                state.stats.added += 1;
+                let backoff = spec.backoff.tracker();
+                state.insert(id.clone(), Spec::Actor(spec), backoff);
                 start(&myself, state, &id).await;
                 let _ = reply.send(Ok(()));
+            }
+            DynamicMsg::AddTask(spec, reply) => {
+                if state.children.contains_key(&spec.id) {
+                    let _ = reply.send(Err(DynamicError::Duplicate(spec.id)));
+                    return Ok(());
+                }
+                let id = spec.id.clone();
+                let backoff = spec.backoff.tracker();
+                state.insert(id.clone(), Spec::Task(spec), backoff);
+                start(&myself, state, &id).await;
+                let _ = reply.send(Ok(()));
+            }
+            DynamicMsg::TaskExited {
+                id,
+                generation,
+                failed,
+            } => {
+                // Only the current incarnation's exit counts (a removed child's, or one added
+                // again since, is not).
+                let current = state.children.get(&id).is_some_and(|c| {
+                    matches!(&c.running, Some(Running::Task(run)) if run.generation == generation)
+                });
+                if current {
+                    on_exit(&myself, state, &id, failed);
+                }
             }
             DynamicMsg::Restart(id) => {
                 // Only a child waiting for its restart: one removed and added again meanwhile
                 // runs already, and this restart was its predecessor's.
-                if let Some(child) = state.children.get_mut(&id).filter(|c| c.cell.is_none()) {
+                if let Some(child) = state.children.get_mut(&id).filter(|c| c.running.is_none()) {
                     child.restarts += 1;
                     state.stats.restarts += 1;
                     start(&myself, state, &id).await;
@@ -238,8 +316,8 @@ impl Actor for DynamicSupervisor {
             DynamicMsg::Remove(id, reply) => {
                 // Out of the table first: the exit of its last incarnation is then not current,
                 // and nothing restarts it.
-                let cell = state.children.remove(&id).and_then(|c| c.cell);
-                let _ = reply.send(cell);
+                let running = state.children.remove(&id).and_then(|c| c.running);
+                let _ = reply.send(running);
             }
         }
         Ok(())
@@ -263,11 +341,9 @@ impl Actor for DynamicSupervisor {
             return Ok(());
         };
         // Only the current incarnation's exit counts (a stale one is already replaced).
-        let current = state
-            .children
-            .get(&id)
-            .and_then(|c| c.cell.as_ref())
-            .is_some_and(|c| c.get_id() == cell.get_id());
+        let current = state.children.get(&id).is_some_and(
+            |c| matches!(&c.running, Some(Running::Actor(c)) if c.get_id() == cell.get_id()),
+        );
         if !current {
             return Ok(());
         }
@@ -280,28 +356,82 @@ impl Actor for DynamicSupervisor {
         _: ActorRef<DynamicMsg>,
         state: &mut DynamicState,
     ) -> Result<(), ActorProcessingErr> {
-        for child in state.children.values() {
-            if let Some(cell) = &child.cell {
-                cell.stop(Some("supervisor stopping".into()));
+        let mut tasks = Vec::new();
+        for child in state.children.values_mut() {
+            match child.running.take() {
+                Some(Running::Actor(cell)) => cell.stop(Some("supervisor stopping".into())),
+                Some(Running::Task(run)) => {
+                    run.signal();
+                    tasks.push(run);
+                }
+                None => {}
             }
         }
+        // Task children finish what they have in hand, within a bound; past it they are
+        // aborted (none outlives its supervisor).
+        futures::future::join_all(
+            tasks
+                .into_iter()
+                .map(|run| run.stop_within(TASK_STOP_GRACE)),
+        )
+        .await;
         Ok(())
     }
 }
+
+impl DynamicState {
+    /// A new child in the table, not started yet.
+    fn insert(&mut self, id: String, spec: Spec, backoff: BackoffTracker) {
+        self.children.insert(
+            id,
+            Child {
+                spec,
+                running: None,
+                backoff,
+                failures: VecDeque::new(),
+                restarts: 0,
+                generation: 0,
+            },
+        );
+        self.stats.added += 1;
+    }
+}
+
+/// How long a stopping supervisor waits for its task children to finish what they have in
+/// hand before it aborts them.
+pub const TASK_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Spawns (or respawns) the child `id`; a failed spawn counts as a failure.
 async fn start(myself: &ActorRef<DynamicMsg>, state: &mut DynamicState, id: &str) {
     let Some(child) = state.children.get_mut(id) else {
         return;
     };
-    child.cell = None;
-    match child
-        .spec
-        .spawn
-        .call(myself.get_cell(), id.to_owned())
-        .await
-    {
-        Ok(cell) => child.cell = Some(cell),
+    child.running = None;
+    child.generation += 1;
+    let spawn = match &child.spec {
+        Spec::Actor(spec) => spec.spawn.clone(),
+        Spec::Task(spec) => {
+            let (me, id, generation) = (myself.clone(), id.to_owned(), child.generation);
+            child.running = Some(Running::Task(TaskRun::start(
+                spec,
+                generation,
+                move |failed| {
+                    let _ = me.cast(DynamicMsg::TaskExited {
+                        id,
+                        generation,
+                        failed,
+                    });
+                },
+            )));
+            return;
+        }
+    };
+    match spawn.call(myself.get_cell(), id.to_owned()).await {
+        Ok(cell) => {
+            if let Some(child) = state.children.get_mut(id) {
+                child.running = Some(Running::Actor(cell));
+            }
+        }
         Err(error) => {
             tracing::warn!(child = id, %error, "supervised child did not start");
             on_exit(myself, state, id, true);
@@ -316,8 +446,8 @@ fn on_exit(myself: &ActorRef<DynamicMsg>, state: &mut DynamicState, id: &str, fa
     let Some(child) = state.children.get_mut(id) else {
         return;
     };
-    child.cell = None;
-    let restart = match child.spec.restart {
+    child.running = None;
+    let restart = match child.spec.restart() {
         Restart::Permanent => true,
         Restart::Transient => failed,
         Restart::Temporary => false,
@@ -566,5 +696,87 @@ mod tests {
             Err(DynamicError::Duplicate("dyn-dup-child".into()))
         );
         sup.stop(None);
+    }
+
+    /// A task child that fails (an error, then a panic) its first `fail_first` incarnations,
+    /// then runs until stopped, counting its clean stops in `stopped`.
+    fn flaky_task(id: &str, fail_first: usize) -> (TaskSpec, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (starts, stopped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (s, t) = (starts.clone(), stopped.clone());
+        let spec = TaskSpec::new(id, move |stop: super::super::task::StopSignal| {
+            let n = s.fetch_add(1, Ordering::SeqCst) + 1;
+            let stopped = t.clone();
+            async move {
+                if n <= fail_first {
+                    if n % 2 == 0 {
+                        panic!("incarnation {n} panics");
+                    }
+                    return Err(std::io::Error::other(format!("incarnation {n} fails")));
+                }
+                stop.stopped().await;
+                stopped.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+        .with_backoff(Backoff::constant(Duration::from_millis(100)));
+        (spec, starts, stopped)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_child_is_restarted_after_errors_and_panics_and_removed_with_a_clean_stop() {
+        let (sup, _join) = DynamicSupervisor::spawn(
+            "dyn-task".into(),
+            Intensity::new(5, Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        let (spec, starts, stopped) = flaky_task("dyn-task-child", 2);
+        add_task(&sup, spec).await.unwrap();
+        let snap = wait_for(&sup, "two restarts", |s| s.restarts == 2).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        assert_eq!(
+            snap.restarted,
+            BTreeMap::from([("dyn-task-child".to_string(), 2)])
+        );
+        let (again, _, _) = flaky_task("dyn-task-child", 0);
+        assert_eq!(
+            add_task(&sup, again).await,
+            Err(DynamicError::Duplicate("dyn-task-child".into()))
+        );
+        // Removed: its stop signal ends it cleanly, and it is never restarted.
+        assert!(remove_child(&sup, "dyn-task-child", Duration::from_secs(1))
+            .await
+            .unwrap());
+        assert_eq!(stopped.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+        let snap = snapshot(&sup).await.unwrap();
+        assert_eq!((snap.children, snap.given_up), (0, 0), "{snap:?}");
+        sup.stop(None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_task_child_over_its_intensity_is_given_up_alone_and_a_stopping_supervisor_stops_the_rest(
+    ) {
+        let (sup, join) = DynamicSupervisor::spawn(
+            "dyn-task-giveup".into(),
+            Intensity::new(2, Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        let (bad, bad_starts, _) = flaky_task("dyn-task-bad", usize::MAX);
+        let (good, _, good_stopped) = flaky_task("dyn-task-good", 0);
+        add_task(&sup, good).await.unwrap();
+        add_task(&sup, bad).await.unwrap();
+        let snap = wait_for(&sup, "given up", |s| s.given_up == 1).await;
+        assert_eq!(bad_starts.load(Ordering::SeqCst), 3);
+        assert_eq!(snap.children, 1, "the good sibling is still supervised");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(bad_starts.load(Ordering::SeqCst), 3);
+        // A normal stop of a permanent task child restarts it; the supervisor's own stop
+        // gives every task its signal and waits for it.
+        sup.stop(None);
+        join.await.unwrap();
+        assert_eq!(good_stopped.load(Ordering::SeqCst), 1);
     }
 }

@@ -13,8 +13,10 @@
 //! Supervisors nest: [`ChildSpec::supervisor`] makes a supervisor the child of another, which
 //! restarts it, with its whole subtree, when it exceeds its restart intensity.
 //!
-//! A [`DynamicSupervisor`] takes children while it runs (one per tracked task): each is
-//! restarted on its own, and one that exceeds its intensity is given up, not its siblings.
+//! A [`DynamicSupervisor`] takes children while it runs (one per attached inbox): each is
+//! restarted on its own, and one that exceeds its intensity is given up, not its siblings. Its
+//! children may be actors or tasks ([`task`]: one tokio task per incarnation, for the children
+//! a host holds by the thousand).
 //!
 //! Every supervisor answers [`snapshot`] with a serializable [`SupervisorSnapshot`] of its
 //! children's restart counts and liveness.
@@ -55,6 +57,7 @@ mod shutdown;
 mod snapshot;
 mod spec;
 mod supervisor;
+pub mod task;
 
 pub use backoff::Backoff;
 pub use dynamic::{DynamicRef, DynamicSnapshot, DynamicSupervisor};

@@ -1,17 +1,20 @@
 //! Inboxes in an [`ActorSystem`]: `attach_inbox`, `detach_inbox` and their snapshots.
 //!
-//! Every attached inbox is a child of the system's one inbox supervisor (a dynamic supervisor,
-//! started by the first attach), restarted on its own with its own backoff and restart
-//! intensity: a handler that fails restarts that inbox alone, and an inbox that fails past its
-//! intensity is given up alone. One supervisor for all, not one each, because a host of
-//! thousands of agents pays for every actor (docs/CAPACITY.md). A host attaches many agents
-//! concurrently (an inbox binds in its own mailbox, not its supervisor's), detaches any of
-//! them, and a shutdown stops them together ([`INBOX_STOP_CONCURRENCY`] at a time).
+//! Every attached inbox is a task child of the system's one inbox supervisor (a dynamic
+//! supervisor, started by the first attach; [`actors::supervision::task`]), restarted on its
+//! own with its own backoff and restart intensity: a handler that fails restarts that inbox
+//! alone, and an inbox that fails past its intensity is given up alone. A task, not an actor,
+//! and one supervisor for all, not one each, because a host of thousands of agents pays for
+//! every actor (docs/CAPACITY.md). A host attaches many agents concurrently (an inbox binds on
+//! its own task, not in its supervisor's mailbox), detaches any of them, and a shutdown stops
+//! them together ([`INBOX_STOP_CONCURRENCY`] at a time).
 
 use std::time::Duration;
 
-use actors::inbox::{Delivery, Handled, InboxConsumer, InboxHandler, InboxMsg, InboxSnapshot};
-use actors::supervision::{dynamic, ChildSpec, DynamicRef, Restart};
+use std::sync::Arc;
+
+use actors::inbox::{Delivery, Handled, InboxConsumer, InboxHandler, InboxSnapshot, InboxView};
+use actors::supervision::{dynamic, DynamicRef, Restart};
 use futures::StreamExt;
 use protocol::AgentId;
 
@@ -24,8 +27,6 @@ pub const INBOX_BATCH: usize = 256;
 /// How many inboxes a shutdown stops at once (each flushes its outbox and writes its offline
 /// marker as it stops).
 pub const INBOX_STOP_CONCURRENCY: usize = 256;
-/// How often [`ActorSystem::attach_inbox`] looks whether the inbox is bound.
-const BIND_POLL: Duration = Duration::from_millis(20);
 
 impl ActorSystem {
     /// Starts `id`'s inbox consumer under the system's inbox supervisor. The handler is called once per
@@ -52,28 +53,34 @@ impl ActorSystem {
         Fut: std::future::Future<Output = R> + Send + 'static,
         R: Into<Handled> + 'static,
     {
-        if !self.inboxes.lock().await.insert(id.clone()) {
-            return Err(SystemError::AlreadyAttached { id: id.clone() });
+        let view = Arc::new(InboxView::default());
+        {
+            let mut inboxes = self.inboxes.lock().await;
+            if inboxes.contains_key(id) {
+                return Err(SystemError::AlreadyAttached { id: id.clone() });
+            }
+            inboxes.insert(id.clone(), view.clone());
         }
-        let started = self.start_inbox(id, handler).await;
+        let started = self.start_inbox(id, handler, view.clone()).await;
         if started.is_err() {
             self.inboxes.lock().await.remove(id);
         }
         started?;
-        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
-        while self.inbox_snapshot(id).await.is_none() {
-            if tokio::time::Instant::now() > deadline {
-                return Err(SystemError::Timeout {
-                    what: format!("the inbox of {id} to bind"),
-                });
-            }
-            tokio::time::sleep(BIND_POLL).await;
+        if !view.wait_bound(super::START_DEADLINE).await {
+            return Err(SystemError::Timeout {
+                what: format!("the inbox of {id} to bind"),
+            });
         }
         Ok(())
     }
 
-    /// Adds `id`'s inbox actor to the inbox supervisor.
-    async fn start_inbox<F, Fut, R>(&self, id: &AgentId, handler: F) -> Result<(), SystemError>
+    /// Adds `id`'s inbox to the inbox supervisor, showing itself in `view`.
+    async fn start_inbox<F, Fut, R>(
+        &self,
+        id: &AgentId,
+        handler: F,
+        view: Arc<InboxView>,
+    ) -> Result<(), SystemError>
     where
         F: Fn(Delivery) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = R> + Send + 'static,
@@ -92,7 +99,6 @@ impl ActorSystem {
         });
         let inbox = InboxConsumer {
             name: self.inbox_name(id),
-            client: self.client.clone(),
             id: id.clone(),
             mode: self.inbox_mode,
             inbox_stream: self.delivery.inbox.name.clone(),
@@ -102,18 +108,17 @@ impl ActorSystem {
             handler,
             presence_beat: self.durable.then(|| self.delivery.presence_beat()),
             audit_events: self.delivery.audit_events,
-            pulls: self.inbox_pulls.clone(),
+            shared: self.inbox_shared.clone(),
         };
-        let child =
-            ChildSpec::actor(self.inbox_name(id), inbox, || ()).with_restart(Restart::Permanent);
+        let child = inbox.task_spec(view).with_restart(Restart::Permanent);
         let supervisor = self.inbox_supervisor().await?;
-        dynamic::add_child(&supervisor, child)
+        dynamic::add_task(&supervisor, child)
             .await
             .map_err(|e| SystemError::spawn(&self.inbox_name(id), e))
     }
 
-    /// Stops `id`'s inbox consumer and releases everything it held here: its actors, tasks,
-    /// subscription and timers. The DM in hand is finished and acked first, the read receipts
+    /// Stops `id`'s inbox consumer and releases everything it held here: its task, its slot in
+    /// the shared pulls, its presence beat and its timers. The DM in hand is finished and acked first, the read receipts
     /// still waiting get one more try, and the agent's presence is marked offline (as at a
     /// shutdown). Within `grace`; an inbox that does not stop in time is killed, and what it
     /// had not acked is redelivered to its next attach.
@@ -133,7 +138,7 @@ impl ActorSystem {
     /// Cancel safe as to the hub (what was not acked is redelivered); a cancelled call may
     /// leave the inbox stopping in the background.
     pub async fn detach_inbox(&self, id: &AgentId, grace: Duration) -> Result<(), SystemError> {
-        if !self.inboxes.lock().await.remove(id) {
+        if self.inboxes.lock().await.remove(id).is_none() {
             return Err(SystemError::NotAttached { id: id.clone() });
         }
         self.stop_inbox(id, grace).await;
@@ -157,16 +162,16 @@ impl ActorSystem {
 
     /// The identities whose inboxes are attached here, sorted.
     pub async fn attached_inboxes(&self) -> Vec<AgentId> {
-        let mut ids: Vec<AgentId> = self.inboxes.lock().await.iter().cloned().collect();
+        let mut ids: Vec<AgentId> = self.inboxes.lock().await.keys().cloned().collect();
         ids.sort_unstable();
         ids
     }
 
-    /// The snapshot of `id`'s inbox consumer, when it runs.
+    /// The snapshot of `id`'s inbox consumer, while it is bound (none while it binds,
+    /// restarts or is given up).
     pub async fn inbox_snapshot(&self, id: &AgentId) -> Option<InboxSnapshot> {
-        let cell = ractor::registry::where_is(self.inbox_name(id))?;
-        let inbox: ractor::ActorRef<InboxMsg> = cell.into();
-        ractor::call_t!(inbox, InboxMsg::Snapshot, 5_000).ok()
+        let view = self.inboxes.lock().await.get(id)?.clone();
+        view.snapshot(id)
     }
 
     /// The inboxes' dynamic supervisor, started on first use, and again if it ever stopped.
@@ -177,7 +182,13 @@ impl ActorSystem {
     /// Stops every attached inbox, [`INBOX_STOP_CONCURRENCY`] at a time, then their supervisor
     /// (a shutdown).
     pub(super) async fn stop_inboxes(&self, grace: Duration) {
-        let ids: Vec<AgentId> = self.inboxes.lock().await.drain().collect();
+        let ids: Vec<AgentId> = self
+            .inboxes
+            .lock()
+            .await
+            .drain()
+            .map(|(id, _)| id)
+            .collect();
         futures::stream::iter(ids)
             .for_each_concurrent(INBOX_STOP_CONCURRENCY, |id| async move {
                 self.stop_inbox(&id, grace).await
@@ -187,5 +198,7 @@ impl ActorSystem {
             sup.stop(Some("system shutdown".into()));
             let _ = join.await;
         }
+        // What the inboxes emitted as they stopped, before the connection is flushed.
+        self.inbox_shared.flush_audit().await;
     }
 }

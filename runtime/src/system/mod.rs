@@ -18,7 +18,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -313,7 +313,7 @@ impl ActorSystemBuilder {
                 Err(_) => DurableInboxMode::default(),
             },
         };
-        let inbox_pulls = actors::inbox::InboxPulls::new(client.clone());
+        let inbox_shared = actors::inbox::InboxShared::new(client.clone(), &format!("{id}/clock"));
         Ok(ActorSystem {
             id,
             client,
@@ -323,11 +323,11 @@ impl ActorSystemBuilder {
             reply_prefix,
             inbox_mode,
             trees: Mutex::new(Vec::new()),
-            inboxes: Mutex::new(HashSet::new()),
+            inboxes: Mutex::new(HashMap::new()),
             inbox_supervisor: Mutex::new(None),
             trackers: Mutex::new(None),
             tracker_table: Arc::default(),
-            inbox_pulls,
+            inbox_shared,
             holds: Arc::default(),
         })
     }
@@ -378,16 +378,17 @@ pub struct ActorSystem {
     reply_prefix: String,
     inbox_mode: DurableInboxMode,
     trees: Mutex<Vec<Tree>>,
-    /// The identities whose inboxes are attached ([`inboxes`]).
-    inboxes: Mutex<HashSet<AgentId>>,
+    /// The identities whose inboxes are attached, with what each shows ([`inboxes`]).
+    inboxes: Mutex<HashMap<AgentId, Arc<actors::inbox::InboxView>>>,
     /// The inboxes' dynamic supervisor, started by the first attach.
     inbox_supervisor: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// The dynamic supervisor of the trackers' actor, started by the first `track`.
     trackers: Mutex<Option<(DynamicRef, JoinHandle<()>)>>,
     /// The tasks tracked, kept across the trackers' restarts.
     tracker_table: Arc<actors::tracker::TrackerTable>,
-    /// The pulls of its durable inboxes: one subscription for all of them.
-    inbox_pulls: actors::inbox::InboxPulls,
+    /// What its inboxes share: one subscription for their pulls, one task for their presence
+    /// beats, one audit flusher, one server clock.
+    inbox_shared: actors::inbox::InboxShared,
     /// What refusals for a limit told its senders to hold back, and until when.
     holds: Arc<holds::Holds>,
     /// The recipients' presence it read lately (a send's receipt names it).

@@ -274,29 +274,12 @@ impl InboxConsumer {
             };
             let counters = Arc::new(InboxCounters::default());
             let durable = matches!(binding, Binding::Durable { .. });
-            let audit = if durable && self.audit_events {
-                self.shared.auditor(&self.id)
-            } else {
-                crate::audit::Auditor::off()
-            };
             let clock = match &binding {
                 Binding::Durable { stream, consumer } => {
                     self.shared.clock(&self.name, stream, consumer)
                 }
                 Binding::Core => ClockView::unmeasured(&self.name),
             };
-            // Only a durable inbox sends receipts (nothing is acked in core mode).
-            let receipts = durable.then(|| {
-                Arc::new(outbox::ReceiptOutbox::new(
-                    outbox::Outbox::new(outbox::CAPACITY, counters.clone()),
-                    outbox::ReceiptSender::new(
-                        self.shared.client().clone(),
-                        self.shared.js().clone(),
-                        &self.id,
-                    ),
-                    audit.clone(),
-                ))
-            });
             let beats = match (&binding, self.presence_beat) {
                 (Binding::Durable { .. }, Some(every)) => {
                     Some(self.shared.beat(&self.id, every, counters.clone()))
@@ -309,22 +292,17 @@ impl InboxConsumer {
                 clock: clock.clone(),
             }));
             tracing::info!(id = %self.id, ?binding, "inbox bound");
-            let pump = pump::InboxPump {
-                inbox: self.clone(),
-                counters,
-                audit,
-                clock,
-                receipts: receipts.clone(),
-            };
+            // Only a durable inbox emits audit events and sends receipts (nothing is acked in
+            // core mode).
+            let pump =
+                pump::InboxPump::new(self.clone(), counters, durable && self.audit_events, clock);
             let pumped = pump.run(binding, &stop).await;
             view.set(None);
             pumped.map_err(InboxError::Pump)?;
             // A clean stop. Boxed: only a stopping inbox holds it.
             Box::pin(async move {
-                if let Some(receipts) = receipts {
-                    // Once the pump is gone (it queues no more): one try to flush the outbox.
-                    receipts.close().await;
-                }
+                // Once the pump is done (it queues no more): one try to flush the outbox.
+                pump.close().await;
                 if let Some(beats) = beats {
                     // A clean stop says so at once (a crash leaves the last beat to time out).
                     beats.offline().await;
@@ -409,5 +387,43 @@ impl InboxConsumer {
             tokio::time::timeout(self.attach_timeout, lookup).await,
             Ok(Some(_))
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an idle inbox's task holds is its incarnation's future, once per idle inbox of a
+    /// host (docs/CAPACITY.md): bound here, so that a change that makes it hold a DM's
+    /// handling, a publish or itself twice (an `async move` block around it) is seen.
+    #[tokio::test]
+    async fn an_idle_inbox_s_future_stays_small() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let inbox = InboxConsumer {
+            name: "small".into(),
+            id: AgentId::new("bob").unwrap(),
+            mode: DurableInboxMode::On,
+            inbox_stream: "HUB_INBOX".into(),
+            hub_durable: true,
+            attach_timeout: Duration::from_secs(1),
+            batch: 256,
+            handler: Arc::new(|_| Box::pin(async { Handled::Done })),
+            presence_beat: Some(Duration::from_secs(20)),
+            audit_events: true,
+            shared: InboxShared::new(client, "small/clock"),
+        };
+        let spec = inbox.clone().task_spec(Arc::default());
+        // As the supervisor boxes it.
+        let boxed = (spec.start)(StopSignal::new());
+        let size = std::mem::size_of_val(&*boxed);
+        assert!(size <= 1_536, "an idle inbox's future: {size} bytes");
+        let direct = Arc::new(inbox).run(StopSignal::new(), Arc::default());
+        assert!(
+            size <= std::mem::size_of_val(&direct) + 64,
+            "held once: {size} against {}",
+            std::mem::size_of_val(&direct)
+        );
     }
 }

@@ -299,6 +299,13 @@ async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
                 parked.push((slot.key().clone(), slot.value().clone()));
                 continue;
             }
+            {
+                // An idle inbox holds no buffer: the room of its last messages is given back.
+                let mut queue = slot.queue.lock().expect("not poisoned");
+                if queue.is_empty() && queue.capacity() > 0 {
+                    *queue = VecDeque::new();
+                }
+            }
             let alive = slot.alive_ms.load(Ordering::Relaxed);
             if reconnected || now.saturating_sub(alive) >= ms(SILENCE) {
                 // Judged again one silence later, not at every tick.
@@ -390,44 +397,56 @@ impl Puller {
                 repulls.bump();
                 tracing::warn!(consumer = %self.consumer, "inbox pull silent past two heartbeats, or the connection was replaced; pulling again");
             }
-            let (msg, queued) = {
+            let held = {
                 let mut queue = self.slot.queue.lock().expect("not poisoned");
-                let msg = queue.pop_front();
-                if msg.is_none() && queue.capacity() > QUEUE_KEPT {
-                    // A burst's room is given back once it was handled: an idle inbox holds
-                    // no buffer.
+                if queue.is_empty() && queue.capacity() > QUEUE_KEPT {
+                    // A burst's room is given back once it was handled (the watchdog gives
+                    // back the rest once the inbox is idle).
                     *queue = VecDeque::new();
                 }
-                (msg, queue.len())
+                queue.len()
             };
-            self.top_up(queued + usize::from(msg.is_some())).await;
+            // Before the message is taken: the future does not hold one across the pull.
+            // What came meanwhile was owed by a pull, and is counted as such.
+            self.top_up(held).await;
+            let msg = self.slot.queue.lock().expect("not poisoned").pop_front();
             let Some(msg) = msg else {
                 self.slot.wake.notified().await;
                 continue;
             };
-            let pull = || {
-                subjects::parse_pull_reply(&msg.subject, self.pulls.0.prefix.len())
-                    .and_then(|(_, pull)| pull)
+            // The message's scope ends before the pause below: the future holds none there.
+            let refused = {
+                let pull = || {
+                    subjects::parse_pull_reply(&msg.subject, self.pulls.0.prefix.len())
+                        .and_then(|(_, pull)| pull)
+                };
+                match classify(msg.status.map(|s| s.as_u16()), msg.description.as_deref()) {
+                    PullReply::Message => {
+                        self.book.received();
+                        return Pulled::Message(async_nats::jetstream::Message {
+                            message: msg,
+                            context: self.pulls.0.context.clone(),
+                        });
+                    }
+                    // Stopped at the demultiplexer; counted alive there.
+                    PullReply::Heartbeat => false,
+                    PullReply::Ended => {
+                        self.book.ended(pull());
+                        false
+                    }
+                    PullReply::Gone(why) => return Pulled::Gone(why),
+                    PullReply::Refused => {
+                        tracing::warn!(consumer = %self.consumer, status = ?msg.status, description = ?msg.description, "inbox pull refused; pulling again");
+                        repulls.bump();
+                        self.book.ended(pull());
+                        true
+                    }
+                }
             };
-            match classify(msg.status.map(|s| s.as_u16()), msg.description.as_deref()) {
-                PullReply::Message => {
-                    self.book.received();
-                    return Pulled::Message(async_nats::jetstream::Message {
-                        message: msg,
-                        context: self.pulls.0.context.clone(),
-                    });
-                }
-                // Stopped at the demultiplexer; counted alive there.
-                PullReply::Heartbeat => {}
-                PullReply::Ended => self.book.ended(pull()),
-                PullReply::Gone(why) => return Pulled::Gone(why),
-                PullReply::Refused => {
-                    tracing::warn!(consumer = %self.consumer, status = ?msg.status, description = ?msg.description, "inbox pull refused; pulling again");
-                    repulls.bump();
-                    self.book.ended(pull());
-                    // Not at once: a broker without JetStream answers the next one at once.
-                    tokio::time::sleep(REFUSED_PAUSE).await;
-                }
+            if refused {
+                // Not at once: a broker without JetStream answers the next one at once.
+                // Boxed: a rare path, not held by an idle inbox's future.
+                Box::pin(tokio::time::sleep(REFUSED_PAUSE)).await;
             }
         }
     }
@@ -449,13 +468,14 @@ impl Puller {
         let expires = self.pulls.0.expires;
         let heartbeat = PULL_HEARTBEAT.min(expires / 3);
         let request = protocol::pull::next_request(want, expires, heartbeat);
-        if let Err(e) = self
-            .pulls
-            .0
-            .client
-            .publish_with_reply(self.next_subject.clone(), reply, request.into())
-            .await
-        {
+        // Boxed: an idle inbox's future does not hold a publish (600 bytes, once per idle
+        // inbox of a host); one allocation per pull.
+        let publish = self.pulls.0.client.publish_with_reply(
+            self.next_subject.clone(),
+            reply,
+            request.into(),
+        );
+        if let Err(e) = Box::pin(publish).await {
             // Counted open all the same: the watchdog finds it silent, and it is issued again.
             tracing::warn!(consumer = %self.consumer, error = %e, "inbox pull not sent");
         }

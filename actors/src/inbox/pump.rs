@@ -1,7 +1,7 @@
 //! The inbox pump: pulls DMs (or reads a core subscription), drops repeats, hands each DM to
 //! the handler and acks it after the handler returned.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
@@ -13,7 +13,7 @@ use protocol::audit::Details;
 use protocol::subjects;
 use tracing::Instrument;
 
-use super::outbox::{PendingReceipt, ReceiptOutbox};
+use super::outbox::{Outbox, PendingReceipt, ReceiptOutbox, ReceiptSender};
 use super::pulls::Pulled;
 use super::{Binding, Delivery, InboxConsumer};
 use crate::clock::ClockView;
@@ -101,17 +101,20 @@ pub enum PumpError {
     Fault(#[from] fault::FaultError),
 }
 
-/// What the pump needs: its inbox's configuration and its incarnation's parts.
+/// What the pump needs: its inbox's configuration and its incarnation's parts. What an idle
+/// inbox does not use is made when first used: its audit emitter, its read receipts' outbox.
 pub(super) struct InboxPump {
-    pub inbox: Arc<InboxConsumer>,
-    pub counters: Arc<InboxCounters>,
-    /// Where its audit events go (`fetched`, `delivered`, `nacked`, ...).
-    pub audit: crate::audit::Auditor,
+    inbox: Arc<InboxConsumer>,
+    counters: Arc<InboxCounters>,
+    /// Whether its audit events go anywhere (a durable binding, audit events on).
+    audit_on: bool,
+    /// Where its audit events go (`fetched`, `delivered`, `nacked`, ...), once it has one.
+    audit: OnceLock<crate::audit::Auditor>,
     /// Server time, which deadlines are judged in ([`crate::clock`]).
-    pub clock: ClockView,
+    clock: ClockView,
     /// Sends read receipts through this identity's ingress, and keeps those that could not be
-    /// sent at once ([`super::outbox`]; a durable binding only).
-    pub receipts: Option<Arc<ReceiptOutbox>>,
+    /// sent at once ([`super::outbox`]), once it had one to send (a durable binding only).
+    receipts: OnceLock<Box<ReceiptOutbox>>,
 }
 
 /// What one DM's audit events name.
@@ -149,14 +152,62 @@ enum Verdict {
 }
 
 impl InboxPump {
+    /// The pump of one incarnation of `inbox`.
+    pub fn new(
+        inbox: Arc<InboxConsumer>,
+        counters: Arc<InboxCounters>,
+        audit_on: bool,
+        clock: ClockView,
+    ) -> InboxPump {
+        InboxPump {
+            inbox,
+            counters,
+            audit_on,
+            audit: OnceLock::new(),
+            clock,
+            receipts: OnceLock::new(),
+        }
+    }
+
+    /// Its audit emitter, made at its first event.
+    fn audit(&self) -> &crate::audit::Auditor {
+        self.audit.get_or_init(|| {
+            if self.audit_on {
+                self.inbox.shared.auditor(&self.inbox.id)
+            } else {
+                crate::audit::Auditor::off()
+            }
+        })
+    }
+
+    /// Its read receipts, made at the first.
+    fn receipts(&self) -> &ReceiptOutbox {
+        self.receipts.get_or_init(|| {
+            let shared = &self.inbox.shared;
+            Box::new(ReceiptOutbox::new(
+                Outbox::new(super::outbox::CAPACITY, self.counters.clone()),
+                ReceiptSender::new(shared.client().clone(), shared.js().clone(), &self.inbox.id),
+                self.audit().clone(),
+            ))
+        })
+    }
+
+    /// A clean stop, once the pump is done: the read receipts still waiting get one more try
+    /// ([`ReceiptOutbox::close`]).
+    pub async fn close(&self) {
+        if let Some(receipts) = self.receipts.get() {
+            receipts.close().await;
+        }
+    }
+
     /// Pumps `binding` until `stop` is given (then `Ok`, the DM in hand finished) or the pump
     /// fails.
     ///
-    /// Not an `async fn`: its future holds the pump once (an `async fn` keeps its arguments
+    /// Not an `async fn`: its future holds its arguments once (an `async fn` keeps them
     /// twice), and a host of many inboxes holds one such future per idle inbox.
     #[allow(clippy::manual_async_fn)]
     pub fn run<'a>(
-        self,
+        &'a self,
         binding: Binding,
         stop: &'a StopSignal,
     ) -> impl std::future::Future<Output = Result<(), PumpError>> + Send + 'a {
@@ -383,9 +434,7 @@ impl InboxPump {
     /// once (or that older receipts still wait before) goes to the outbox, which tries it
     /// again until it is stored ([`super::outbox`]): the DM was handled and acked.
     async fn send_receipt(&self, receipt: &protocol::Envelope, trail: Option<Trail>) {
-        let Some(receipts) = &self.receipts else {
-            return;
-        };
+        let receipts = self.receipts();
         let pending = match PendingReceipt::new(&self.inbox.id, receipt, trail) {
             Ok(pending) => pending,
             Err(e) => {
@@ -403,7 +452,7 @@ impl InboxPump {
             Ok(()) => {
                 self.counters.receipts.bump();
                 emit(
-                    &self.audit,
+                    self.audit(),
                     pending.trail.as_ref(),
                     "read",
                     Details::default(),
@@ -445,7 +494,7 @@ impl InboxPump {
         stream_seq: Option<u64>,
         delivered: u64,
     ) -> Option<Trail> {
-        if !self.audit.is_on() {
+        if !self.audit().is_on() {
             return None;
         }
         let id = match verdict {
@@ -475,20 +524,20 @@ impl InboxPump {
         };
         match verdict {
             Verdict::Handle(d) => {
-                emit(&self.audit, Some(&trail), "fetched", seq.clone());
+                emit(self.audit(), Some(&trail), "fetched", seq.clone());
                 if d.redelivered {
-                    emit(&self.audit, Some(&trail), "redelivered", seq);
+                    emit(self.audit(), Some(&trail), "redelivered", seq);
                 }
             }
-            Verdict::Duplicate => emit(&self.audit, Some(&trail), "deduplicated", seq),
-            Verdict::Expired => emit(&self.audit, Some(&trail), "expired", seq),
+            Verdict::Duplicate => emit(self.audit(), Some(&trail), "deduplicated", seq),
+            Verdict::Expired => emit(self.audit(), Some(&trail), "expired", seq),
             Verdict::Malformed => {}
         }
         Some(trail)
     }
 
     fn emit(&self, trail: &Option<Trail>, event: &'static str, details: Details) {
-        emit(&self.audit, trail.as_ref(), event, details);
+        emit(self.audit(), trail.as_ref(), event, details);
     }
 
     fn judge(

@@ -135,7 +135,9 @@ impl Spec {
 /// State of a dynamic supervisor.
 pub struct DynamicState {
     intensity: Intensity,
-    children: HashMap<String, Child>,
+    /// Boxed: the table keeps room for more entries than it holds, and a host's table holds
+    /// thousands of inboxes.
+    children: HashMap<String, Box<Child>>,
     stats: DynamicSnapshot,
 }
 
@@ -384,14 +386,14 @@ impl DynamicState {
     fn insert(&mut self, id: String, spec: Spec, backoff: BackoffTracker) {
         self.children.insert(
             id,
-            Child {
+            Box::new(Child {
                 spec,
                 running: None,
                 backoff,
                 failures: VecDeque::new(),
                 restarts: 0,
                 generation: 0,
-            },
+            }),
         );
         self.stats.added += 1;
     }

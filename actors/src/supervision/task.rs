@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::FutureExt;
+use futures::{FutureExt, TryFutureExt};
 
 use super::backoff::Backoff;
 use super::spec::Restart;
@@ -122,10 +122,10 @@ impl TaskSpec {
             id: id.into(),
             restart: Restart::default(),
             backoff: Backoff::default(),
-            start: Arc::new(move |stop| {
-                let run = start(stop);
-                Box::pin(async move { run.await.map_err(Into::into) })
-            }),
+            // A combinator, not an `async move` block around the incarnation: a block would
+            // hold the incarnation's future twice (captured, then awaited), and a host holds
+            // one per idle inbox.
+            start: Arc::new(move |stop| Box::pin(start(stop).map_err(Into::into))),
         }
     }
 

@@ -218,6 +218,11 @@ async fn run(beats: Arc<Beats>) {
             },
         ))
         .await;
+        if beats.entries.is_empty() {
+            // Nothing to beat for: asleep until a registration.
+            wake.await;
+            continue;
+        }
         let look = Duration::from_millis(beats.look_ms.load(Ordering::Relaxed));
         let _ = tokio::time::timeout(look, wake).await;
     }

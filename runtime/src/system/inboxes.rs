@@ -142,6 +142,8 @@ impl ActorSystem {
             return Err(SystemError::NotAttached { id: id.clone() });
         }
         self.stop_inbox(id, grace).await;
+        // Its last audit events out now, not a flush window later (a host may exit next).
+        self.inbox_shared.flush_audit().await;
         Ok(())
     }
 

@@ -191,6 +191,10 @@ struct Hub {
     /// The emitters with events since the last flush, each once.
     dirty: Mutex<Vec<Arc<Shared>>>,
     wake: tokio::sync::Notify,
+    /// Held while a flush publishes, with its encoding buffer: flushes follow one another, so
+    /// an emitter's batches go out in order, and [`AuditHub::flush`] returns only once what was
+    /// taken before it is published too.
+    publishing: tokio::sync::Mutex<Vec<u8>>,
 }
 
 impl AuditHub {
@@ -200,6 +204,7 @@ impl AuditHub {
             client,
             dirty: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
+            publishing: tokio::sync::Mutex::new(Vec::new()),
         });
         let task = Owned::spawn(hub_flush(hub.clone()));
         AuditHub(Arc::new(HubOwner { hub, _task: task }))
@@ -223,9 +228,13 @@ impl AuditHub {
         }
     }
 
-    /// Publishes at once what every emitter of the hub holds (a shutdown's last flush).
+    /// Publishes at once what every emitter of the hub holds (a shutdown's last flush), after
+    /// a flush already under way.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: what a cancelled flush took and had not published yet is lost.
     pub async fn flush(&self) {
-        self.0.hub.publish(&mut Vec::new()).await;
+        self.0.hub.publish().await;
     }
 }
 
@@ -242,8 +251,10 @@ impl Hub {
         }
     }
 
-    /// Publishes what every listed emitter holds, `out` as the encoding buffer.
-    async fn publish(&self, out: &mut Vec<u8>) {
+    /// Publishes what every listed emitter holds, one flush at a time.
+    async fn publish(&self) {
+        let mut out = self.publishing.lock().await;
+        let out = &mut *out;
         let listed = std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()));
         for shared in listed {
             let Some(link) = &shared.link else {
@@ -270,7 +281,6 @@ impl Hub {
 /// The hub's task: idle until an emitter is listed, then [`FLUSH_EVERY`] later publishes what
 /// is listed; for as long as it runs (its owner aborts it).
 async fn hub_flush(hub: Arc<Hub>) {
-    let mut out: Vec<u8> = Vec::new();
     loop {
         let wake = hub.wake.notified();
         tokio::pin!(wake);
@@ -281,11 +291,13 @@ async fn hub_flush(hub: Arc<Hub>) {
             .unwrap_or_else(|e| e.into_inner())
             .is_empty();
         if idle {
-            out.shrink_to(KEEP);
+            if let Ok(mut out) = hub.publishing.try_lock() {
+                out.shrink_to(KEEP);
+            }
             wake.await;
         }
         tokio::time::sleep(FLUSH_EVERY).await;
-        hub.publish(&mut out).await;
+        hub.publish().await;
     }
 }
 

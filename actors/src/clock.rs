@@ -19,6 +19,9 @@ use protocol::clock::{measure, ClockError, Measured};
 
 /// How often the offset is measured again.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(300);
+/// How soon a measurement is tried again while none was ever kept (the first one's request
+/// failed): deadlines are judged on the local clock until one is.
+pub const RETRY_UNMEASURED: Duration = Duration::from_secs(5);
 /// How long [`ServerClock::settled`] waits for the first measurement.
 pub const SETTLE_WITHIN: Duration = Duration::from_secs(2);
 /// How long one measurement's request may take.
@@ -132,7 +135,8 @@ impl ServerClock {
     /// Measures now, then every [`REFRESH_EVERY`], for as long as it runs (its owner's task),
     /// each time on the subject `subject` names then (the inboxes of a host share one clock,
     /// measured on the consumer info of the inbox that registered last); without one, that
-    /// measure is skipped.
+    /// measure is skipped. While no measurement was ever kept, it tries again every
+    /// [`RETRY_UNMEASURED`].
     pub async fn refresh(
         self: Arc<Self>,
         client: async_nats::Client,
@@ -142,7 +146,7 @@ impl ServerClock {
             let Some(subject) = subject() else {
                 self.tried.store(true, Ordering::Release);
                 self.settled.notify_waiters();
-                tokio::time::sleep(REFRESH_EVERY).await;
+                tokio::time::sleep(self.next_refresh()).await;
                 continue;
             };
             // Boxed: between measures the task holds only its timer.
@@ -158,7 +162,17 @@ impl ServerClock {
             }
             self.tried.store(true, Ordering::Release);
             self.settled.notify_waiters();
-            tokio::time::sleep(REFRESH_EVERY).await;
+            tokio::time::sleep(self.next_refresh()).await;
+        }
+    }
+
+    /// How long until the next measurement: [`REFRESH_EVERY`], or [`RETRY_UNMEASURED`] while
+    /// none was kept.
+    fn next_refresh(&self) -> Duration {
+        if self.measured.load(Ordering::Relaxed) {
+            REFRESH_EVERY
+        } else {
+            RETRY_UNMEASURED
         }
     }
 }
@@ -287,5 +301,48 @@ mod tests {
         assert!(clock.now_ms().abs_diff(real) <= 1_000);
         assert!(clock.local_ms() >= real + 599_000);
         assert_eq!(clock.offset_ms(), Some(m.offset_ms));
+    }
+
+    #[tokio::test]
+    async fn a_first_measurement_that_failed_is_tried_again_within_seconds() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "CLK2".into(),
+            subjects: vec!["clk2.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        js.create_consumer_on_stream(
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("c".into()),
+                ..Default::default()
+            },
+            "CLK2",
+        )
+        .await
+        .unwrap();
+        // First on a consumer that does not exist: the reply names no server time.
+        let subject = Arc::new(std::sync::Mutex::new(
+            "$JS.API.CONSUMER.INFO.CLK2.missing".to_owned(),
+        ));
+        let clock = ServerClock::new("clock-retry");
+        let _refresh = crate::background::Owned::spawn(clock.clone().refresh(client, {
+            let subject = subject.clone();
+            move || Some(subject.lock().unwrap().clone())
+        }));
+        clock.settled().await;
+        assert_eq!(clock.offset_ms(), None);
+        *subject.lock().unwrap() = "$JS.API.CONSUMER.INFO.CLK2.c".to_owned();
+        let deadline = tokio::time::Instant::now() + RETRY_UNMEASURED + Duration::from_secs(3);
+        while clock.offset_ms().is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not measured again within {RETRY_UNMEASURED:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }

@@ -276,3 +276,47 @@ async fn a_router_whose_pull_the_broker_never_got_pulls_again_after_two_missed_h
     hub.shutdown(GRACE).await.unwrap();
     router_host.shutdown(GRACE).await.unwrap();
 }
+
+/// A handler that panics at every DM: its inbox is restarted (the DM comes back to each
+/// incarnation), then given up alone; a dead incarnation shows no snapshot, the inbox stays
+/// attached in name, and its sibling goes on.
+#[tokio::test]
+async fn an_inbox_whose_handler_panics_is_given_up_alone_and_shows_no_snapshot() {
+    let server = harness::run_server().await.unwrap();
+    let system = durable_system(server.url()).await;
+    system.start_router().await.unwrap();
+    let (alice, bob, carol) = (agent("alice"), agent("bob"), agent("carol"));
+    system
+        .attach_inbox(&bob, |_| async {
+            panic!("the handler panics");
+            #[allow(unreachable_code)]
+            actors::inbox::Handled::Done
+        })
+        .await
+        .unwrap();
+    let seen_carol = attach_collect(&system, &carol).await;
+    system.send(&alice, &bob, json!("poison")).await.unwrap();
+    harness::wait_until_async("bob's inbox given up", Duration::from_secs(30), || async {
+        system
+            .snapshot()
+            .await
+            .ok()
+            .and_then(|s| s.inbox_supervisor)
+            .is_some_and(|s| s.given_up == 1)
+    })
+    .await
+    .unwrap();
+    assert!(
+        system.inbox_snapshot(&bob).await.is_none(),
+        "a given-up inbox shows its last incarnation: {:?}",
+        system.inbox_snapshot(&bob).await
+    );
+    assert_eq!(
+        system.attached_inboxes().await,
+        vec![bob.clone(), carol.clone()]
+    );
+    system.send(&alice, &carol, json!("fine")).await.unwrap();
+    wait_for(&seen_carol, 1).await;
+    assert_eq!(bodies(&seen_carol), vec![json!("fine")]);
+    system.shutdown(GRACE).await.unwrap();
+}

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use protocol::attach::{
     attach_fallback, attach_fallback_on_durable_hub, when_consumer_missing, AttachOutcome,
     AttachResponse, DurableInboxMode, InboxFailure, InboxPlan,
@@ -162,6 +163,15 @@ struct Bound {
     clock: ClockView,
 }
 
+/// Clears an incarnation's view when dropped.
+struct Shown<'a>(&'a InboxView);
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        self.0.set(None);
+    }
+}
+
 impl InboxView {
     /// The snapshot of `id`'s incarnation bound now, if one is.
     pub fn snapshot(&self, id: &AgentId) -> Option<InboxSnapshot> {
@@ -291,13 +301,20 @@ impl InboxConsumer {
                 counters: counters.clone(),
                 clock: clock.clone(),
             }));
+            // Cleared when this incarnation ends, however it ends (an abort too).
+            let shown = Shown(&view);
             tracing::info!(id = %self.id, ?binding, "inbox bound");
             // Only a durable inbox emits audit events and sends receipts (nothing is acked in
             // core mode).
             let pump =
                 pump::InboxPump::new(self.clone(), counters, durable && self.audit_events, clock);
-            let pumped = pump.run(binding, &stop).await;
-            view.set(None);
+            // A panic (the handler's) fails this incarnation as an error would, here, so that
+            // it ends as any failure does (its view cleared, its parts dropped).
+            let pumped = std::panic::AssertUnwindSafe(pump.run(binding, &stop))
+                .catch_unwind()
+                .await
+                .unwrap_or(Err(PumpError::Panicked));
+            drop(shown);
             pumped.map_err(InboxError::Pump)?;
             // A clean stop. Boxed: only a stopping inbox holds it.
             Box::pin(async move {

@@ -99,6 +99,9 @@ pub enum PumpError {
     /// A fault armed for this inbox fired (tests).
     #[error(transparent)]
     Fault(#[from] fault::FaultError),
+    /// The handler (or the pump) panicked.
+    #[error("the inbox's handler panicked")]
+    Panicked,
 }
 
 /// What the pump needs: its inbox's configuration and its incarnation's parts. What an idle

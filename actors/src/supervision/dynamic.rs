@@ -114,9 +114,12 @@ struct Child {
     backoff: BackoffTracker,
     failures: VecDeque<Instant>,
     restarts: u64,
-    /// The incarnations started (a task child's exit is current only for the last).
-    generation: u64,
 }
+
+/// The incarnations of task children started in this process: a task child's exit is current
+/// only for the incarnation that runs now, whichever child (a removed child added again under
+/// its id starts a new one, which the old one's late exit must not touch).
+static INCARNATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 enum Spec {
     Actor(ChildSpec),
@@ -216,7 +219,11 @@ pub async fn remove_child(
                 cell.kill_and_wait(Some(grace)).await.ok();
             }
         }
-        Some(Running::Task(run)) => run.stop_within(grace).await,
+        // On a task of its own: a caller that gives up waiting leaves it stopping, not
+        // aborted (its clean stop still runs, within `grace`).
+        Some(Running::Task(run)) => {
+            let _ = tokio::spawn(run.stop_within(grace)).await;
+        }
     }
     Ok(true)
 }
@@ -392,7 +399,6 @@ impl DynamicState {
                 backoff,
                 failures: VecDeque::new(),
                 restarts: 0,
-                generation: 0,
             }),
         );
         self.stats.added += 1;
@@ -409,11 +415,11 @@ async fn start(myself: &ActorRef<DynamicMsg>, state: &mut DynamicState, id: &str
         return;
     };
     child.running = None;
-    child.generation += 1;
     let spawn = match &child.spec {
         Spec::Actor(spec) => spec.spawn.clone(),
         Spec::Task(spec) => {
-            let (me, id, generation) = (myself.clone(), id.to_owned(), child.generation);
+            let generation = INCARNATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (me, id) = (myself.clone(), id.to_owned());
             child.running = Some(Running::Task(TaskRun::start(
                 spec,
                 generation,
@@ -780,5 +786,47 @@ mod tests {
         sup.stop(None);
         join.await.unwrap();
         assert_eq!(good_stopped.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_exit_of_a_removed_task_child_leaves_the_child_added_again_alone() {
+        let (sup, _join) = DynamicSupervisor::spawn("dyn-task-late".into(), Intensity::default())
+            .await
+            .unwrap();
+        // The first child ends only once released, after its stop signal.
+        let release = Arc::new(tokio::sync::Notify::new());
+        let first = {
+            let release = release.clone();
+            TaskSpec::new(
+                "dyn-task-late-child",
+                move |stop: super::super::task::StopSignal| {
+                    let release = release.clone();
+                    async move {
+                        stop.stopped().await;
+                        release.notified().await;
+                        Ok::<(), std::io::Error>(())
+                    }
+                },
+            )
+        };
+        add_task(&sup, first).await.unwrap();
+        let removing = {
+            let sup = sup.clone();
+            tokio::spawn(async move {
+                remove_child(&sup, "dyn-task-late-child", Duration::from_secs(60)).await
+            })
+        };
+        wait_for(&sup, "removed from the table", |s| s.children == 0).await;
+        // Added again while the old incarnation still finishes its stop.
+        let (again, again_starts, _) = flaky_task("dyn-task-late-child", 0);
+        add_task(&sup, again).await.unwrap();
+        release.notify_one();
+        assert!(removing.await.unwrap().unwrap());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The old incarnation's exit touched nothing: the new one runs, started once.
+        let snap = snapshot(&sup).await.unwrap();
+        assert_eq!((snap.children, snap.restarts), (1, 0), "{snap:?}");
+        assert_eq!(again_starts.load(Ordering::SeqCst), 1);
+        sup.stop(None);
     }
 }

@@ -267,10 +267,8 @@ mod imp {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_skewed_clock_measures_its_offset_from_consumer_info() {
-        let server = harness::run_server().await.unwrap();
-        let client = server.client().await.unwrap();
+    /// The stream `CLK` with the durable consumer `c`.
+    async fn stream_with_consumer(client: &async_nats::Client) {
         let js = async_nats::jetstream::new(client.clone());
         js.create_stream(async_nats::jetstream::stream::Config {
             name: "CLK".into(),
@@ -288,6 +286,13 @@ mod tests {
         )
         .await
         .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_skewed_clock_measures_its_offset_from_consumer_info() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        stream_with_consumer(&client).await;
         skew_for_tests("clock-test-ahead", 600_000);
         let clock = ServerClock::new("clock-test-ahead");
         assert_eq!(clock.offset_ms(), None);
@@ -307,26 +312,10 @@ mod tests {
     async fn a_first_measurement_that_failed_is_tried_again_within_seconds() {
         let server = harness::run_server().await.unwrap();
         let client = server.client().await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        js.create_stream(async_nats::jetstream::stream::Config {
-            name: "CLK2".into(),
-            subjects: vec!["clk2.>".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-        js.create_consumer_on_stream(
-            async_nats::jetstream::consumer::pull::Config {
-                durable_name: Some("c".into()),
-                ..Default::default()
-            },
-            "CLK2",
-        )
-        .await
-        .unwrap();
+        stream_with_consumer(&client).await;
         // First on a consumer that does not exist: the reply names no server time.
         let subject = Arc::new(std::sync::Mutex::new(
-            "$JS.API.CONSUMER.INFO.CLK2.missing".to_owned(),
+            "$JS.API.CONSUMER.INFO.CLK.missing".to_owned(),
         ));
         let clock = ServerClock::new("clock-retry");
         let _refresh = crate::background::Owned::spawn(clock.clone().refresh(client, {
@@ -335,7 +324,7 @@ mod tests {
         }));
         clock.settled().await;
         assert_eq!(clock.offset_ms(), None);
-        *subject.lock().unwrap() = "$JS.API.CONSUMER.INFO.CLK2.c".to_owned();
+        *subject.lock().unwrap() = "$JS.API.CONSUMER.INFO.CLK.c".to_owned();
         let deadline = tokio::time::Instant::now() + RETRY_UNMEASURED + Duration::from_secs(3);
         while clock.offset_ms().is_none() {
             assert!(

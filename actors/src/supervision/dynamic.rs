@@ -127,10 +127,24 @@ enum Spec {
 }
 
 impl Spec {
+    fn id(&self) -> &str {
+        match self {
+            Spec::Actor(spec) => &spec.id,
+            Spec::Task(spec) => &spec.id,
+        }
+    }
+
     fn restart(&self) -> Restart {
         match self {
             Spec::Actor(spec) => spec.restart,
             Spec::Task(spec) => spec.restart,
+        }
+    }
+
+    fn backoff(&self) -> BackoffTracker {
+        match self {
+            Spec::Actor(spec) => spec.backoff.tracker(),
+            Spec::Task(spec) => spec.backoff.tracker(),
         }
     }
 }
@@ -267,26 +281,12 @@ impl Actor for DynamicSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             DynamicMsg::Add(spec, reply) => {
-                if state.children.contains_key(&spec.id) {
-                    let _ = reply.send(Err(DynamicError::Duplicate(spec.id)));
-                    return Ok(());
-                }
-                let id = spec.id.clone();
-                let backoff = spec.backoff.tracker();
-                state.insert(id.clone(), Spec::Actor(spec), backoff);
-                start(&myself, state, &id).await;
-                let _ = reply.send(Ok(()));
+                let added = add(&myself, state, Spec::Actor(spec)).await;
+                let _ = reply.send(added);
             }
             DynamicMsg::AddTask(spec, reply) => {
-                if state.children.contains_key(&spec.id) {
-                    let _ = reply.send(Err(DynamicError::Duplicate(spec.id)));
-                    return Ok(());
-                }
-                let id = spec.id.clone();
-                let backoff = spec.backoff.tracker();
-                state.insert(id.clone(), Spec::Task(spec), backoff);
-                start(&myself, state, &id).await;
-                let _ = reply.send(Ok(()));
+                let added = add(&myself, state, Spec::Task(spec)).await;
+                let _ = reply.send(added);
             }
             DynamicMsg::TaskExited {
                 id,
@@ -388,15 +388,30 @@ impl Actor for DynamicSupervisor {
     }
 }
 
+/// Adds the child `spec` to the table and starts it, unless its id is in use.
+async fn add(
+    myself: &ActorRef<DynamicMsg>,
+    state: &mut DynamicState,
+    spec: Spec,
+) -> Result<(), DynamicError> {
+    let id = spec.id().to_owned();
+    if state.children.contains_key(&id) {
+        return Err(DynamicError::Duplicate(id));
+    }
+    state.insert(id.clone(), spec);
+    start(myself, state, &id).await;
+    Ok(())
+}
+
 impl DynamicState {
     /// A new child in the table, not started yet.
-    fn insert(&mut self, id: String, spec: Spec, backoff: BackoffTracker) {
+    fn insert(&mut self, id: String, spec: Spec) {
         self.children.insert(
             id,
             Box::new(Child {
+                backoff: spec.backoff(),
                 spec,
                 running: None,
-                backoff,
                 failures: VecDeque::new(),
                 restarts: 0,
             }),

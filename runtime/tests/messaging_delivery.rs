@@ -1,4 +1,4 @@
-//! Durable DMs through the embedded router and inbox actors, against a real nats-server:
+//! Durable DMs through the embedded router actor and inboxes, against a real nats-server:
 //! router outage and offline recipient.
 
 mod support;

@@ -1,6 +1,6 @@
 //! Router processes under crashes: `kill -9` mid-flow, two routers sharing the consumer, and a
 //! nats-server restart mid-flow. The routers are real `runtime` processes; the recipient is an
-//! in-process inbox actor.
+//! in-process inbox.
 
 mod support;
 

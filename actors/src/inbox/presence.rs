@@ -19,6 +19,7 @@ use futures::StreamExt;
 use protocol::presence::PresenceRecord;
 use protocol::{subjects, AgentId};
 
+use super::pulls::{ms, now_ms};
 use super::InboxCounters;
 use crate::background::Owned;
 
@@ -226,17 +227,6 @@ async fn run(beats: Arc<Beats>) {
         let look = Duration::from_millis(beats.look_ms.load(Ordering::Relaxed));
         let _ = tokio::time::timeout(look, wake).await;
     }
-}
-
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// Milliseconds on a monotonic clock (from 1).
-fn now_ms() -> u64 {
-    static EPOCH: std::sync::LazyLock<std::time::Instant> =
-        std::sync::LazyLock::new(std::time::Instant::now);
-    ms(EPOCH.elapsed()).saturating_add(1)
 }
 
 #[cfg(test)]

@@ -287,7 +287,6 @@ async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
     let mut last_connects = connects();
     let mut tick = tokio::time::interval(WATCH_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     loop {
         tick.tick().await;
         let now = now_ms();
@@ -340,14 +339,17 @@ async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
     }
 }
 
-/// Milliseconds on a monotonic clock shared by the slots.
-fn now_ms() -> u64 {
+/// Milliseconds on a monotonic clock shared by the slots and the presence beats.
+pub(super) fn now_ms() -> u64 {
     static EPOCH: std::sync::LazyLock<std::time::Instant> =
         std::sync::LazyLock::new(std::time::Instant::now);
     // From 1: 0 means never.
-    u64::try_from(EPOCH.elapsed().as_millis())
-        .unwrap_or(u64::MAX)
-        .saturating_add(1)
+    ms(EPOCH.elapsed()).saturating_add(1)
+}
+
+/// `d` in whole milliseconds (saturating).
+pub(super) fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What the puller hands its pump.

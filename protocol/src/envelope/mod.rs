@@ -21,6 +21,7 @@
 mod codec;
 mod error;
 mod spliced;
+mod typed;
 
 pub use codec::Codec;
 pub use error::EnvelopeError;
@@ -192,6 +193,16 @@ pub fn decode_with_content_type(
 ///   missing, or a known field is not what it should be.
 pub fn decode(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeError> {
     check_size(payload.len())?;
+    // Read straight into its types; anything out of the ordinary is read as a `Value`,
+    // which also says what is wrong with it.
+    match typed::decode(payload, codec) {
+        Some(env) => Ok(env),
+        None => decode_value(payload, codec),
+    }
+}
+
+/// [`decode`] through a [`Value`]: what the typed path leaves, and the errors.
+fn decode_value(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeError> {
     let malformed = |reason: String| EnvelopeError::Malformed { codec, reason };
     let value: Value = match codec {
         Codec::Json => serde_json::from_slice(payload).map_err(|e| malformed(e.to_string()))?,

@@ -104,7 +104,7 @@ impl<'a> Spliced<'a> {
         }
         let find = |name: &str| fields.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let (meta, _body) = (find("meta")?, find("body")?);
-        let meta = Meta::from_value(serde_json::from_str(meta.get()).ok()?).ok()?;
+        let meta = super::typed::meta_json(meta.get())?;
         Some(Spliced { meta, fields })
     }
 

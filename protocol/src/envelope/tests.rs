@@ -314,13 +314,102 @@ fn envelope() -> impl Strategy<Value = Envelope> {
         })
 }
 
+/// A field's value as the wild sends it: often right, often not.
+fn wild_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        3 => crate::ids::strategies::token(12).prop_map(Value::from),
+        1 => Just(Value::Null),
+        1 => Just(Value::from("has space")),
+        1 => Just(Value::from("")),
+        1 => json_value(),
+    ]
+}
+
+/// A key as the wild sends it: the known ones often, twice at times, and odd ones.
+fn wild_key(known: &'static [&'static str]) -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => prop::sample::select(known).prop_map(str::to_owned),
+        1 => "[a-z]{1,4}",
+        1 => Just("$serde_json::private::RawValue".to_owned()),
+        1 => Just("ex\\u0063aped".to_owned()),
+    ]
+}
+
+/// A JSON object written field by field (a key may come twice; `\u` escapes are kept).
+fn object_text(fields: &[(String, String)]) -> String {
+    let fields: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// Envelopes as the wild writes them, as JSON text: `meta` and `body` there or not, fields
+/// named twice, `null`s, wrong types, invalid ids, marker and escaped keys.
+fn wild_envelope() -> impl Strategy<Value = String> {
+    let meta = prop::collection::vec((wild_key(&["id", "from", "to"]), wild_value()), 0..5)
+        .prop_map(|fields| {
+            let fields: Vec<_> = fields.into_iter().map(|(k, v)| (k, v.to_string())).collect();
+            object_text(&fields)
+        });
+    let field = prop_oneof![
+        3 => meta.prop_map(|m| ("meta".to_owned(), m)),
+        2 => wild_value().prop_map(|v| ("body".to_owned(), v.to_string())),
+        1 => (wild_key(&["meta", "body"]), wild_value()).prop_map(|(k, v)| (k, v.to_string())),
+    ];
+    prop::collection::vec(field, 0..5).prop_map(|fields| object_text(&fields))
+}
+
+#[test]
+fn the_typed_path_leaves_what_the_value_path_must_judge() {
+    let cases = [
+        // A marker key that serde_json's Value reads as something else.
+        r#"{"meta":{"$serde_json::private::RawValue":"1","id":"m"},"body":1}"#,
+        // An earlier invalid id, a valid one last: the Value path keeps the last.
+        r#"{"meta":{"id":"bad id","id":"m"},"body":1}"#,
+        r#"{"meta":{"id":null},"body":1}"#,
+        r#"{"meta":{"id":"m"}}"#,
+        r#"{"meta":{"id":"m","to":7},"body":1}"#,
+        r#"{"meta":{"id":"m"},"body":1} x"#,
+    ];
+    for case in cases {
+        assert_eq!(typed::decode(case.as_bytes(), Codec::Json), None, "{case}");
+    }
+    // Decoded all the same, as the Value path decodes them.
+    let env = decode(cases[1].as_bytes(), Codec::Json).unwrap();
+    assert_eq!(env.meta.id.as_str(), "m");
+    assert_eq!(
+        decode(cases[4].as_bytes(), Codec::Json),
+        Err(EnvelopeError::WrongType {
+            field: "meta.to",
+            expected: "a string"
+        })
+    );
+}
+
 proptest! {
     #[test]
     fn encode_decode_round_trips(env in envelope()) {
         for codec in [Codec::Json, Codec::MsgPack] {
             let bytes = encode(&env, codec).unwrap();
             prop_assert_eq!(&decode(&bytes, codec).unwrap(), &env, "{}", codec);
+            // A well-formed envelope takes the typed path.
+            prop_assert_eq!(typed::decode(&bytes, codec), Some(env.clone()), "{}", codec);
         }
+    }
+
+    #[test]
+    fn the_typed_path_decodes_what_the_value_path_decodes_and_nothing_else(text in wild_envelope()) {
+        let json = text.as_bytes();
+        if let Some(env) = typed::decode(json, Codec::Json) {
+            prop_assert_eq!(decode_value(json, Codec::Json), Ok(env));
+        }
+        // The same fields in MessagePack (a field named twice is kept once there).
+        if let Ok(value) = serde_json::from_str::<Value>(&text) {
+            let packed = rmp_serde::to_vec_named(&value).unwrap();
+            if let Some(env) = typed::decode(&packed, Codec::MsgPack) {
+                prop_assert_eq!(decode_value(&packed, Codec::MsgPack), Ok(env));
+            }
+        }
+        // And either way, decode says what the Value path says.
+        prop_assert_eq!(decode(json, Codec::Json), decode_value(json, Codec::Json));
     }
 
     #[test]

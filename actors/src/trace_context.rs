@@ -81,6 +81,10 @@ pub fn remote_parent(headers: &HeaderMap) -> Option<opentelemetry::Context> {
 /// Makes `span` a child of the trace carried by `headers` (when there is one). Returns whether
 /// a parent was set.
 pub fn set_parent_from(span: &tracing::Span, headers: Option<&HeaderMap>) -> bool {
+    // A disabled span (no subscriber takes it) records nothing: the headers are not read.
+    if span.is_disabled() {
+        return false;
+    }
     match headers.and_then(remote_parent) {
         Some(cx) => span.set_parent(cx).is_ok(),
         None => false,

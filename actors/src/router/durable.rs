@@ -63,6 +63,31 @@ pub struct DurablePump {
     pub removed: crate::removed::RemovedAgents,
 }
 
+/// What a pulled ingress message's ack subject says, read once per message.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pulled {
+    /// Its ingress stream sequence (the count of messages pulled, when the subject does not
+    /// parse).
+    pub seq: u64,
+    /// Its delivery count, and when the broker stored it (unix ns), when the subject parses.
+    pub info: Option<(i64, i128)>,
+}
+
+impl Pulled {
+    fn of(msg: &Message, fallback: u64) -> Pulled {
+        match msg.info() {
+            Ok(i) => Pulled {
+                seq: i.stream_sequence,
+                info: Some((i.delivered, i.published.unix_timestamp_nanos())),
+            },
+            Err(_) => Pulled {
+                seq: fallback,
+                info: None,
+            },
+        }
+    }
+}
+
 /// The outcome of one envelope, resolved in pull order.
 pub(super) enum Done {
     /// Store (or rejection notice) acked by the stream: ack (or terminate) the ingress message.
@@ -172,9 +197,9 @@ impl DurablePump {
                     Some(Ok(msg)) => {
                         crate::fault::check(&self.fault_name, crate::fault::FaultPoint::Handle)?;
                         seq_fallback += 1;
-                        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(seq_fallback);
+                        let pulled = Pulled::of(&msg, seq_fallback);
                         self.counters.in_flight.bump();
-                        let (pending, trail) = self.start(&js, &msg, seq, &broker, rate.as_ref()).await;
+                        let (pending, trail) = self.start(&js, &msg, pulled, &broker, rate.as_ref()).await;
                         in_flight.push_back(pending);
                         held.push_back((msg, trail));
                     }
@@ -218,10 +243,11 @@ impl DurablePump {
         &self,
         js: &jetstream::Context,
         msg: &Message,
-        seq: u64,
+        pulled: Pulled,
         broker: &Baseline<BrokerMark>,
         rate: Option<&RateLimiter>,
     ) -> (Pending, Option<Trail>) {
+        let seq = pulled.seq;
         let span = tracing::info_span!("route", ingress_seq = seq, subject = %msg.subject);
         crate::trace_context::set_parent_from(&span, msg.headers.as_ref());
         let pairs = header_pairs(msg.headers.as_ref());
@@ -233,7 +259,7 @@ impl DurablePump {
             msg.status,
         ));
         drop(pairs);
-        let trail = self.accepted(msg, seq, &decision);
+        let trail = self.accepted(msg, pulled, &decision);
         let pending = async move {
             match decision {
                 RouteDecision::Store {
@@ -301,7 +327,7 @@ impl DurablePump {
                         }
                         (_, dm) => dm,
                     };
-                    if task.is_some() && self.flags_check(msg, seq, broker) {
+                    if task.is_some() && self.flags_check(msg, pulled, broker) {
                         self.counters.flagged.bump();
                         headers.insert(protocol::headers::HUB_CHECK, "1");
                     }
@@ -407,11 +433,10 @@ impl DurablePump {
 
     /// Whether a task stored from `msg` is flagged (`Hub-Check`) for the worker to read its
     /// task channel first ([`protocol::task::router_flags`]).
-    fn flags_check(&self, msg: &Message, seq: u64, broker: &Baseline<BrokerMark>) -> bool {
-        let info = msg.info().ok();
+    fn flags_check(&self, msg: &Message, pulled: Pulled, broker: &Baseline<BrokerMark>) -> bool {
         let window =
             i128::try_from(self.delivery.duplicate_window().as_nanos()).unwrap_or(i128::MAX);
-        let stored_ns = info.as_ref().map(|i| i.published.unix_timestamp_nanos());
+        let stored_ns = pulled.info.map(|(_, stored_ns)| stored_ns);
         let baseline = broker
             .current()
             .map(|mark| protocol::task::IngressBaseline {
@@ -423,13 +448,15 @@ impl DurablePump {
                 },
             });
         protocol::task::router_flags(&protocol::task::IngressFacts {
-            delivered: info.map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1)),
+            delivered: pulled
+                .info
+                .map_or(1, |(delivered, _)| u64::try_from(delivered).unwrap_or(1)),
             sender_flagged: msg
                 .headers
                 .as_ref()
                 .is_some_and(|h| h.get(protocol::headers::HUB_CHECK).is_some()),
             baseline,
-            ingress_seq: seq,
+            ingress_seq: pulled.seq,
         })
     }
 

@@ -77,9 +77,10 @@ impl DurablePump {
     pub(super) fn accepted(
         &self,
         msg: &Message,
-        seq: u64,
+        pulled: super::durable::Pulled,
         decision: &RouteDecision,
     ) -> Option<Trail> {
+        let seq = pulled.seq;
         if !self.audit.is_on() {
             return None;
         }
@@ -89,11 +90,10 @@ impl DurablePump {
                 .and_then(|h| h.get(protocol::headers::TRACEPARENT))
                 .map(|v| v.as_str()),
         );
-        let (info_at, attempt) = msg
-            .info()
-            .map(|i| {
-                let ms = i.published.unix_timestamp_nanos() / 1_000_000;
-                (u64::try_from(ms).ok(), i.delivered as u64)
+        let (info_at, attempt) = pulled
+            .info
+            .map(|(delivered, stored_ns)| {
+                (u64::try_from(stored_ns / 1_000_000).ok(), delivered as u64)
             })
             .unwrap_or((None, 1));
         let at = info_at.unwrap_or_else(protocol::expiry::now_ms);

@@ -346,7 +346,10 @@ fn object_text(fields: &[(String, String)]) -> String {
 fn wild_envelope() -> impl Strategy<Value = String> {
     let meta = prop::collection::vec((wild_key(&["id", "from", "to"]), wild_value()), 0..5)
         .prop_map(|fields| {
-            let fields: Vec<_> = fields.into_iter().map(|(k, v)| (k, v.to_string())).collect();
+            let fields: Vec<_> = fields
+                .into_iter()
+                .map(|(k, v)| (k, v.to_string()))
+                .collect();
             object_text(&fields)
         });
     let field = prop_oneof![

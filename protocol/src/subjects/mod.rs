@@ -276,7 +276,8 @@ pub fn ingress(from: &AgentId, channel: &Channel) -> String {
 
 /// The stored inbox subject of `id`: `channel.inbox.<id>`.
 pub fn inbox(id: &AgentId) -> String {
-    format!("{INBOX_PREFIX}{id}")
+    // Concatenated, not formatted: once per routed DM.
+    [INBOX_PREFIX, id.as_str()].concat()
 }
 
 /// The stored task channel subject: `channel.task.<delegator>.<key>`.
@@ -332,7 +333,8 @@ pub fn inbox_consumer(id: &AgentId) -> String {
 /// The `Nats-Msg-Id` the router stores a message under:
 /// `hub-router:<from>:<id>`.
 pub fn router_msg_id(from: &AgentId, id: &MessageId) -> String {
-    format!("{ROUTER_MSG_ID_PREFIX}{from}:{id}")
+    // Concatenated, not formatted: once per routed message.
+    [ROUTER_MSG_ID_PREFIX, from.as_str(), ":", id.as_str()].concat()
 }
 
 /// Whether `prefix` can root reply subjects: dot-separated, non-empty tokens without wildcards

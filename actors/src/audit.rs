@@ -30,6 +30,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(10);
 /// Events held at most between two flushes (a burst beyond it is dropped and counted): a
 /// window's worth at several hundred thousand events a second.
 pub const QUEUE: usize = 32 * MAX_BATCH;
+/// How long a hub's flusher finds nothing to publish before it gives back its buffer's room.
+const REST_AFTER: Duration = Duration::from_millis(100);
 
 /// What the handles and the flusher share: the events since the last flush, encoded.
 #[derive(Default)]
@@ -291,10 +293,18 @@ async fn hub_flush(hub: Arc<Hub>) {
             .unwrap_or_else(|e| e.into_inner())
             .is_empty();
         if idle {
-            if let Ok(mut out) = hub.publishing.try_lock() {
-                out.shrink_to(KEEP);
+            // Idle for a while: a burst's room is given back. Not the moment a flush finds
+            // nothing new, which happens between two windows of a steady stream: a buffer
+            // that shrank then would grow again at once, on pages the kernel must zero first.
+            if tokio::time::timeout(REST_AFTER, wake.as_mut())
+                .await
+                .is_err()
+            {
+                if let Ok(mut out) = hub.publishing.try_lock() {
+                    out.shrink_to(KEEP);
+                }
+                wake.await;
             }
-            wake.await;
         }
         tokio::time::sleep(FLUSH_EVERY).await;
         hub.publish().await;

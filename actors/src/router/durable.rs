@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull::MessagesErrorKind;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, AckKind, Message};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
@@ -132,8 +133,11 @@ impl DurablePump {
         // future is polled to the end, and the pump does not poll those futures while it waits
         // for a permit: the budget must cover the most stores that can be in flight (a bundle
         // stores up to MAX_BUNDLE_ITEMS), or the pump would wait for itself.
+        // The context's timeout bounds each store ack's wait (the ack future's own timer: no
+        // second one per store) and the router's other requests.
         let js = jetstream::ContextBuilder::new()
             .max_ack_inflight(max_in_flight * protocol::routing::MAX_BUNDLE_ITEMS + 1)
+            .timeout(PUBLISH_ACK_TIMEOUT)
             .build(self.client.clone());
         let stream = js
             .get_stream(&self.delivery.ingress.name)
@@ -179,7 +183,8 @@ impl DurablePump {
             None => None,
         };
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
-        let mut held: VecDeque<(Message, Option<Trail>)> = VecDeque::new();
+        // Room for every message in flight at once: never regrown while routing.
+        let mut held: VecDeque<(Message, Option<Trail>)> = VecDeque::with_capacity(max_in_flight);
         let mut seq_fallback = 0u64;
         loop {
             tokio::select! {
@@ -631,18 +636,21 @@ async fn send_store(
         .await
         .map_err(|e| e.to_string())?
         .into_future();
+    // The wait is bounded by the context's timeout, `PUBLISH_ACK_TIMEOUT` (`DurablePump::run`).
     Ok(Box::pin(async move {
-        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, ack).await {
-            Ok(Ok(ack)) => Done::Stored {
+        match ack.await {
+            Ok(ack) => Done::Stored {
                 duplicate: ack.duplicate,
                 terminate,
                 seq: ack.sequence,
             },
-            Ok(Err(e)) => match crate::streams::store_refusal(&e) {
+            Err(e) if e.kind() == PublishErrorKind::TimedOut => {
+                Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}"))
+            }
+            Err(e) => match crate::streams::store_refusal(&e) {
                 Some(what) => Done::Refused(what, dm.map(Box::new)),
                 None => Done::Failed(e.to_string()),
             },
-            Err(_) => Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}")),
         }
     }))
 }

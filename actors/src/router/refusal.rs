@@ -37,7 +37,10 @@ impl DurablePump {
     /// The broker refused `dm` for `what`: its sender's rejection notice is stored (and its
     /// hold), then the ingress message is terminated.
     pub(super) async fn refuse(&self, what: StoreRefusal, dm: Refusable) -> Done {
-        let js = jetstream::new(self.client.clone());
+        // Its store acks are waited for as the pump's are ([`crate::PUBLISH_ACK_TIMEOUT`]).
+        let js = jetstream::ContextBuilder::new()
+            .timeout(crate::PUBLISH_ACK_TIMEOUT)
+            .build(self.client.clone());
         let max_age = self.delivery.inbox.max_age().map(|d| d.as_secs());
         self.counters.refused_full.bump();
         let (kind, detail, retry_after) = match what {

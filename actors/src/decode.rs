@@ -13,7 +13,7 @@ pub(crate) fn envelope(
     payload: &[u8],
 ) -> Result<Envelope, EnvelopeError> {
     let content_type = headers
-        .and_then(|h| h.get(protocol::headers::CONTENT_TYPE))
+        .and_then(|h| h.get(crate::header_names::CONTENT_TYPE))
         .map(|v| v.as_str());
     protocol::decode_with_content_type(payload, content_type)
 }

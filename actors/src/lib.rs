@@ -34,6 +34,7 @@ mod decode;
 mod epoch;
 pub mod expiry;
 pub mod fault;
+mod header_names;
 pub mod inbox;
 pub mod journal;
 pub mod removed;

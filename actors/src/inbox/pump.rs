@@ -516,7 +516,7 @@ impl InboxPump {
             trace_id: protocol::audit::trace_id_of(
                 msg.headers
                     .as_ref()
-                    .and_then(|h| h.get(protocol::headers::TRACEPARENT))
+                    .and_then(|h| h.get(crate::header_names::TRACEPARENT))
                     .map(|v| v.as_str()),
             ),
             attempt: delivered,

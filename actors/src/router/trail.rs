@@ -87,7 +87,7 @@ impl DurablePump {
         let trace = protocol::audit::trace_id_of(
             msg.headers
                 .as_ref()
-                .and_then(|h| h.get(protocol::headers::TRACEPARENT))
+                .and_then(|h| h.get(crate::header_names::TRACEPARENT))
                 .map(|v| v.as_str()),
         );
         let (info_at, attempt) = pulled

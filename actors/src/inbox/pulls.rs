@@ -52,8 +52,6 @@ pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
 pub const SILENCE: Duration = Duration::from_secs(10);
 /// How often the watchdog looks at every slot.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
-/// The room for messages a slot's queue keeps once it is empty; a burst's is given back.
-const QUEUE_KEPT: usize = 8;
 /// How long a puller waits after the broker refused a pull (no JetStream) before the next.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 
@@ -98,6 +96,9 @@ struct Slot {
     repull: AtomicBool,
     /// The subscription ended: no message will come again.
     closed: AtomicBool,
+    /// A message came since the watchdog last looked: the inbox is not idle, and its queue
+    /// keeps its room.
+    busy: AtomicBool,
 }
 
 /// The generation of the next registration (never 0: a parked slot's owner).
@@ -226,6 +227,7 @@ impl InboxPulls {
 impl Slot {
     fn push(&self, msg: async_nats::Message) {
         self.queue.lock().expect("not poisoned").push_back(msg);
+        self.busy.store(true, Ordering::Relaxed);
         self.wake.notify_one();
     }
 
@@ -299,9 +301,12 @@ async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
                 continue;
             }
             {
-                // An idle inbox holds no buffer: the room of its last messages is given back.
+                // An idle inbox (nothing came for a whole tick) holds no buffer: the room of
+                // its last messages is given back. Not sooner: a queue a steady stream empties
+                // again and again would grow again at once, a reallocation per burst.
                 let mut queue = slot.queue.lock().expect("not poisoned");
-                if queue.is_empty() && queue.capacity() > 0 {
+                let busy = slot.busy.swap(false, Ordering::Relaxed);
+                if !busy && queue.is_empty() && queue.capacity() > 0 {
                     *queue = VecDeque::new();
                 }
             }
@@ -399,15 +404,8 @@ impl Puller {
                 repulls.bump();
                 tracing::warn!(consumer = %self.consumer, "inbox pull silent past two heartbeats, or the connection was replaced; pulling again");
             }
-            let held = {
-                let mut queue = self.slot.queue.lock().expect("not poisoned");
-                if queue.is_empty() && queue.capacity() > QUEUE_KEPT {
-                    // A burst's room is given back once it was handled (the watchdog gives
-                    // back the rest once the inbox is idle).
-                    *queue = VecDeque::new();
-                }
-                queue.len()
-            };
+            // What is queued now; its room is kept until the inbox is idle (the watchdog).
+            let held = self.slot.queue.lock().expect("not poisoned").len();
             // Before the message is taken: the future does not hold one across the pull.
             // What came meanwhile was owed by a pull, and is counted as such.
             self.top_up(held).await;
@@ -688,7 +686,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_burst_s_room_is_given_back_once_it_was_handled() {
+    async fn a_burst_s_room_is_kept_while_the_inbox_is_busy_and_given_back_once_idle() {
         let server = harness::run_server().await.unwrap();
         let client = server.client().await.unwrap();
         let js = stream_with(&client, &["a"]).await;
@@ -708,11 +706,26 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(a.slot.queue.lock().unwrap().capacity() > QUEUE_KEPT);
+        let room = a.slot.queue.lock().unwrap().capacity();
+        assert!(room >= 39);
         for i in 1..40 {
             assert_eq!(next_body(&mut a, &repulls).await, format!("m{i}"));
         }
+        // Emptied, and looked at again: the room stays for the next burst (messages came
+        // during this watchdog tick).
         let _ = tokio::time::timeout(Duration::from_millis(50), a.next(&repulls)).await;
-        assert!(a.slot.queue.lock().unwrap().capacity() <= QUEUE_KEPT);
+        assert_eq!(a.slot.queue.lock().unwrap().capacity(), room);
+        // A whole tick without a message: given back.
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while a.slot.queue.lock().unwrap().capacity() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "an idle inbox kept its room"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // And the inbox still receives.
+        put(&js, "p.a", "m40").await;
+        assert_eq!(next_body(&mut a, &repulls).await, "m40");
     }
 }

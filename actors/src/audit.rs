@@ -15,7 +15,10 @@
 //! Many emitters of one process that are mostly idle (the inboxes of a host of thousands of
 //! agents) share one flusher instead, an [`AuditHub`]: each emitter keeps its own events,
 //! subject and actor, and only the first event of a window puts it on the hub's list of what
-//! to flush. Per emitter there is then no task at all.
+//! to flush. Per emitter there is then no task at all, and no buffer while it is idle: the
+//! buffers of published batches go back to the hub (a few), for any emitter's next batch.
+//! Each flusher writes its payloads into one buffer whose room it takes back once the
+//! connection sent them, so a steady stream allocates nothing per batch.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,10 +64,15 @@ struct Queue {
 }
 
 impl Queue {
-    /// Appends `event` to the last batch, or to a new one when that one is full.
-    fn push(&mut self, event: &EventRef<'_>) {
+    /// Appends `event` to the last batch, or to a new one when that one is full: an emptied
+    /// one of this emitter's, or of its `hub`'s, before a fresh one.
+    fn push(&mut self, event: &EventRef<'_>, hub: Option<&Hub>) {
         if self.batches.last().is_none_or(|b| b.len() >= MAX_BATCH) {
-            let batch = self.spare.pop().unwrap_or_default();
+            let batch = self
+                .spare
+                .pop()
+                .or_else(|| hub.and_then(Hub::spare))
+                .unwrap_or_default();
             self.batches.push(batch);
         }
         self.batches
@@ -138,12 +146,13 @@ impl Auditor {
             let first = {
                 let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
                 let was_empty = pending.events == 0;
+                let hub = shared.link.as_ref().map(|link| &*link.hub);
                 for event in events {
                     if pending.events >= QUEUE {
                         shared.dropped.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    pending.push(&event);
+                    pending.push(&event, hub);
                 }
                 was_empty && pending.events > 0
             };
@@ -193,11 +202,18 @@ struct Hub {
     /// The emitters with events since the last flush, each once.
     dirty: Mutex<Vec<Arc<Shared>>>,
     wake: tokio::sync::Notify,
-    /// Held while a flush publishes, with its encoding buffer: flushes follow one another, so
-    /// an emitter's batches go out in order, and [`AuditHub::flush`] returns only once what was
-    /// taken before it is published too.
-    publishing: tokio::sync::Mutex<Vec<u8>>,
+    /// Held while a flush publishes, with the buffer it writes payloads into: flushes follow
+    /// one another, so an emitter's batches go out in order, and [`AuditHub::flush`] returns
+    /// only once what was taken before it is published too.
+    publishing: tokio::sync::Mutex<Payloads>,
+    /// Published batches' buffers, emptied, for the emitters' next batches (at most
+    /// [`HUB_SPARE`]): a busy emitter of the hub does not grow a fresh one every window, and an
+    /// idle one holds none.
+    spare: Mutex<Vec<EncodedEvents>>,
 }
+
+/// Most emptied batch buffers a hub keeps for its emitters.
+const HUB_SPARE: usize = 8;
 
 impl AuditHub {
     /// A hub publishing on `client`, and its task.
@@ -206,7 +222,8 @@ impl AuditHub {
             client,
             dirty: Mutex::new(Vec::new()),
             wake: tokio::sync::Notify::new(),
-            publishing: tokio::sync::Mutex::new(Vec::new()),
+            publishing: tokio::sync::Mutex::new(Payloads::default()),
+            spare: Mutex::new(Vec::new()),
         });
         let task = Owned::spawn(hub_flush(hub.clone()));
         AuditHub(Arc::new(HubOwner { hub, _task: task }))
@@ -241,6 +258,11 @@ impl AuditHub {
 }
 
 impl Hub {
+    /// An emptied batch buffer, if one is spare.
+    fn spare(&self) -> Option<EncodedEvents> {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
     /// Lists `shared` for the next flush (its first event of a window).
     fn mark(&self, shared: &Arc<Shared>) {
         let first = {
@@ -268,12 +290,15 @@ impl Hub {
                 pending.events = 0;
                 std::mem::take(&mut pending.batches)
             };
-            for batch in batches {
-                out.clear();
-                batch.write_batch(&link.actor, out);
-                let payload = bytes::Bytes::copy_from_slice(out);
+            for mut batch in batches {
+                let payload = out.write(&batch, &link.actor);
                 if let Err(e) = self.client.publish(link.subject.clone(), payload).await {
                     tracing::debug!(error = %e, "audit batch not published");
+                }
+                batch.clear();
+                let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+                if spare.len() < HUB_SPARE {
+                    spare.push(batch);
                 }
             }
         }
@@ -301,8 +326,9 @@ async fn hub_flush(hub: Arc<Hub>) {
                 .is_err()
             {
                 if let Ok(mut out) = hub.publishing.try_lock() {
-                    out.shrink_to(KEEP);
+                    out.rest();
                 }
+                hub.spare.lock().unwrap_or_else(|e| e.into_inner()).clear();
                 wake.await;
             }
         }
@@ -332,9 +358,7 @@ pub async fn emit_one(client: &async_nats::Client, role: &str, name: &str, event
 /// stream allocates nothing per flush.
 async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, shared: Arc<Shared>) {
     let mut taken: Vec<EncodedEvents> = Vec::new();
-    // One buffer to write each batch into, kept between flushes (a fresh one per batch is a
-    // large allocation whose pages come back zeroed every time).
-    let mut out: Vec<u8> = Vec::new();
+    let mut out = Payloads::default();
     loop {
         // Idle until the first event of a window (or the last handle's end): an emitter with
         // nothing to say costs no wake-ups.
@@ -359,7 +383,7 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
             }
             if !rested {
                 taken.shrink_to(1);
-                out.shrink_to(KEEP);
+                out.rest();
                 rested = true;
             }
             shared.wake.notified().await;
@@ -372,10 +396,8 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
             pending.events = 0;
         }
         for batch in &mut taken {
-            out.clear();
-            batch.write_batch(&actor, &mut out);
+            let payload = out.write(batch, &actor);
             batch.clear();
-            let payload = bytes::Bytes::copy_from_slice(&out);
             if let Err(e) = client.publish(subject.clone(), payload).await {
                 tracing::debug!(error = %e, "audit batch not published");
             }
@@ -390,6 +412,31 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
 
 /// The bytes a buffer keeps while its emitter is idle (a few dozen events).
 const KEEP: usize = 1024;
+
+/// The buffer a flusher writes batches into, each split off as the payload it publishes. Once
+/// the connection wrote (and dropped) the payloads of one flush, the next flush writes over
+/// the same room: a steady stream of batches allocates none (a fresh buffer per batch was a
+/// large allocation, on pages the kernel had to zero first).
+#[derive(Default)]
+struct Payloads(bytes::BytesMut);
+
+impl Payloads {
+    /// `batch`, written as emitted by `actor`, as a payload.
+    fn write(&mut self, batch: &EncodedEvents, actor: &str) -> bytes::Bytes {
+        use bytes::BufMut;
+        // Takes back the whole room when no payload split off it is alive any more.
+        self.0.reserve(batch.batch_len(actor));
+        batch
+            .write_batch(actor, &mut (&mut self.0).writer())
+            .expect("writing to memory cannot fail");
+        self.0.split().freeze()
+    }
+
+    /// Idle: gives back the room.
+    fn rest(&mut self) {
+        self.0 = bytes::BytesMut::new();
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -529,5 +576,60 @@ mod tests {
                 .is_err(),
             "published twice"
         );
+    }
+
+    #[test]
+    fn a_flusher_writes_over_the_room_of_payloads_already_sent() {
+        let mut events = EncodedEvents::default();
+        for i in 0..3 {
+            events.push(&AuditEvent::msg("routed", &format!("m{i}"), 1_000 + i, "").borrowed());
+        }
+        let mut out = Payloads::default();
+        let first = out.write(&events, "router:r");
+        // While it is not sent, the next payload takes other room.
+        let second = out.write(&events, "router:r");
+        assert_eq!(first, second);
+        let second_at = second.as_ptr();
+        assert_ne!(first.as_ptr(), second_at);
+        drop((first, second));
+        // Sent (dropped): the next is written where the last one was.
+        let third = out.write(&events, "router:r");
+        assert_eq!(third.as_ptr(), second_at);
+        let batch = AuditBatch::decode(&third).unwrap();
+        assert_eq!(batch.actor, "router:r");
+        assert_eq!(
+            batch
+                .events
+                .iter()
+                .map(|e| e.msg_id.as_deref().unwrap())
+                .collect::<Vec<_>>(),
+            ["m0", "m1", "m2"]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hub_s_emitters_reuse_published_batches_buffers_and_an_idle_hub_keeps_none() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let hub = AuditHub::new(client.clone());
+        let spare = || hub.0.hub.spare.lock().unwrap().len();
+        let bob = hub.emitter("inbox", "bob");
+        bob.emit(bob.msg("fetched", "b0"));
+        hub.flush().await;
+        assert_eq!(spare(), 1);
+        // The next window's batch is the published one's buffer.
+        bob.emit(bob.msg("fetched", "b1"));
+        assert_eq!(spare(), 0);
+        hub.flush().await;
+        assert_eq!(spare(), 1);
+        // Idle: given back.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while spare() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "an idle hub kept its buffers"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

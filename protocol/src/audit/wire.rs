@@ -215,20 +215,29 @@ impl EncodedEvents {
         self.count == 0
     }
 
-    /// Appends to `out` the batch of these events emitted by `actor`, as stored.
-    pub fn write_batch(&self, actor: &str, out: &mut Vec<u8>) {
-        self.write_header(actor, out)
-            .expect("writing to a vector cannot fail");
-        out.extend_from_slice(&self.bytes);
+    /// Writes to `out` the batch of these events emitted by `actor`, as stored.
+    ///
+    /// # Errors
+    /// What `out` returns; writing to memory (a `Vec`, a `BytesMut`'s writer) cannot fail.
+    pub fn write_batch(&self, actor: &str, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        self.write_header(actor, out)?;
+        out.write_all(&self.bytes)
+    }
+
+    /// The room the batch takes written ([`Self::write_batch`]), at most.
+    pub fn batch_len(&self, actor: &str) -> usize {
+        // A map marker (1), three one-letter keys (2 each), the actor (5 + its length), a
+        // u64 (9) and an array marker (5).
+        26 + actor.len() + self.bytes.len()
     }
 
     /// A batch's map up to its events' array (`{"a": actor, "b": base, "v": [` in
     /// MessagePack), as [`WireBatch`] reads it.
-    fn write_header(
+    fn write_header<W: std::io::Write>(
         &self,
         actor: &str,
-        out: &mut Vec<u8>,
-    ) -> Result<(), rmp::encode::ValueWriteError> {
+        out: &mut W,
+    ) -> Result<(), rmp::encode::ValueWriteError<std::io::Error>> {
         use rmp::encode::{write_array_len, write_map_len, write_str, write_uint};
         let count = u32::try_from(self.count).expect("a batch holds fewer than 2^32 events");
         write_map_len(out, 3)?;
@@ -274,8 +283,10 @@ impl AuditBatch {
         for event in events {
             encoded.push(&event.borrowed());
         }
-        let mut out = Vec::with_capacity(64 + encoded.bytes.len());
-        encoded.write_batch(actor, &mut out);
+        let mut out = Vec::with_capacity(encoded.batch_len(actor));
+        encoded
+            .write_batch(actor, &mut out)
+            .expect("writing to a vector cannot fail");
         out
     }
 
@@ -352,6 +363,29 @@ mod tests {
     }
 
     #[test]
+    fn batch_len_is_room_enough_for_the_written_batch() {
+        for actor_len in [0, 31, 32, 255, 256, 65_535, 65_536] {
+            for count in [0u64, 1, 15, 16, 1000] {
+                let actor = "a".repeat(actor_len);
+                let mut encoded = EncodedEvents::default();
+                for i in 0..count {
+                    let mut event = routed(i);
+                    event.at = u64::MAX - i;
+                    encoded.push(&event.borrowed());
+                }
+                let mut out = Vec::new();
+                encoded.write_batch(&actor, &mut out).unwrap();
+                assert!(
+                    out.len() <= encoded.batch_len(&actor),
+                    "actor of {actor_len}, {count} events: {} > {}",
+                    out.len(),
+                    encoded.batch_len(&actor)
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_routed_event_takes_at_most_30_bytes() {
         let batch = AuditBatch {
             actor: "router:sys1/router.a".into(),
@@ -371,7 +405,8 @@ mod tests {
         encoded.push(&early.borrowed());
         assert_eq!(encoded.len(), 2);
         let mut out = Vec::new();
-        encoded.write_batch("router:r", &mut out);
+        encoded.write_batch("router:r", &mut out).unwrap();
+        assert!(out.len() <= encoded.batch_len("router:r"));
         let back = AuditBatch::decode(&out).unwrap();
         assert_eq!(
             back.events.iter().map(|e| e.at).collect::<Vec<_>>(),
@@ -383,7 +418,7 @@ mod tests {
         assert!(encoded.is_empty());
         encoded.push(&early.borrowed());
         let mut again = Vec::new();
-        encoded.write_batch("router:r", &mut again);
+        encoded.write_batch("router:r", &mut again).unwrap();
         assert_eq!(AuditBatch::decode(&again).unwrap().events.len(), 1);
     }
 

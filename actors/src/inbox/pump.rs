@@ -270,10 +270,13 @@ impl InboxPump {
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
         // The highest stream sequence handed over by this incarnation.
         let mut last_handed: Option<u64> = None;
+        // One future for the whole loop, not a waiter registered and removed per DM.
+        let stopped = stop.stopped();
+        tokio::pin!(stopped);
         loop {
             let next = tokio::select! {
                 biased;
-                () = stop.stopped() => return Ok(()),
+                () = &mut stopped => return Ok(()),
                 next = puller.next(&self.counters.repulls) => next,
             };
             let msg = match next {
@@ -407,10 +410,12 @@ impl InboxPump {
             .await
             .map_err(|source| PumpError::Subscribe { subject, source })?;
         let mut seen = SeenSet::new(DEFAULT_DEDUPE_CAPACITY);
+        let stopped = stop.stopped();
+        tokio::pin!(stopped);
         loop {
             let msg = tokio::select! {
                 biased;
-                () = stop.stopped() => return Ok(()),
+                () = &mut stopped => return Ok(()),
                 next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
             if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, None, &seen) {

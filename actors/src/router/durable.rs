@@ -186,14 +186,20 @@ impl DurablePump {
         // Room for every message in flight at once: never regrown while routing.
         let mut held: VecDeque<(Message, Option<Trail>)> = VecDeque::with_capacity(max_in_flight);
         let mut seq_fallback = 0u64;
+        // One future for the whole loop: a `changed()` made at every turn registered and
+        // removed a waiter twice per DM.
+        let stopped = async {
+            while stop.changed().await.is_ok() {
+                if *stop.borrow() {
+                    return;
+                }
+            }
+        };
+        tokio::pin!(stopped);
         loop {
             tokio::select! {
                 biased;
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        break;
-                    }
-                }
+                () = &mut stopped => break,
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                     let (msg, trail) = held.pop_front().expect("one held message per pending outcome");
                     self.finish(msg, trail, done).await;

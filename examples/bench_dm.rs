@@ -209,9 +209,9 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) 
         .await
         .unwrap();
     let js = jetstream::new(system.client().clone());
-    let start = Instant::now();
     let envelopes = Envelopes::to(bob);
     envelopes.check();
+    let start = Instant::now();
     produce(js, "hub.pub.alice.inbox".into(), n, paced, move |i, t| {
         envelopes.make(i, t)
     })

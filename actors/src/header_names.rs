@@ -1,4 +1,4 @@
-//! The header names that every routed or delivered message is read for, made once.
+//! The header names that every routed, delivered or fetched message is read for, made once.
 //!
 //! `HeaderMap::get` with a `&str` checks the name and copies it into a new `HeaderName` on
 //! every call when it is not one of the NATS headers async-nats knows (`Content-Type` and

@@ -9,7 +9,6 @@ use std::str::FromStr;
 
 use async_nats::HeaderMap;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
-use protocol::headers;
 use protocol::trace::{self, HeaderCarrier, TraceParent};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -93,7 +92,7 @@ pub fn set_parent_from(span: &tracing::Span, headers: Option<&HeaderMap>) -> boo
 
 /// Whether `headers` carry a `traceparent` header (valid or not).
 pub fn has_traceparent(headers: &HeaderMap) -> bool {
-    headers.get(headers::TRACEPARENT).is_some()
+    headers.get(crate::header_names::TRACEPARENT).is_some()
 }
 
 #[cfg(test)]
@@ -102,6 +101,7 @@ mod tests {
     use futures::StreamExt;
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+    use protocol::headers;
     use tracing_subscriber::layer::SubscriberExt;
 
     /// A span on the sending side and a span on the receiving side of a real NATS hop belong to

@@ -70,7 +70,7 @@ impl Worker {
                     .traced(
                         msg.headers
                             .as_ref()
-                            .and_then(|h| h.get("traceparent"))
+                            .and_then(|h| h.get(crate::header_names::TRACEPARENT))
                             .map(|v| v.as_str()),
                     )
                     .details(protocol::audit::Details {

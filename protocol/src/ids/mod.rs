@@ -63,11 +63,18 @@ macro_rules! validated_id {
     ) => {
         $(#[$meta])*
         #[derive(
-            Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord,
-            ::serde::Serialize, ::serde::Deserialize,
+            Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, ::serde::Deserialize,
         )]
-        #[serde(try_from = "String", into = "String")]
+        #[serde(try_from = "String")]
         pub struct $name(String);
+
+        // A plain string, written from the borrowed id (`into = "String"` cloned it first:
+        // three allocations per routed DM).
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
+            }
+        }
 
         impl $name {
             /// What this id is called in error messages.

@@ -66,8 +66,6 @@ struct Shared {
     slots: Arc<Slots>,
     /// The demultiplexer and the watchdog, while they run.
     running: tokio::sync::Mutex<Option<Running>>,
-    /// The context a pulled message acks through (cloned into each message).
-    context: async_nats::jetstream::Context,
     /// Expiry of each pull ([`PULL_EXPIRES`]; shorter in tests).
     expires: Duration,
 }
@@ -127,13 +125,11 @@ impl InboxPulls {
     /// The same, with pulls that expire after `expires` (heartbeats at most a third of it).
     fn expiring(client: Client, expires: Duration) -> InboxPulls {
         let prefix = client.new_inbox();
-        let context = async_nats::jetstream::new(client.clone());
         InboxPulls(Arc::new(Shared {
             client,
             prefix,
             slots: Arc::default(),
             running: tokio::sync::Mutex::new(None),
-            context,
             expires,
         }))
     }
@@ -361,14 +357,38 @@ pub(super) fn ms(d: Duration) -> u64 {
 // Returned by value, once per message: boxing the message would allocate once per DM.
 #[allow(clippy::large_enum_variant)]
 pub enum Pulled {
-    /// A message of the consumer.
-    Message(async_nats::jetstream::Message),
+    /// A message of the consumer: a core message, whose ack subject says its delivery
+    /// ([`protocol::subjects::parse_ack_info`]) and which is acked with [`ack_with`]. Not a
+    /// `jetstream::Message`, which holds a clone of a JetStream context: making and dropping
+    /// one was a tenth of an inbox's own work per DM.
+    Message(async_nats::Message),
     /// The broker ended a pull for a reason that stops the inbox: the consumer was deleted
     /// or is a push consumer, or it refuses the pull itself (its description).
     Gone(String),
     /// The shared subscription ended (the connection closed), or another registration of the
     /// same consumer replaced this one.
     Ended,
+}
+
+/// Acks `msg` with `kind` on `client` (`kind`'s body on its ack subject), as
+/// `jetstream::Message::ack_with` does.
+///
+/// # Errors
+/// A message without an ack subject (not a JetStream one), or the publish's error.
+///
+/// # Cancel safety
+/// Cancel safe: a cancelled ack was not sent, or was sent whole.
+pub async fn ack_with(
+    client: &Client,
+    msg: &async_nats::Message,
+    kind: async_nats::jetstream::AckKind,
+) -> Result<(), async_nats::Error> {
+    let reply = msg
+        .reply
+        .clone()
+        .ok_or("a JetStream message without an ack subject")?;
+    client.publish(reply, kind.into()).await?;
+    Ok(())
 }
 
 /// One inbox's side of a registration: its pulls and what each still owes. Dropping it
@@ -423,10 +443,7 @@ impl Puller {
                 match classify(msg.status.map(|s| s.as_u16()), msg.description.as_deref()) {
                     PullReply::Message => {
                         self.book.received();
-                        return Pulled::Message(async_nats::jetstream::Message {
-                            message: msg,
-                            context: self.pulls.0.context.clone(),
-                        });
+                        return Pulled::Message(msg);
                     }
                     // Stopped at the demultiplexer; counted alive there.
                     PullReply::Heartbeat => false,
@@ -502,9 +519,16 @@ impl Drop for Puller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use async_nats::jetstream::{self, consumer::pull, stream};
+    use async_nats::jetstream::{self, consumer::pull, stream, AckKind};
 
     const WITHIN: Duration = Duration::from_secs(10);
+
+    /// How many times `m` was delivered, as its ack subject says.
+    fn delivered(m: &async_nats::Message) -> u64 {
+        protocol::subjects::parse_ack_info(m.reply.as_deref().unwrap())
+            .unwrap()
+            .delivered
+    }
 
     /// A stream `P` on `p.>` with the durable pull consumers `names` (batch-sized ack pending).
     async fn stream_with(client: &Client, names: &[&str]) -> jetstream::Context {
@@ -543,7 +567,9 @@ mod tests {
     async fn next_body(puller: &mut Puller, repulls: &crate::counters::Counter) -> String {
         match tokio::time::timeout(WITHIN, puller.next(repulls)).await {
             Ok(Pulled::Message(m)) => {
-                m.ack().await.unwrap();
+                ack_with(&puller.pulls.0.client, &m, AckKind::Ack)
+                    .await
+                    .unwrap();
                 String::from_utf8(m.payload.to_vec()).unwrap()
             }
             Ok(Pulled::Gone(why)) => panic!("gone: {why}"),
@@ -602,8 +628,8 @@ mod tests {
                 Ok(Pulled::Message(m)) => {
                     assert_eq!(String::from_utf8_lossy(&m.payload), body);
                     // Handed over as the next incarnation's own: delivered once.
-                    assert_eq!(m.info().unwrap().delivered, 1);
-                    m.ack().await.unwrap();
+                    assert_eq!(delivered(&m), 1);
+                    ack_with(&client, &m, AckKind::Ack).await.unwrap();
                 }
                 _ => panic!("{body} did not come within {WITHIN:?}"),
             }
@@ -651,7 +677,7 @@ mod tests {
         match tokio::time::timeout(Duration::from_secs(5), next.next(&repulls)).await {
             Ok(Pulled::Message(m)) => {
                 assert_eq!(&m.payload[..], b"held");
-                assert_eq!(m.info().unwrap().delivered, 2);
+                assert_eq!(delivered(&m), 2);
             }
             _ => panic!("the nak'd message did not come back"),
         }

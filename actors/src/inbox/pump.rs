@@ -14,7 +14,7 @@ use protocol::subjects;
 use tracing::Instrument;
 
 use super::outbox::{Outbox, PendingReceipt, ReceiptOutbox, ReceiptSender};
-use super::pulls::Pulled;
+use super::pulls::{ack_with, Pulled};
 use super::{Binding, Delivery, InboxConsumer};
 use crate::clock::ClockView;
 use crate::fault::{self, FaultPoint};
@@ -293,17 +293,19 @@ impl InboxPump {
     /// Judges, hands over and settles one durable message.
     async fn handle(
         &self,
-        msg: jetstream::Message,
+        msg: async_nats::Message,
         seen: &mut SeenSet,
         last_handed: &mut Option<u64>,
         beat: Duration,
     ) -> Result<(), PumpError> {
         let (stream_seq, delivered) = msg
-            .info()
-            .map(|i| (Some(i.stream_sequence), i.delivered as u64))
-            .unwrap_or((None, 1));
-        let verdict = self.judge(&msg.message, stream_seq, delivered, *last_handed, seen);
-        let trail = self.trail(&msg.message, &verdict, stream_seq, delivered);
+            .reply
+            .as_deref()
+            .and_then(subjects::parse_ack_info)
+            .map_or((None, 1), |i| (Some(i.stream_seq), i.delivered));
+        let verdict = self.judge(&msg, stream_seq, delivered, *last_handed, seen);
+        let trail = self.trail(&msg, &verdict, stream_seq, delivered);
+        let client = self.inbox.shared.client();
         let ack = match verdict {
             Verdict::Handle(delivery) => {
                 let key = seen.key_of(
@@ -326,7 +328,7 @@ impl InboxPump {
                                 tokio::select! {
                                     done = &mut work => break done?,
                                     _ = tick.tick() => {
-                                        let _ = msg.ack_with(AckKind::Progress).await;
+                                        let _ = ack_with(client, &msg, AckKind::Progress).await;
                                     }
                                 }
                             }
@@ -336,7 +338,7 @@ impl InboxPump {
                 match handled {
                     Handled::Done => {
                         seen.first_time_key(key);
-                        match msg.ack().await {
+                        match ack_with(client, &msg, AckKind::Ack).await {
                             Ok(()) => self.emit(&trail, "delivered", Details::default()),
                             Err(e) => {
                                 tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
@@ -394,7 +396,7 @@ impl InboxPump {
                 return Ok(());
             }
         };
-        if let Err(e) = msg.ack_with(ack).await {
+        if let Err(e) = ack_with(client, &msg, ack).await {
             tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
         }
         Ok(())
@@ -477,7 +479,7 @@ impl InboxPump {
     /// carries it.
     async fn term_with(
         &self,
-        msg: &jetstream::Message,
+        msg: &async_nats::Message,
         reason: &str,
     ) -> Result<(), async_nats::Error> {
         let reply = msg

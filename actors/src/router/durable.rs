@@ -76,12 +76,19 @@ pub(super) struct Pulled {
 
 impl Pulled {
     fn of(msg: &Message, fallback: u64) -> Pulled {
-        match msg.info() {
-            Ok(i) => Pulled {
-                seq: i.stream_sequence,
-                info: Some((i.delivered, i.published.unix_timestamp_nanos())),
+        match msg
+            .reply
+            .as_deref()
+            .and_then(protocol::subjects::parse_ack_info)
+        {
+            Some(i) => Pulled {
+                seq: i.stream_seq,
+                info: Some((
+                    i64::try_from(i.delivered).unwrap_or(i64::MAX),
+                    i128::from(i.stored_ns),
+                )),
             },
-            Err(_) => Pulled {
+            None => Pulled {
                 seq: fallback,
                 info: None,
             },

@@ -28,12 +28,14 @@
 //! assert_eq!(subjects::parse_ingress(&subject).unwrap(), (alice, Channel::Inbox));
 //! ```
 
+mod ack;
 mod channel;
 mod error;
 mod names;
 mod parse;
 mod work;
 
+pub use ack::{parse_ack_consumer, parse_ack_info, AckInfo};
 pub use channel::{Channel, TaskChannel, TaskKey};
 pub use error::SubjectError;
 pub use names::{validate_durable_name, validate_stream_name, MAX_NAME_LEN};
@@ -196,21 +198,6 @@ pub fn parse_pull_reply(subject: &str, prefix_len: usize) -> Option<(&str, Optio
     let rest = subject.get(prefix_len..)?.strip_prefix('.')?;
     let (consumer, pull) = rest.rsplit_once('.')?;
     (!consumer.is_empty() && !consumer.contains('.')).then(|| (consumer, pull.parse().ok()))
-}
-
-/// The consumer a JetStream message's ack subject names: `$JS.ACK.<stream>.<consumer>.…` (9
-/// tokens), or nats-server's v2 form `$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.…`
-/// (11 or 12 tokens). A pulled message comes on its own subject, not on the pull's reply
-/// subject: this is how it is told apart.
-pub fn parse_ack_consumer(ack: &str) -> Option<&str> {
-    let rest = ack.strip_prefix("$JS.ACK.")?;
-    let tokens = rest.split('.').count() + 2;
-    let index = match tokens {
-        9 => 1,
-        11 | 12 => 3,
-        _ => return None,
-    };
-    rest.split('.').nth(index).filter(|c| !c.is_empty())
 }
 
 /// The JetStream API request for the info of `stream`: what `runtime doctor` reads the

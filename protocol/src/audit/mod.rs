@@ -22,6 +22,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
+mod fast;
 mod wire;
 
 pub use wire::{BatchError, EncodedEvents, EVENTS};

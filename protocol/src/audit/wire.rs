@@ -183,25 +183,18 @@ pub struct EncodedEvents {
 }
 
 impl EncodedEvents {
-    /// Appends `event`, encoded.
+    /// Appends `event`, encoded: by hand ([`super::fast::write_event`]), or through serde for
+    /// the rare event the hand encoder leaves to it. Both write the same bytes.
     pub fn push(&mut self, event: &EventRef<'_>) {
         if self.count == 0 {
             self.base_ms = event.at;
         }
         let code = code_of(event.event);
-        let wire = WireEvent {
-            code,
-            event: code.is_none().then_some(Cow::Borrowed(event.event)),
-            msg_id: event.msg_id.map(Cow::Borrowed),
-            task_id: event.task_id.map(Cow::Borrowed),
-            trace_id: event.trace_id.map(Cow::Borrowed),
-            // Two's complement: the signed difference of two unix-ms times.
-            after_base: event.at.wrapping_sub(self.base_ms) as i64,
-            attempt: event.attempt,
-            details: WireDetails::from(event.details),
-            named_details: None,
-        };
-        rmp_serde::encode::write_named(&mut self.bytes, &wire).expect("an audit event encodes");
+        // Two's complement: the signed difference of two unix-ms times.
+        let after_base = event.at.wrapping_sub(self.base_ms) as i64;
+        if !super::fast::write_event(&mut self.bytes, event, code, after_base) {
+            write_event_serde(&mut self.bytes, event, code, after_base);
+        }
         self.count += 1;
     }
 
@@ -262,8 +255,31 @@ impl EncodedEvents {
     }
 }
 
+/// `event` (whose code is `code`, dated `after_base` ms after its batch's base) encoded through
+/// serde: [`WireEvent`] is what a batch is read with, and what the hand encoder matches byte
+/// for byte.
+pub(super) fn write_event_serde(
+    out: &mut Vec<u8>,
+    event: &EventRef<'_>,
+    code: Option<u8>,
+    after_base: i64,
+) {
+    let wire = WireEvent {
+        code,
+        event: code.is_none().then_some(Cow::Borrowed(event.event)),
+        msg_id: event.msg_id.map(Cow::Borrowed),
+        task_id: event.task_id.map(Cow::Borrowed),
+        trace_id: event.trace_id.map(Cow::Borrowed),
+        after_base,
+        attempt: event.attempt,
+        details: WireDetails::from(event.details),
+        named_details: None,
+    };
+    rmp_serde::encode::write_named(out, &wire).expect("an audit event encodes");
+}
+
 /// The code of `event`, if it has one.
-fn code_of(event: &str) -> Option<u8> {
+pub(super) fn code_of(event: &str) -> Option<u8> {
     EVENTS
         .iter()
         .position(|e| *e == event)

@@ -255,7 +255,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         Err(_) if is_api_reply(view.payload) => return dropped(DropReason::ApiReply),
         Err(err) => return reject(from, salvage_id(view.payload, codec), &err),
     };
-    env.meta_mut().from = Some(from.clone());
+    env.set_from(from.clone());
     let id = env.meta().id.clone();
     let refuse = |error: WireError| RouteDecision::Reject {
         sender: from.clone(),

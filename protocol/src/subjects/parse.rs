@@ -23,6 +23,10 @@ pub fn parse_ingress(subject: &str) -> Result<(AgentId, Channel), SubjectError> 
         .split_once('.')
         .ok_or_else(|| token_count(subject, INGRESS_TOKENS, 1))?;
     let from = token(subject, AgentId::new(id))?;
+    // A DM's (the most common) without splitting the rest.
+    if channel == INBOX_TOKEN {
+        return Ok((from, Channel::Inbox));
+    }
     let tokens: Vec<&str> = channel.split('.').collect();
     let channel = match tokens.as_slice() {
         [INBOX_TOKEN] => Channel::Inbox,

@@ -33,7 +33,8 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(10);
 /// Events held at most between two flushes (a burst beyond it is dropped and counted): a
 /// window's worth at several hundred thousand events a second.
 pub const QUEUE: usize = 32 * MAX_BATCH;
-/// How long a hub's flusher finds nothing to publish before it gives back its buffer's room.
+/// How long a flusher (or a hub's) finds nothing to publish before it gives back its buffers'
+/// room.
 const REST_AFTER: Duration = Duration::from_millis(100);
 
 /// What the handles and the flusher share: the events since the last flush, encoded.
@@ -364,29 +365,37 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
         // nothing to say costs no wake-ups.
         let mut rested = false;
         loop {
-            let idle = {
-                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-                let idle = pending.events == 0;
-                // Idle: a burst's room is given back (an idle emitter holds little). Not
-                // between two windows of a stream of events: a buffer that shrank would grow
-                // again at once, on pages the kernel must zero first.
-                if idle && !rested {
-                    pending.spare.truncate(1);
-                    pending.spare.iter_mut().for_each(|b| b.shrink_to(KEEP));
-                    pending.spare.shrink_to_fit();
-                    pending.batches.shrink_to(1);
-                }
-                idle
-            };
+            let idle = shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .events
+                == 0;
             if !idle || Arc::strong_count(&shared) == 1 {
                 break;
             }
-            if !rested {
+            if rested {
+                shared.wake.notified().await;
+                continue;
+            }
+            // Idle for a while: a burst's room is given back (an idle emitter holds little).
+            // Not the moment a flush finds nothing new, which it mostly does between two
+            // windows of a steady stream (the emitter has not run since): a buffer that shrank
+            // then grew again at once, every window.
+            if tokio::time::timeout(REST_AFTER, shared.wake.notified())
+                .await
+                .is_err()
+            {
+                let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+                pending.spare.truncate(1);
+                pending.spare.iter_mut().for_each(|b| b.shrink_to(KEEP));
+                pending.spare.shrink_to_fit();
+                pending.batches.shrink_to(1);
+                drop(pending);
                 taken.shrink_to(1);
                 out.rest();
                 rested = true;
             }
-            shared.wake.notified().await;
         }
         tokio::time::sleep(FLUSH_EVERY).await;
         let last = Arc::strong_count(&shared) == 1;
@@ -605,6 +614,49 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["m0", "m1", "m2"]
         );
+    }
+
+    #[tokio::test]
+    async fn a_flusher_keeps_its_batches_room_between_windows_and_gives_it_back_once_idle() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let (auditor, _flusher) = Auditor::spawn(client, "router", "r");
+        let shared = auditor.shared.as_ref().unwrap().0.clone();
+        let room = || {
+            let pending = shared.pending.lock().unwrap();
+            pending.spare.iter().map(EncodedEvents::capacity).max()
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let until = |what: &str| {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+        };
+        for n in 0..200 {
+            auditor.emit(auditor.msg("routed", &format!("m{n}")));
+        }
+        // Published: its batch's buffer is spare, with the room of 200 events, for the next
+        // window (the flusher found nothing new at once, as between two windows of a stream).
+        while room().is_none() {
+            until("the window was not flushed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let kept = room().unwrap();
+        assert!(
+            kept > KEEP,
+            "the room of a window was given back at once: {kept}"
+        );
+        // The next window writes into it.
+        auditor.emit(auditor.msg("routed", "again"));
+        assert_eq!(room(), None);
+        while room().is_none() {
+            until("the second window was not flushed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(room(), Some(kept));
+        // Idle for a while: given back.
+        while room().is_some_and(|r| r > KEEP) {
+            until("an idle flusher kept its room");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]

@@ -249,6 +249,11 @@ impl EncodedEvents {
         self.bytes.clear();
     }
 
+    /// The room its buffer holds, in bytes.
+    pub fn capacity(&self) -> usize {
+        self.bytes.capacity()
+    }
+
     /// Gives back room beyond `bytes`.
     pub fn shrink_to(&mut self, bytes: usize) {
         self.bytes.shrink_to(bytes);

@@ -132,7 +132,13 @@ impl SeenSet {
 
     /// Whether `(from, id)` is remembered, without recording it.
     pub fn contains(&self, from: Option<&AgentId>, id: &MessageId) -> bool {
-        self.capacity > 0 && self.keys.contains(&self.fingerprint(from, id))
+        self.contains_key(self.key_of(from, id))
+    }
+
+    /// [`Self::contains`] of the key [`Self::key_of`] took (a key costs two SipHashes: take it
+    /// once per envelope).
+    pub fn contains_key(&self, key: SeenKey) -> bool {
+        self.capacity > 0 && self.keys.contains(&key.0)
     }
 
     /// How many keys are remembered.

@@ -370,23 +370,21 @@ pub enum Pulled {
     Ended,
 }
 
-/// Acks `msg` with `kind` on `client` (`kind`'s body on its ack subject), as
-/// `jetstream::Message::ack_with` does.
+/// Acks the message whose ack subject is `reply` with `kind` on `client` (`kind`'s body on
+/// that subject), as `jetstream::Message::ack_with` does. A message's last ack takes its
+/// subject (`msg.reply.take()`): the subject is then sent, not copied first.
 ///
 /// # Errors
-/// A message without an ack subject (not a JetStream one), or the publish's error.
+/// No ack subject (the message is not a JetStream one), or the publish's error.
 ///
 /// # Cancel safety
 /// Cancel safe: a cancelled ack was not sent, or was sent whole.
 pub async fn ack_with(
     client: &Client,
-    msg: &async_nats::Message,
+    reply: Option<async_nats::Subject>,
     kind: async_nats::jetstream::AckKind,
 ) -> Result<(), async_nats::Error> {
-    let reply = msg
-        .reply
-        .clone()
-        .ok_or("a JetStream message without an ack subject")?;
+    let reply = reply.ok_or("a JetStream message without an ack subject")?;
     client.publish(reply, kind.into()).await?;
     Ok(())
 }
@@ -567,7 +565,7 @@ mod tests {
     async fn next_body(puller: &mut Puller, repulls: &crate::counters::Counter) -> String {
         match tokio::time::timeout(WITHIN, puller.next(repulls)).await {
             Ok(Pulled::Message(m)) => {
-                ack_with(&puller.pulls.0.client, &m, AckKind::Ack)
+                ack_with(&puller.pulls.0.client, m.reply.clone(), AckKind::Ack)
                     .await
                     .unwrap();
                 String::from_utf8(m.payload.to_vec()).unwrap()
@@ -629,7 +627,9 @@ mod tests {
                     assert_eq!(String::from_utf8_lossy(&m.payload), body);
                     // Handed over as the next incarnation's own: delivered once.
                     assert_eq!(delivered(&m), 1);
-                    ack_with(&client, &m, AckKind::Ack).await.unwrap();
+                    ack_with(&client, m.reply.clone(), AckKind::Ack)
+                        .await
+                        .unwrap();
                 }
                 _ => panic!("{body} did not come within {WITHIN:?}"),
             }

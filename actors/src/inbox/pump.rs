@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
-use protocol::dedupe::{SeenSet, DEFAULT_DEDUPE_CAPACITY};
+use protocol::dedupe::{SeenKey, SeenSet, DEFAULT_DEDUPE_CAPACITY};
 
 use super::Handled;
 use protocol::audit::Details;
@@ -148,7 +148,8 @@ pub(super) fn emit(
 
 /// What the pump decided about one message.
 enum Verdict {
-    Handle(Delivery),
+    /// Hand it over; its dedupe key, to record once the handler is done with it.
+    Handle(Delivery, SeenKey),
     Duplicate,
     Malformed,
     Expired,
@@ -293,7 +294,7 @@ impl InboxPump {
     /// Judges, hands over and settles one durable message.
     async fn handle(
         &self,
-        msg: async_nats::Message,
+        mut msg: async_nats::Message,
         seen: &mut SeenSet,
         last_handed: &mut Option<u64>,
         beat: Duration,
@@ -307,11 +308,7 @@ impl InboxPump {
         let trail = self.trail(&msg, &verdict, stream_seq, delivered);
         let client = self.inbox.shared.client();
         let ack = match verdict {
-            Verdict::Handle(delivery) => {
-                let key = seen.key_of(
-                    delivery.envelope.meta.from.as_ref(),
-                    &delivery.envelope.meta.id,
-                );
+            Verdict::Handle(delivery, key) => {
                 let receipt = protocol::receipt::read_receipt(&delivery.envelope);
                 *last_handed = (*last_handed).max(stream_seq);
                 let handled = {
@@ -328,7 +325,7 @@ impl InboxPump {
                                 tokio::select! {
                                     done = &mut work => break done?,
                                     _ = tick.tick() => {
-                                        let _ = ack_with(client, &msg, AckKind::Progress).await;
+                                        let _ = ack_with(client, msg.reply.clone(), AckKind::Progress).await;
                                     }
                                 }
                             }
@@ -338,7 +335,7 @@ impl InboxPump {
                 match handled {
                     Handled::Done => {
                         seen.first_time_key(key);
-                        match ack_with(client, &msg, AckKind::Ack).await {
+                        match ack_with(client, msg.reply.take(), AckKind::Ack).await {
                             Ok(()) => self.emit(&trail, "delivered", Details::default()),
                             Err(e) => {
                                 tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
@@ -396,7 +393,7 @@ impl InboxPump {
                 return Ok(());
             }
         };
-        if let Err(e) = ack_with(client, &msg, ack).await {
+        if let Err(e) = ack_with(client, msg.reply.take(), ack).await {
             tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
         }
         Ok(())
@@ -420,11 +417,7 @@ impl InboxPump {
                 () = &mut stopped => return Ok(()),
                 next = sub.next() => next.ok_or(PumpError::Ended)?,
             };
-            if let Verdict::Handle(delivery) = self.judge(&msg, None, 1, None, &seen) {
-                let key = seen.key_of(
-                    delivery.envelope.meta.from.as_ref(),
-                    &delivery.envelope.meta.id,
-                );
+            if let Verdict::Handle(delivery, key) = self.judge(&msg, None, 1, None, &seen) {
                 // Nothing is redelivered in core mode: whatever the handler says, the DM is
                 // gone once handed over. Boxed, as a durable DM's handling.
                 let handled = Box::pin(self.deliver(delivery, msg.headers.as_ref())).await?;
@@ -508,7 +501,7 @@ impl InboxPump {
             return None;
         }
         let id = match verdict {
-            Verdict::Handle(d) => d.envelope.meta.id.to_string(),
+            Verdict::Handle(d, _) => d.envelope.meta.id.to_string(),
             Verdict::Duplicate | Verdict::Expired => {
                 crate::decode::envelope(msg.headers.as_ref(), &msg.payload)
                     .ok()?
@@ -533,7 +526,7 @@ impl InboxPump {
             ..Details::default()
         };
         match verdict {
-            Verdict::Handle(d) => {
+            Verdict::Handle(d, _) => {
                 emit(self.audit(), Some(&trail), "fetched", seq.clone());
                 if d.redelivered {
                     emit(self.audit(), Some(&trail), "redelivered", seq);
@@ -566,7 +559,8 @@ impl InboxPump {
         // Only what a handler was done with is a duplicate: a DM it asked to see again is
         // handed over again. Checked first: a DM handled before its deadline whose ack was
         // lost is acked as a duplicate, not terminated as expired.
-        if seen.contains(envelope.meta.from.as_ref(), &envelope.meta.id) {
+        let key = seen.key_of(envelope.meta.from.as_ref(), &envelope.meta.id);
+        if seen.contains_key(key) {
             self.counters.duplicates.bump();
             return Verdict::Duplicate;
         }
@@ -585,13 +579,16 @@ impl InboxPump {
         if flags.out_of_order {
             self.counters.out_of_order.bump();
         }
-        Verdict::Handle(Delivery {
-            envelope,
-            stream_seq,
-            delivered,
-            redelivered: flags.redelivered,
-            out_of_order: flags.out_of_order,
-        })
+        Verdict::Handle(
+            Delivery {
+                envelope,
+                stream_seq,
+                delivered,
+                redelivered: flags.redelivered,
+                out_of_order: flags.out_of_order,
+            },
+            key,
+        )
     }
 
     async fn deliver(

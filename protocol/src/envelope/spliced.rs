@@ -200,7 +200,7 @@ mod tests {
     /// What the whole decode and re-encode would have stored, and what the splice stores,
     /// read back alike.
     fn same_as_whole(payload: &str) {
-        let mut spliced = Spliced::decode(payload.as_bytes()).expect("spliced");
+        let spliced = Spliced::decode(payload.as_bytes()).expect("spliced");
         let mut whole = decode(payload.as_bytes(), Codec::Json).unwrap();
         let from = crate::AgentId::new("alice").unwrap();
         let mut decoded = Decoded::Spliced(spliced);

@@ -16,6 +16,10 @@
 //! (c) the same as (b) with the audit trail off (`audit_events = false`): what the trail costs
 //!     is the difference, measured side by side in each round.
 //!
+//! Every arm starts on an empty server and deletes every stream it made when it ends (the hub's
+//! streams and KV buckets too), so no run stores into streams that hold an earlier run's
+//! messages and message ids.
+//!
 //! `BENCH_OTLP=1` installs the runtime's telemetry (`runtime::telemetry::init`, as the `runtime`
 //! binary does) before anything runs, so that with `OTEL_EXPORTER_OTLP_ENDPOINT` set the
 //! router's `route` and the inbox's `inbox.handle` spans go to the OTLP batch exporter. With an
@@ -161,16 +165,39 @@ async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) 
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
     let sink = spawn_sink(sink_consumer, n, latencies.clone());
     let start = Instant::now();
-    produce(js, format!("rawa{tag}.x"), n, paced, |_, t| raw_payload(t)).await;
+    produce(js.clone(), format!("rawa{tag}.x"), n, paced, |_, t| {
+        raw_payload(t)
+    })
+    .await;
     sink.await.unwrap();
     let elapsed = start.elapsed();
     relay.await.unwrap();
+    delete_streams(&js).await;
     summarize(n, elapsed, &latencies)
+}
+
+/// Deletes every stream of the server (and so every KV bucket): each arm starts on an empty
+/// server, as a fresh deployment does. The hub's streams once outlived its arm, so each hub
+/// run stored into streams holding every earlier hub run's DMs (and their message ids in the
+/// duplicate window), while each raw run had new, empty streams.
+async fn delete_streams(js: &jetstream::Context) {
+    use futures::TryStreamExt;
+    let names: Vec<String> = js.stream_names().try_collect().await.expect("stream names");
+    for name in names {
+        js.delete_stream(&name).await.expect("stream deleted");
+    }
 }
 
 /// (b) The same traffic through the router actor and bob's inbox, with the audit trail
 /// on (the default) or, for (c), off.
-async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) -> Run {
+async fn hub(
+    url: &str,
+    client: &async_nats::Client,
+    n: u64,
+    paced: Option<u64>,
+    bob: &AgentId,
+    audit: bool,
+) -> Run {
     // Keep every DM of the run: the default keeps the newest 10,000 per recipient.
     let mut delivery = protocol::DeliveryConfig::default();
     delivery.inbox.max_msgs_per_subject = -1;
@@ -228,6 +255,7 @@ async fn hub(url: &str, n: u64, paced: Option<u64>, bob: &AgentId, audit: bool) 
         .get(bob.as_str())
         .map_or(0, |i| i.counters.repulls);
     system.shutdown(Duration::from_secs(10)).await.unwrap();
+    delete_streams(&jetstream::new(client.clone())).await;
     Run {
         longest_gap_ms: gap_us.load(Ordering::Relaxed) as f64 / 1000.0,
         repulls: (router, inbox),
@@ -278,8 +306,8 @@ async fn main() -> anyhow::Result<()> {
             let id = AgentId::new(format!("solo{round}"))?;
             let run = match arm.as_str() {
                 "a" => raw(client.clone(), &format!("S{round}"), n, None).await,
-                "b" => hub(&server.url(), n, None, &id, true).await,
-                "c" => hub(&server.url(), n, None, &id, false).await,
+                "b" => hub(&server.url(), &client, n, None, &id, true).await,
+                "c" => hub(&server.url(), &client, n, None, &id, false).await,
                 other => anyhow::bail!("BENCH_ARM must be a, b or c, not {other:?}"),
             };
             let (process, broker) = per_dm(t0, cpu());
@@ -298,10 +326,10 @@ async fn main() -> anyhow::Result<()> {
         let t1 = cpu();
         // Each hub run gets its own recipient, so it starts with an empty inbox.
         let bob = AgentId::new(format!("bob{round}"))?;
-        let b = hub(&server.url(), n, None, &bob, true).await;
+        let b = hub(&server.url(), &client, n, None, &bob, true).await;
         let t2 = cpu();
         let dave = AgentId::new(format!("dave{round}"))?;
-        let c = hub(&server.url(), n, None, &dave, false).await;
+        let c = hub(&server.url(), &client, n, None, &dave, false).await;
         let t3 = cpu();
         println!(
             "  round {round}: raw {:>8.0} msgs/s, hub {:>8.0} msgs/s, hub without audit {:>8.0} msgs/s",
@@ -346,6 +374,7 @@ async fn main() -> anyhow::Result<()> {
     let a = raw(client.clone(), "P", paced, Some(1_000)).await;
     let b = hub(
         &server.url(),
+        &client,
         paced,
         Some(1_000),
         &AgentId::new("carol")?,

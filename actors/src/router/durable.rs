@@ -70,8 +70,8 @@ pub(super) struct Pulled {
     /// Its ingress stream sequence (the count of messages pulled, when the subject does not
     /// parse).
     pub seq: u64,
-    /// Its delivery count, and when the broker stored it (unix ns), when the subject parses.
-    pub info: Option<(i64, i128)>,
+    /// What the subject says (its delivery count, when the broker stored it), when it parses.
+    pub info: Option<protocol::subjects::AckInfo>,
 }
 
 impl Pulled {
@@ -83,10 +83,7 @@ impl Pulled {
         {
             Some(i) => Pulled {
                 seq: i.stream_seq,
-                info: Some((
-                    i64::try_from(i.delivered).unwrap_or(i64::MAX),
-                    i128::from(i.stored_ns),
-                )),
+                info: Some(i),
             },
             None => Pulled {
                 seq: fallback,
@@ -454,7 +451,7 @@ impl DurablePump {
     fn flags_check(&self, msg: &Message, pulled: Pulled, broker: &Baseline<BrokerMark>) -> bool {
         let window =
             i128::try_from(self.delivery.duplicate_window().as_nanos()).unwrap_or(i128::MAX);
-        let stored_ns = pulled.info.map(|(_, stored_ns)| stored_ns);
+        let stored_ns = pulled.info.map(|i| i128::from(i.stored_ns));
         let baseline = broker
             .current()
             .map(|mark| protocol::task::IngressBaseline {
@@ -466,9 +463,7 @@ impl DurablePump {
                 },
             });
         protocol::task::router_flags(&protocol::task::IngressFacts {
-            delivered: pulled
-                .info
-                .map_or(1, |(delivered, _)| u64::try_from(delivered).unwrap_or(1)),
+            delivered: pulled.info.map_or(1, |i| i.delivered),
             sender_flagged: msg
                 .headers
                 .as_ref()

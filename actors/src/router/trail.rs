@@ -92,9 +92,7 @@ impl DurablePump {
         );
         let (info_at, attempt) = pulled
             .info
-            .map(|(delivered, stored_ns)| {
-                (u64::try_from(stored_ns / 1_000_000).ok(), delivered as u64)
-            })
+            .map(|i| (u64::try_from(i.stored_ns / 1_000_000).ok(), i.delivered))
             .unwrap_or((None, 1));
         let at = info_at.unwrap_or_else(protocol::expiry::now_ms);
         let trail = |about, trace_id, channel, accepted| {

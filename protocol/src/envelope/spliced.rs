@@ -200,16 +200,12 @@ mod tests {
     /// What the whole decode and re-encode would have stored, and what the splice stores,
     /// read back alike.
     fn same_as_whole(payload: &str) {
-        let spliced = Spliced::decode(payload.as_bytes()).expect("spliced");
+        let mut spliced = Decoded::Spliced(Spliced::decode(payload.as_bytes()).expect("spliced"));
         let mut whole = decode(payload.as_bytes(), Codec::Json).unwrap();
         let from = crate::AgentId::new("alice").unwrap();
-        let mut decoded = Decoded::Spliced(spliced);
-        decoded.set_from(from.clone());
-        let Decoded::Spliced(spliced) = decoded else {
-            unreachable!()
-        };
+        spliced.set_from(from.clone());
         whole.meta.from = Some(from);
-        let stored = spliced.encode().unwrap();
+        let stored = spliced.encode(Codec::Json).unwrap();
         assert_eq!(
             decode(&stored, Codec::Json).unwrap(),
             decode(&encode(&whole, Codec::Json).unwrap(), Codec::Json).unwrap(),

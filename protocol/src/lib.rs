@@ -69,6 +69,7 @@ pub mod rejection;
 pub mod removal;
 pub mod routing;
 pub mod security;
+pub mod store_ack;
 pub mod subjects;
 pub mod task;
 pub mod trace;

@@ -28,6 +28,7 @@ use super::outbound::{header_pairs, routed_headers, view};
 use super::rate::RateLimiter;
 use super::refusal::Refusable;
 use super::schedule::Planned;
+use super::store_acks::{send_piped, StoreAcks};
 use super::trail::Trail;
 use super::RouterError;
 use crate::background::Owned;
@@ -186,6 +187,10 @@ impl DurablePump {
             ),
             None => None,
         };
+        // The pipeline's store acks, read by this loop (`store_acks`).
+        let (acks, mut acks_sub) = StoreAcks::open(self.client.clone())
+            .await
+            .map_err(RouterError::StoreAcks)?;
         let mut in_flight: FuturesOrdered<Pending> = FuturesOrdered::new();
         // Room for every message in flight at once: never regrown while routing.
         let mut held: VecDeque<(Message, Option<Trail>)> = VecDeque::with_capacity(max_in_flight);
@@ -204,6 +209,9 @@ impl DurablePump {
             tokio::select! {
                 biased;
                 () = &mut stopped => break,
+                // Before the pipeline: every ack already come is handed over before a store's
+                // wait is polled, so none times out with its ack unread.
+                Some(reply) = acks_sub.next() => acks.settle(reply),
                 Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                     let (msg, trail) = held.pop_front().expect("one held message per pending outcome");
                     self.finish(msg, trail, done).await;
@@ -214,7 +222,7 @@ impl DurablePump {
                         seq_fallback += 1;
                         let pulled = Pulled::of(&msg, seq_fallback);
                         self.counters.in_flight.bump();
-                        let (pending, trail) = self.start(&js, &msg, pulled, &broker, rate.as_ref()).await;
+                        let (pending, trail) = self.start(&js, &acks, &msg, pulled, &broker, rate.as_ref()).await;
                         in_flight.push_back(pending);
                         held.push_back((msg, trail));
                     }
@@ -245,7 +253,7 @@ impl DurablePump {
             }
         }
         drop(messages);
-        self.drain(in_flight, held).await;
+        self.drain(&acks, &mut acks_sub, in_flight, held).await;
         Ok(())
     }
 
@@ -257,6 +265,7 @@ impl DurablePump {
     async fn start(
         &self,
         js: &jetstream::Context,
+        acks: &StoreAcks,
         msg: &Message,
         pulled: Pulled,
         broker: &Baseline<BrokerMark>,
@@ -333,8 +342,7 @@ impl DurablePump {
                                 id: dm.id.clone(),
                                 expires_at,
                             };
-                            let stored =
-                                send_store(js, subject, headers, payload, false, Some(dm)).await;
+                            let stored = send_piped(acks, subject, headers, payload, Some(dm)).await;
                             return match stored {
                                 Ok(ack) => self.then_schedule(js, ack, check),
                                 Err(reason) => ready(Done::Failed(reason)),
@@ -356,7 +364,9 @@ impl DurablePump {
                         }
                         _ => None,
                     };
-                    let pending = store(js, subject, headers, payload, false, dm).await;
+                    let pending = send_piped(acks, subject, headers, payload, dm)
+                        .await
+                        .unwrap_or_else(|reason| ready(Done::Failed(reason)));
                     match answer {
                         Some(planned) => self.then_schedule(js, pending, planned),
                         None => pending,
@@ -370,22 +380,22 @@ impl DurablePump {
                 } => {
                     // Every item is sent now, in order; the ingress message is acked once all
                     // are stored (a failed item naks it: the retry dedupes the stored ones).
-                    let mut acks = Vec::with_capacity(items.len());
+                    let mut stores = Vec::with_capacity(items.len());
                     for item in items {
                         let headers = routed_headers(Some(&item.msg_id), codec);
-                        match send_store(js, subject.clone(), headers, item.payload, false, None).await {
-                            Ok(ack) => acks.push(ack),
+                        match send_piped(acks, subject.clone(), headers, item.payload, None).await {
+                            Ok(ack) => stores.push(ack),
                             Err(reason) => {
                                 // A send that failed stops the bundle here: no later item is
                                 // stored before it (the nak'd retry stores them all, in order).
-                                acks.push(ready(Done::Failed(reason)));
+                                stores.push(ready(Done::Failed(reason)));
                                 break;
                             }
                         }
                     }
                     Box::pin(async move {
                         let (mut stored, mut duplicates) = (0, 0);
-                        for ack in acks {
+                        for ack in stores {
                             match ack.await {
                                 Done::Stored { duplicate, .. } => {
                                     stored += 1;
@@ -583,15 +593,25 @@ impl DurablePump {
     /// another router takes them at once) what did not resolve, and flushes.
     async fn drain(
         &self,
+        acks: &StoreAcks,
+        acks_sub: &mut async_nats::Subscriber,
         mut in_flight: FuturesOrdered<Pending>,
         mut held: VecDeque<(Message, Option<Trail>)>,
     ) {
-        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-        while let Ok(Some(done)) = tokio::time::timeout_at(deadline, in_flight.next()).await {
-            let (msg, trail) = held
-                .pop_front()
-                .expect("one held message per pending outcome");
-            self.finish(msg, trail, done).await;
+        let deadline = tokio::time::sleep_until(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+        tokio::pin!(deadline);
+        while !in_flight.is_empty() {
+            tokio::select! {
+                biased;
+                () = &mut deadline => break,
+                Some(reply) = acks_sub.next() => acks.settle(reply),
+                Some(done) = in_flight.next() => {
+                    let (msg, trail) = held
+                        .pop_front()
+                        .expect("one held message per pending outcome");
+                    self.finish(msg, trail, done).await;
+                }
+            }
         }
         if !held.is_empty() {
             tracing::warn!(

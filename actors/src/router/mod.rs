@@ -18,6 +18,7 @@ mod outbound;
 mod rate;
 mod refusal;
 mod schedule;
+mod store_acks;
 mod trail;
 
 use std::sync::Arc;
@@ -123,6 +124,9 @@ pub enum RouterError {
     /// The removed agents could not be read (they are known before anything is routed).
     #[error(transparent)]
     Removed(#[from] crate::removed::WatchError),
+    /// The subscription of the pipeline's store acks could not be made.
+    #[error("cannot subscribe to the router's store acks: {0}")]
+    StoreAcks(#[source] async_nats::SubscribeError),
     /// The message stream or subscription ended (connection closed).
     #[error("the router's message stream ended")]
     PullEnded,

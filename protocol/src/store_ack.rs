@@ -6,8 +6,11 @@
 //! add), or `{"error":{"code":503,"err_code":10077,"description":"..."}}`. async-nats reads
 //! the same reply as an untagged enum, which first copies the whole of it into a buffer of
 //! owned values: that was most of the CPU a store ack cost the router. This reads it in one
-//! pass, borrowing its strings, and reads what async-nats reads (proved against it in
-//! `actors::router::store_acks`).
+//! pass, borrowing its strings, and reads what async-nats reads of any reply the broker sends
+//! (proved against it in `actors::router::store_acks`). Of a malformed reply, which the broker
+//! does not send, it may read less: an `error` of the wrong shape beside a valid sequence, or a
+//! valid `error` beside a `stream` of the wrong type, is unreadable here (the store is then
+//! retried), and it does not check the types of fields it does not read (`domain`, `val`).
 
 use std::borrow::Cow;
 

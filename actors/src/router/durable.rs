@@ -45,6 +45,10 @@ pub const PULL_HEARTBEAT: Duration = Duration::from_secs(5);
 pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
 /// How long a shutdown waits for the envelopes in flight before nak'ing the rest.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most envelopes the pump keeps in flight, whatever `router_max_ack_pending` says: their
+/// stores' acks (up to `MAX_BUNDLE_ITEMS` each) fit the 65,536 messages async-nats queues for
+/// a subscription by default, so none is dropped as a slow consumer's.
+pub const MAX_PIPELINE: usize = 65_536 / protocol::routing::MAX_BUNDLE_ITEMS;
 
 /// What the pump needs.
 pub struct DurablePump {
@@ -130,16 +134,19 @@ impl DurablePump {
     /// [`RouterError::Consumer`] when the consumer cannot be bound or was deleted,
     /// [`RouterError::PullEnded`] when the message stream ends.
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), RouterError> {
+        // At most `MAX_PIPELINE` at once: the acks of every store in flight then fit the queue of
+        // the store-ack subscription (`store_acks`), even while the loop is busy elsewhere.
         let max_in_flight = usize::try_from(self.delivery.router_max_ack_pending)
             .ok()
             .filter(|n| *n > 0)
-            .unwrap_or(1000);
-        // Every stored message holds one of the context's publish-ack permits until its ack
-        // future is polled to the end, and the pump does not poll those futures while it waits
-        // for a permit: the budget must cover the most stores that can be in flight (a bundle
-        // stores up to MAX_BUNDLE_ITEMS), or the pump would wait for itself.
-        // The context's timeout bounds each store ack's wait (the ack future's own timer: no
-        // second one per store) and the router's other requests.
+            .unwrap_or(1000)
+            .min(MAX_PIPELINE);
+        // The context serves the stores made outside the pipeline's own acks (refusal and
+        // rejection notices, schedules). Every such store holds one of its publish-ack permits
+        // until its ack future is polled to the end, and the pump does not poll those futures
+        // while it waits for a permit: the budget covers the most stores that can be in flight
+        // (a bundle stores up to MAX_BUNDLE_ITEMS), or the pump would wait for itself. Its
+        // timeout bounds each of those store acks' waits and the router's other requests.
         let js = jetstream::ContextBuilder::new()
             .max_ack_inflight(max_in_flight * protocol::routing::MAX_BUNDLE_ITEMS + 1)
             .timeout(PUBLISH_ACK_TIMEOUT)
@@ -601,9 +608,10 @@ impl DurablePump {
         let deadline = tokio::time::sleep_until(tokio::time::Instant::now() + DRAIN_TIMEOUT);
         tokio::pin!(deadline);
         while !in_flight.is_empty() {
+            // The deadline last: past it, what has already resolved (or whose ack has come)
+            // is still finished; only what is still waiting is nak'd.
             tokio::select! {
                 biased;
-                () = &mut deadline => break,
                 Some(reply) = acks_sub.next() => acks.settle(reply),
                 Some(done) = in_flight.next() => {
                     let (msg, trail) = held
@@ -611,6 +619,7 @@ impl DurablePump {
                         .expect("one held message per pending outcome");
                     self.finish(msg, trail, done).await;
                 }
+                () = &mut deadline => break,
             }
         }
         if !held.is_empty() {

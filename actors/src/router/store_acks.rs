@@ -12,8 +12,9 @@
 //! refused with the broker's error, no stream (`503`, no responders), or no ack within
 //! [`crate::PUBLISH_ACK_TIMEOUT`]. A reply for a store that gave up waiting is dropped.
 //!
-//! Only stores awaited by the pump's pipeline use it: their acks arrive only while the pump's
-//! loop reads the subscription. A store awaited anywhere else uses the JetStream context.
+//! Only the routed stores use it (a DM, a task, an item of a bundle), whose outcomes the pump's
+//! pipeline awaits: their acks arrive only while the pump's loop reads the subscription. The
+//! notices and schedules the router stores besides use the JetStream context.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -97,7 +98,8 @@ impl StoreAcks {
     /// [`PUBLISH_ACK_TIMEOUT`]).
     ///
     /// # Errors
-    /// The publish could not be handed to the connection (it is closed).
+    /// The publish could not be handed to the connection (it is closed), or not within
+    /// [`PUBLISH_ACK_TIMEOUT`] (its queue stayed full, as while it reconnects).
     ///
     /// # Cancel safety
     /// Not cancel safe: a cancelled publish may or may not have been sent.
@@ -121,10 +123,18 @@ impl StoreAcks {
         let mut reply = String::with_capacity(self.prefix.len() + 20);
         reply.push_str(&self.prefix);
         write!(reply, "{token}").expect("a string takes any write");
-        self.client
-            .publish_with_reply_and_headers(subject, reply, headers, payload.into())
-            .await
-            .map_err(|e| e.to_string())?;
+        let send =
+            self.client
+                .publish_with_reply_and_headers(subject, reply, headers, payload.into());
+        match tokio::time::timeout(PUBLISH_ACK_TIMEOUT, send).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "the store was not sent within {PUBLISH_ACK_TIMEOUT:?}"
+                ))
+            }
+        }
         Ok(async move {
             // The whole slot moves in (not a copy of its flag): it lets go when the wait ends.
             let mut slot = slot;

@@ -446,7 +446,7 @@ impl DurablePump {
                     match protocol::encode(&notice, Codec::Json) {
                         Ok(payload) => {
                             let headers = routed_headers(Some(&msg_id), Codec::Json);
-                            store(js, subject, headers, payload, true, None).await
+                            store_notice(js, subject, headers, payload).await
                         }
                         Err(_) => ready(Done::Immediate { terminate: true }),
                     }
@@ -642,52 +642,38 @@ fn ready(done: Done) -> Pending {
     Box::pin(std::future::ready(done))
 }
 
-/// Publishes to a stream and returns the future of its store ack (bounded by
-/// [`PUBLISH_ACK_TIMEOUT`]); the publish itself is sent before this returns, which keeps the
-/// store order equal to the pull order.
-pub(super) async fn store(
+/// Publishes a notice (a rejection or a refusal, for its sender) through the JetStream context
+/// and returns the future of its store ack (bounded by [`PUBLISH_ACK_TIMEOUT`], the context's
+/// timeout); once stored, the ingress message it answers is terminated. The publish itself is
+/// sent before this returns, which keeps the store order equal to the pull order. The routed
+/// stores go through [`StoreAcks`] instead.
+pub(super) async fn store_notice(
     js: &jetstream::Context,
     subject: String,
     headers: async_nats::HeaderMap,
     payload: Vec<u8>,
-    terminate: bool,
-    dm: Option<super::refusal::Refusable>,
 ) -> Pending {
-    send_store(js, subject, headers, payload, terminate, dm)
-        .await
-        .unwrap_or_else(|reason| ready(Done::Failed(reason)))
-}
-
-/// [`store`], telling a publish that could not even be sent (`Err`) from one sent whose store
-/// ack is pending. A refusal for a limit names `dm`, the DM stored, when it is one.
-async fn send_store(
-    js: &jetstream::Context,
-    subject: String,
-    headers: async_nats::HeaderMap,
-    payload: Vec<u8>,
-    terminate: bool,
-    dm: Option<super::refusal::Refusable>,
-) -> Result<Pending, String> {
-    let ack = js
+    let ack = match js
         .publish_with_headers(subject, headers, payload.into())
         .await
-        .map_err(|e| e.to_string())?
-        .into_future();
-    // The wait is bounded by the context's timeout, `PUBLISH_ACK_TIMEOUT` (`DurablePump::run`).
-    Ok(Box::pin(async move {
+    {
+        Ok(ack) => ack.into_future(),
+        Err(e) => return ready(Done::Failed(e.to_string())),
+    };
+    Box::pin(async move {
         match ack.await {
             Ok(ack) => Done::Stored {
                 duplicate: ack.duplicate,
-                terminate,
+                terminate: true,
                 seq: ack.sequence,
             },
             Err(e) if e.kind() == PublishErrorKind::TimedOut => {
                 Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}"))
             }
             Err(e) => match crate::streams::store_refusal(&e) {
-                Some(what) => Done::Refused(what, dm.map(Box::new)),
+                Some(what) => Done::Refused(what, None),
                 None => Done::Failed(e.to_string()),
             },
         }
-    }))
+    })
 }

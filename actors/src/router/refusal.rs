@@ -17,7 +17,7 @@ use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
 
 use super::counters::RouterCounters;
-use super::durable::{store, Done, DurablePump, Pending};
+use super::durable::{store_notice, Done, DurablePump, Pending};
 use super::outbound::routed_headers;
 
 /// The DM a refusal would be about.
@@ -144,7 +144,7 @@ async fn notify(
         return Done::Immediate { terminate: true };
     };
     let headers = routed_headers(Some(&msg_id), Codec::Json);
-    match store(js, subject, headers, payload, true, None).await.await {
+    match store_notice(js, subject, headers, payload).await.await {
         Done::Refused(..) => {
             counters.notices_dropped.bump();
             tracing::warn!(sender = %dm.from, "the sender's inbox is full too; its refusal notice is dropped");

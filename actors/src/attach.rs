@@ -20,6 +20,7 @@
 //! mode only.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream;
 use async_nats::Client;
@@ -244,9 +245,13 @@ struct TaskReads {
     counters: Arc<AttachCounters>,
 }
 
+/// How long a relayed direct get of a task read may take.
+const TASK_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl TaskReads {
-    /// Forwards one read to the direct-get API with the requester's reply (the broker answers
-    /// it), or answers a request it cannot serve with an error.
+    /// Serves one read: a direct get of the requester's own channel, whose answer it relays to
+    /// the requester's reply ([`protocol::attach::TaskRead`]), or an error for a request it
+    /// cannot serve.
     async fn serve(&self, msg: async_nats::Message) {
         let Some(reply) = crate::reply::answerable(
             msg.reply.as_ref(),
@@ -263,16 +268,40 @@ impl TaskReads {
                     .map(|read| (requester, read))
                     .map_err(|e| WireError::new(WireErrorKind::Malformed, e.to_string()))
             });
-        let sent = match read {
+        let answer = match read {
             Ok((requester, read)) => {
                 self.counters.task_reads.bump();
                 let body = protocol::attach::task_read_direct_get(&requester, &read);
-                self.client
-                    .publish_with_reply(self.api.clone(), reply, body.into())
-                    .await
+                let got = self.client.request(self.api.clone(), body.into());
+                match tokio::time::timeout(TASK_READ_TIMEOUT, got).await {
+                    Ok(Ok(m)) if m.status == Some(async_nats::StatusCode::NOT_FOUND) => {
+                        Ok((None, protocol::attach::TASK_READ_END.to_vec().into()))
+                    }
+                    Ok(Ok(m)) if m.status.is_none() => Ok((m.headers, m.payload)),
+                    Ok(Ok(m)) => Err(WireError::new(
+                        WireErrorKind::Internal,
+                        format!("the tasks stream answered status {:?}", m.status),
+                    )),
+                    Ok(Err(e)) => Err(WireError::new(WireErrorKind::Internal, e.to_string())),
+                    Err(_) => Err(WireError::new(
+                        WireErrorKind::Internal,
+                        "the tasks stream did not answer in time",
+                    )),
+                }
             }
             Err(error) => {
                 self.counters.task_reads_refused.bump();
+                Err(error)
+            }
+        };
+        let sent = match answer {
+            Ok((Some(headers), payload)) => {
+                self.client
+                    .publish_with_headers(reply, headers, payload)
+                    .await
+            }
+            Ok((None, payload)) => self.client.publish(reply, payload).await,
+            Err(error) => {
                 let body = serde_json::to_vec(&serde_json::json!({ "error": error }))
                     .expect("an error serializes");
                 self.client.publish(reply, body.into()).await

@@ -1,8 +1,9 @@
-//! Which reply subjects a service answers on: only those under the root of its inbox prefix
-//! ([`subjects::reply_root`], [`subjects::is_reply_subject_under`]): `_INBOX.alice.…` for a
-//! service whose own prefix is `_INBOX.router-1`. A reply subject is chosen by the requester and is
-//! not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox` would be stored as
-//! `<other>`'s message.
+//! Which reply subjects a service answers on ([`subjects::is_answerable_reply`]): those under
+//! the root of its inbox prefix (`_INBOX.alice.…` for a service whose own prefix is
+//! `_INBOX.router-1`), and those the broker made for a request from another account
+//! (`_R_.…`, which it maps back to the requester's own reply). A reply subject is chosen by the
+//! requester and is not permission-checked, so a reply aimed at, say, `hub.pub.<other>.inbox`
+//! within the hub's account would be stored as `<other>`'s message.
 
 use async_nats::Subject;
 use protocol::subjects;
@@ -17,7 +18,7 @@ pub(crate) fn answerable(
     refused: impl FnOnce(),
 ) -> Option<Subject> {
     let reply = reply?;
-    if subjects::is_reply_subject_under(reply.as_str(), subjects::reply_root(prefix)) {
+    if subjects::is_answerable_reply(reply.as_str(), prefix) {
         return Some(reply.clone());
     }
     refused();

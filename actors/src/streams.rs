@@ -293,6 +293,7 @@ pub async fn ensure_streams(
         protocol::subjects::HOLDS_BUCKET,
         "holds told to senders (inbox_full, rate_limited)",
         cfg.inbox.max_age().unwrap_or_default(),
+        Writers::Hub,
     )
     .await?;
     ensure_bucket(
@@ -300,6 +301,7 @@ pub async fn ensure_streams(
         protocol::subjects::PRESENCE_BUCKET,
         "agents' presence, written by their attached inboxes",
         cfg.inbox.max_age().unwrap_or_default(),
+        Writers::Identities,
     )
     .await?;
     // Tombstones of removed agents (`runtime agent remove`), kept until restored.
@@ -308,6 +310,7 @@ pub async fn ensure_streams(
         protocol::subjects::REMOVED_BUCKET,
         "removed agents' tombstones (runtime agent remove)",
         std::time::Duration::ZERO,
+        Writers::Hub,
     )
     .await?;
     Ok(out)
@@ -327,6 +330,7 @@ pub async fn ensure_idempotency_bucket(js: &Context) -> Result<(), StreamError> 
         IDEMPOTENCY_BUCKET,
         "task idempotency keys (create-only)",
         std::time::Duration::ZERO,
+        Writers::Hub,
     )
     .await
 }
@@ -346,6 +350,7 @@ pub async fn ensure_brokers_bucket(js: &Context) -> Result<(), StreamError> {
         protocol::subjects::BROKERS_BUCKET,
         "broker incarnations seen by routers (create-only)",
         BROKER_RECORD_AGE,
+        Writers::Hub,
     )
     .await
 }
@@ -361,32 +366,64 @@ pub async fn ensure_rate_bucket(js: &Context) -> Result<(), StreamError> {
         protocol::subjects::RATE_BUCKET,
         "senders' token buckets (sender_rate_per_min)",
         crate::router::RATE_ENTRY_AGE,
+        Writers::Hub,
     )
     .await
 }
 
-/// Creates a KV bucket (history 1, file storage, entries kept for
-/// `max_age`, zero meaning for ever) when it does not exist.
+/// Who writes a bucket's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writers {
+    /// Routers and admins only.
+    Hub,
+    /// Agents too, each its own key: the bucket refuses rollup headers, with which one key's
+    /// write would purge every other key of the bucket (`Nats-Rollup: all`).
+    Identities,
+}
+
+/// Creates a KV bucket (history 1, file storage, entries kept for `max_age`, zero meaning for
+/// ever) when it does not exist; one that `writers` include agents refuses rollups, existing
+/// or new.
 async fn ensure_bucket(
     js: &Context,
     name: &str,
     description: &str,
     max_age: std::time::Duration,
+    writers: Writers,
 ) -> Result<(), StreamError> {
-    if let Ok(Ok(_)) = tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await {
-        return Ok(());
+    let exists = matches!(
+        tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await,
+        Ok(Ok(_))
+    );
+    if !exists {
+        let config = async_nats::jetstream::kv::Config {
+            bucket: name.to_string(),
+            description: description.into(),
+            history: 1,
+            max_age,
+            storage: StorageType::File,
+            ..Default::default()
+        };
+        timed("create", name, js.create_key_value(config))
+            .await?
+            .map_err(|e| api("create", name, e))?;
     }
-    let config = async_nats::jetstream::kv::Config {
-        bucket: name.to_string(),
-        description: description.into(),
-        history: 1,
-        max_age,
-        storage: StorageType::File,
-        ..Default::default()
-    };
-    timed("create", name, js.create_key_value(config))
-        .await?
-        .map_err(|e| api("create", name, e))?;
+    if writers == Writers::Identities {
+        let stream = protocol::subjects::kv_stream(name);
+        let mut kv = timed("look up", &stream, js.get_stream(&stream))
+            .await?
+            .map_err(|e| api("look up", &stream, e))?;
+        let info = timed("look up", &stream, kv.info())
+            .await?
+            .map_err(|e| api("look up", &stream, e))?;
+        if info.config.allow_rollup {
+            let mut config = info.config.clone();
+            config.allow_rollup = false;
+            timed("update", &stream, js.update_stream(config))
+                .await?
+                .map_err(|e| api("update", &stream, e))?;
+        }
+    }
     Ok(())
 }
 

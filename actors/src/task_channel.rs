@@ -258,7 +258,7 @@ async fn read_routed(
                     }
                     _ => failed(e.to_string()),
                 })?;
-            if reply.status == Some(async_nats::StatusCode::NOT_FOUND) {
+            if reply.headers.is_none() && &reply.payload[..] == protocol::attach::TASK_READ_END {
                 break;
             }
             match StreamMessage::try_from(reply.clone()) {

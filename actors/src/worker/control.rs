@@ -18,8 +18,9 @@
 //! **Control requests** (query, cancel) are answered by the running attempt, else from the
 //! journal: a parked attempt reports `waiting`, `active: false`, and a cancel of it publishes
 //! a `cancelled` result. Answers, queries and cancels are routed by (task id, attempt id).
-//! Replies go only to reply subjects under the worker's reply prefix (`_INBOX` by default;
-//! [`subjects::is_reply_subject_under`]).
+//! Replies go only to reply subjects under the worker's reply prefix (`_INBOX` by default),
+//! or to those the broker made for a request from another account
+//! ([`subjects::is_answerable_reply`]).
 //!
 //! **Who may act.** Only the task's delegator, or an admin ([`may_control`]): a query or
 //! cancel names its requester in its subject (`hub.ctl.<worker>.<kind>.<requester>`, which

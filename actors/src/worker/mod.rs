@@ -485,9 +485,19 @@ impl Actor for Worker {
                 let _ = port.send(self.snapshot(state));
             }
             WorkerMsg::StatusRequest(msg) => {
-                if let Some(reply) = self.checked_reply(&msg, state) {
-                    let body = serde_json::to_value(self.snapshot(state))?;
-                    control::publish_json(&self.client, reply, &body).await;
+                // Answered on a subject of its own under the request's reply
+                // (`subjects::worker_status_answer`), which a worker's account may publish
+                // into the hub's; a request of any other shape is counted and ignored.
+                let answer = msg
+                    .reply
+                    .as_ref()
+                    .and_then(|r| subjects::worker_status_answer(r, &self.worker_id));
+                match answer {
+                    Some(subject) => {
+                        let body = serde_json::to_value(self.snapshot(state))?;
+                        control::publish_json(&self.client, subject.into(), &body).await;
+                    }
+                    None => state.counters.replies_refused.bump(),
                 }
             }
             WorkerMsg::ConsumersLost(consumer) => {

@@ -75,11 +75,14 @@ pub struct HubInfo {
 
 /// A read of one of the requester's own task channels, sent as JSON on
 /// [`subjects::task_read_request`] (`hub.delivery.<id>.task`). A router answers it with a direct
-/// get of `channel.task.<id>.<key>` ([`task_read_direct_get`]): it forwards the request to
-/// the tasks stream's direct-get API with the requester's reply subject, so the reply is the
-/// broker's own direct-get reply (the stored message with its `Nats-Sequence` header, or a
-/// `404` status when there is none). A request the router cannot serve is answered with an
-/// [`AttachResponse::Refused`]-shaped `{"error": ...}` body.
+/// get of `channel.task.<id>.<key>` ([`task_read_direct_get`]), whose answer it relays: the
+/// stored message with the broker's headers (`Nats-Sequence` among them), or
+/// [`TASK_READ_END`] when the channel holds nothing more. A request the router cannot serve
+/// is answered with an [`AttachResponse::Refused`]-shaped `{"error": ...}` body.
+///
+/// The router relays the answer rather than forwarding the request with the requester's reply
+/// subject: a request from another account carries a reply the broker made (`_R_.…`), which
+/// no client may name as the reply of a request of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskRead {
@@ -90,6 +93,10 @@ pub struct TaskRead {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_seq: Option<u64>,
 }
+
+/// A router's answer to a [`TaskRead`] when the channel holds no message at or after its
+/// `from_seq` (or none at all): a body without the stored message's headers.
+pub const TASK_READ_END: &[u8] = br#"{"end":true}"#;
 
 /// The body of the direct get (`$JS.API.DIRECT.GET.<tasks stream>`) that serves `requester`'s
 /// `read`: it names `channel.task.<requester>.<key>` and nothing else, since the key is one

@@ -7,9 +7,10 @@
 //!    ([`subjects::is_router_msg_id`]) gives [`RouteDecision::Drop`];
 //! 2. the sender identity and channel from the subject;
 //! 3. the codec from the `Content-Type` header (JSON when absent);
-//! 4. decoding (size limit first); what does not decode and is a JetStream API reply (JSON
-//!    with a `type` of `io.nats.jetstream.api.…`, aimed at an ingress subject through the
-//!    unchecked reply subject of an API request) gives [`RouteDecision::Drop`], no notice;
+//! 4. decoding (size limit first); what does not decode and is a broker's reply (JSON with a
+//!    `type` of `io.nats.jetstream.api.…`, or a publish ack, aimed at an ingress subject
+//!    through the unchecked reply subject of a request or publish) gives
+//!    [`RouteDecision::Drop`], no notice;
 //! 5. `meta.from` := the identity in the subject (it is authoritative);
 //! 6. the destination: `meta.to`'s inbox, the task channel (a [bundle](bundle_items) there
 //!    is stored as its items, [`RouteDecision::StoreAll`]), or a broadcast;
@@ -181,11 +182,12 @@ pub enum DropReason {
     ReplayHeader,
     /// The `Nats-Msg-Id` is one the router stored (`hub-router:`).
     RouterMessageId,
-    /// A JetStream API reply: a pull's status (a status code; or, stored, an empty message or
-    /// one with [`headers::PULL_STATUS_HEADERS`] — no envelope is empty), or a JSON object
-    /// whose `type` is `io.nats.jetstream.api.…` (checked only for what does not decode as an
-    /// envelope). The reply subject of an API request is not permission-checked, so an
-    /// identity can aim one at another's ingress subject.
+    /// A broker's reply: a pull's status (a status code; or, stored, an empty message or
+    /// one with [`headers::PULL_STATUS_HEADERS`] — no envelope is empty), a JSON object
+    /// whose `type` is `io.nats.jetstream.api.…`, or a publish ack (both checked only for what
+    /// does not decode as an envelope). The reply subject of a request or publish is not
+    /// permission-checked, so within one account an identity can aim one at another's
+    /// ingress subject.
     ApiReply,
 }
 
@@ -457,18 +459,32 @@ fn from_its_worker(body: &serde_json::Value, from: &AgentId) -> Result<(), WireE
     }
 }
 
-/// Whether `payload` is a JetStream API reply: a JSON object whose `type` starts with
-/// `io.nats.jetstream.api.`.
+/// Whether `payload` is a broker's reply: a JetStream API reply (a JSON object whose `type`
+/// starts with `io.nats.jetstream.api.`), or a publish ack (an object of `stream` and `seq`,
+/// maybe `domain` and `duplicate`, and nothing else).
 fn is_api_reply(payload: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Typed<'a> {
         #[serde(borrow, rename = "type")]
         kind: Option<&'a str>,
     }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct PublishAck<'a> {
+        #[serde(borrow)]
+        stream: &'a str,
+        seq: u64,
+        #[serde(borrow, default)]
+        domain: Option<&'a str>,
+        #[serde(default)]
+        duplicate: bool,
+    }
     serde_json::from_slice::<Typed<'_>>(payload)
         .ok()
         .and_then(|t| t.kind)
         .is_some_and(|kind| kind.starts_with("io.nats.jetstream.api."))
+        || serde_json::from_slice::<PublishAck<'_>>(payload).is_ok()
 }
 
 /// The replay guard's header rules.

@@ -439,6 +439,34 @@ fn an_answer_is_stored_for_its_worker_only() {
 }
 
 #[test]
+fn a_publish_ack_aimed_at_an_ingress_subject_is_dropped_not_rejected() {
+    // What the broker sends to the (unchecked) reply subject of a publish that a stream
+    // stored: within one account, any identity's publish can name `hub.pub.alice.inbox`.
+    for ack in [
+        r#"{"stream":"KV_HUB_PRESENCE","seq":7}"#,
+        r#"{"stream":"HUB_INGRESS","seq":1,"duplicate":true}"#,
+        r#"{"stream":"HUB_INGRESS","domain":"hub","seq":12}"#,
+    ] {
+        assert_eq!(
+            run("hub.pub.alice.inbox", &[], ack.as_bytes()),
+            RouteDecision::Drop {
+                reason: DropReason::ApiReply
+            },
+            "{ack}"
+        );
+    }
+    // A JSON object with more than an ack holds is still the sender's fault.
+    for bad in [
+        r#"{"stream":"X","seq":1,"note":"hi"}"#,
+        r#"{"stream":"X"}"#,
+        r#"{"stream":"X","seq":"1"}"#,
+    ] {
+        let (sender, _, _) = rejected(run("hub.pub.alice.inbox", &[], bad.as_bytes()));
+        assert_eq!(sender.as_str(), "alice", "{bad}");
+    }
+}
+
+#[test]
 fn a_jetstream_api_reply_aimed_at_an_ingress_subject_is_dropped_not_rejected() {
     // What `$JS.API.CONSUMER.INFO` and `$JS.API.STREAM.MSG.GET` answer, published by the
     // server on the (unchecked) reply subject `hub.pub.alice.inbox`.

@@ -22,11 +22,24 @@ use super::identities::{Identity, Role};
 pub struct Grants {
     /// Subjects it may publish to.
     pub publish: Vec<String>,
-    /// Subjects it may subscribe to.
+    /// Subjects it may subscribe to, to read what is published there.
     pub subscribe: Vec<String>,
-    /// Whether it may publish to the reply subject of a request it received (nats-server
-    /// `allow_responses`: once, within a short time).
-    pub allow_responses: bool,
+    /// Subjects whose requests it answers: it subscribes to them and may publish to the reply
+    /// subject of a request it received (nats-server `allow_responses`: once, within a short
+    /// time).
+    pub serves: Vec<String>,
+}
+
+impl Grants {
+    /// Whether it answers requests (nats-server `allow_responses`).
+    pub fn allow_responses(&self) -> bool {
+        !self.serves.is_empty()
+    }
+
+    /// Everything it subscribes to: what it reads and what it serves.
+    pub fn subscriptions(&self) -> impl Iterator<Item = &String> {
+        self.subscribe.iter().chain(&self.serves)
+    }
 }
 
 /// `$JS.API.<verb>`.
@@ -114,7 +127,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             .concat(),
             // The live results of the tasks it delegated.
             subscribe: vec![reply, subjects::tasks_of(&identity.name)],
-            allow_responses: false,
+            serves: Vec::new(),
         },
         Role::Worker { queues } => {
             let worker = identity
@@ -125,6 +138,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 own_holds(me),
                 subjects::audit("worker", me),
                 tombstone_reads(),
+                // Its answers to status requests (`runtime status`), on a subject of its own.
+                format!("{}.*.{me}", subjects::WORKER_STATUS_SUBJECT),
             ];
             for queue in queues {
                 publish.push(subjects::join_request(queue, &worker));
@@ -155,12 +170,9 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             )));
             Grants {
                 publish,
-                subscribe: vec![
-                    reply,
-                    format!("hub.ctl.{me}.>"),
-                    subjects::WORKER_STATUS_SUBJECT.to_owned(),
-                ],
-                allow_responses: true,
+                subscribe: vec![reply, subjects::WORKER_STATUS_SUBJECT.to_owned()],
+                // Its control requests (query, cancel).
+                serves: vec![format!("hub.ctl.{me}.>")],
             }
         }
         Role::Router => {
@@ -227,15 +239,14 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             }
             Grants {
                 publish,
-                subscribe: vec![
-                    reply,
+                subscribe: vec![reply],
+                serves: vec![
                     subjects::ATTACH_FILTER.to_owned(),
                     subjects::HUB_INFO_FILTER.to_owned(),
                     subjects::TASK_READ_FILTER.to_owned(),
                     subjects::JOIN_FILTER.to_owned(),
                     subjects::STATUS_SUBJECT.to_owned(),
                 ],
-                allow_responses: true,
             }
         }
         // An admin may also delegate and follow its own tasks as an agent does.
@@ -260,8 +271,13 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 // subjects only (`dlq.<agent>`, not the routers' `dlq.work.>`/`dlq.answer.>`).
                 "dlq.*".to_owned(),
             ],
-            subscribe: vec![reply, subjects::tasks_of(&identity.name)],
-            allow_responses: false,
+            subscribe: vec![
+                reply,
+                subjects::tasks_of(&identity.name),
+                // The workers' answers to its status requests (`runtime status`).
+                subjects::WORKER_STATUS_ANSWERS.to_owned(),
+            ],
+            serves: Vec::new(),
         },
     }
 }
@@ -302,7 +318,7 @@ mod tests {
     }
 
     fn may_subscribe(g: &Grants, subject: &str) -> bool {
-        g.subscribe.iter().any(|p| matches(p, subject))
+        g.subscriptions().any(|p| matches(p, subject))
     }
 
     #[test]
@@ -388,7 +404,9 @@ mod tests {
             "$JS.API.CONSUMER.MSG.NEXT.HUB_ANSWERS.answers-w1"
         ));
         assert!(may_subscribe(&g, "hub.ctl.w1.cancel"));
-        assert!(g.allow_responses);
+        assert!(g.allow_responses());
+        assert!(may_publish(&g, "hub.admin.workers.t1.w1"));
+        assert!(!may_publish(&g, "hub.admin.workers.t1.w2"));
         for denied in [
             "hub.pub.alice.inbox",
             "hub.work.other.join.w1",
@@ -471,7 +489,7 @@ mod tests {
     fn no_grant_but_the_admins_is_a_bare_wildcard() {
         for identity in identities().all() {
             let g = grants(identity, &DeliveryConfig::default());
-            for subject in g.publish.iter().chain(&g.subscribe) {
+            for subject in g.publish.iter().chain(g.subscriptions()) {
                 assert_ne!(subject, ">", "{}", identity.name);
             }
         }

@@ -1,18 +1,15 @@
-//! The nats-server configuration `runtime render-config` writes: one hub account (with
-//! JetStream on a durable hub), a system account, one user per identity with its [`Grants`],
-//! and, on a durable hub, a `jetstream` block that fsyncs before every ack
-//! (`sync_interval: always`).
+//! The nats-server configuration `runtime render-config` writes: the hub's account (with
+//! JetStream on a durable hub) holding the routers and admins, an account of its own for each
+//! agent and worker with the imports its [`Grants`] need ([`super::accounts`]), a system
+//! account, one user per identity with its grants, and, on a durable hub, a `jetstream` block
+//! that fsyncs before every ack (`sync_interval: always`).
 //!
 //! Pure text: the caller supplies the users' public material (an nkey's public key, or a
 //! bcrypt hash of a password), never a secret.
 
+use super::accounts::{self, Account, Import, SYSTEM_ACCOUNT};
 use super::grants::Grants;
 use super::identities::Identity;
-
-/// The hub's account.
-pub const HUB_ACCOUNT: &str = "HUB";
-/// The system account.
-pub const SYSTEM_ACCOUNT: &str = "SYS";
 
 /// How a user proves who it is. Only public material: the secret stays with the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,55 +90,124 @@ pub fn render(conf: &ServerConf) -> String {
         out.push_str("}\n\n");
     }
     out.push_str("accounts {\n");
-    out.push_str(&format!("  {HUB_ACCOUNT} {{\n"));
-    if conf.store_dir.is_some() {
-        out.push_str("    jetstream: enabled\n");
+    for account in accounts::layout(&conf.users, conf.store_dir.is_some()) {
+        render_account(&mut out, &account);
     }
-    out.push_str("    users: [\n");
-    for user in &conf.users {
-        out.push_str(&format!(
-            "      # {} ({})\n",
-            user.identity.name,
-            user.identity.role.as_str()
-        ));
-        let auth = match &user.auth {
-            UserAuth::Nkey { public } => format!("nkey: {}", q(public)),
-            UserAuth::Password { bcrypt } => format!(
-                "user: {}, password: {}",
-                q(user.identity.name.as_str()),
-                q(bcrypt)
-            ),
-        };
-        out.push_str(&format!(
-            "      {{\n        {auth}\n        permissions: {{\n"
-        ));
-        out.push_str(&format!(
-            "          publish: {{ allow: {} }}\n",
-            list(&user.grants.publish)
-        ));
-        out.push_str(&format!(
-            "          subscribe: {{ allow: {} }}\n",
-            list(&user.grants.subscribe)
-        ));
-        if user.grants.allow_responses {
-            out.push_str("          allow_responses: true\n");
-        }
-        out.push_str("        }\n      }\n");
-    }
-    out.push_str("    ]\n  }\n");
-    out.push_str(&format!("  {SYSTEM_ACCOUNT} {{}}\n"));
     out.push_str("}\n\n");
     out.push_str(&format!("system_account: {SYSTEM_ACCOUNT}\n"));
     out
 }
 
+/// One account's block.
+fn render_account(out: &mut String, account: &Account) {
+    if account.users.is_empty() && account.imports.is_empty() && account.exports.is_empty() {
+        out.push_str(&format!("  {} {{}}\n", q(&account.name)));
+        return;
+    }
+    out.push_str(&format!("  {} {{\n", q(&account.name)));
+    if account.jetstream {
+        out.push_str("    jetstream: enabled\n");
+    }
+    if !account.mappings.is_empty() {
+        out.push_str("    mappings: {\n");
+        for (from, to) in &account.mappings {
+            out.push_str(&format!("      {}: {}\n", q(from), q(to)));
+        }
+        out.push_str("    }\n");
+    }
+    if !account.exports.is_empty() {
+        out.push_str("    exports: [\n");
+        for export in &account.exports {
+            let kind = match export.service {
+                Some(true) => format!("service: {}, response_type: stream", q(&export.subject)),
+                Some(false) => format!("service: {}", q(&export.subject)),
+                None => format!("stream: {}", q(&export.subject)),
+            };
+            out.push_str(&format!(
+                "      {{ {kind}, accounts: {} }}\n",
+                list(&export.accounts)
+            ));
+        }
+        out.push_str("    ]\n");
+    }
+    if !account.imports.is_empty() {
+        out.push_str("    imports: [\n");
+        for import in &account.imports {
+            let line = match import {
+                Import::Service {
+                    account,
+                    subject,
+                    local,
+                } => {
+                    let to = local
+                        .as_ref()
+                        .map(|l| format!(", to: {}", q(l)))
+                        .unwrap_or_default();
+                    format!(
+                        "{{ service: {{ account: {}, subject: {} }}{to} }}",
+                        q(account),
+                        q(subject)
+                    )
+                }
+                Import::Stream { account, subject } => format!(
+                    "{{ stream: {{ account: {}, subject: {} }} }}",
+                    q(account),
+                    q(subject)
+                ),
+            };
+            out.push_str(&format!("      {line}\n"));
+        }
+        out.push_str("    ]\n");
+    }
+    out.push_str("    users: [\n");
+    for user in &account.users {
+        render_user(out, user);
+    }
+    out.push_str("    ]\n  }\n");
+}
+
+/// One user's entry.
+fn render_user(out: &mut String, user: &User) {
+    out.push_str(&format!(
+        "      # {} ({})\n",
+        user.identity.name,
+        user.identity.role.as_str()
+    ));
+    let auth = match &user.auth {
+        UserAuth::Nkey { public } => format!("nkey: {}", q(public)),
+        UserAuth::Password { bcrypt } => format!(
+            "user: {}, password: {}",
+            q(user.identity.name.as_str()),
+            q(bcrypt)
+        ),
+    };
+    out.push_str(&format!(
+        "      {{\n        {auth}\n        permissions: {{\n"
+    ));
+    out.push_str(&format!(
+        "          publish: {{ allow: {} }}\n",
+        list(&user.grants.publish)
+    ));
+    let subscribe: Vec<String> = user.grants.subscriptions().cloned().collect();
+    out.push_str(&format!(
+        "          subscribe: {{ allow: {} }}\n",
+        list(&subscribe)
+    ));
+    if user.grants.allow_responses() {
+        out.push_str("          allow_responses: true\n");
+    }
+    out.push_str("        }\n      }\n");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DeliveryConfig;
+    use crate::security::grants;
     use crate::security::identities::IdentitiesFile;
 
     #[test]
-    fn the_config_has_both_accounts_synced_jetstream_and_one_user_per_identity() {
+    fn the_config_has_the_hubs_account_one_account_per_agent_synced_jetstream_and_each_user() {
         let ids = IdentitiesFile::parse(r#"{"agents": ["alice"], "routers": 1}"#).unwrap();
         let users = ids
             .all()
@@ -157,11 +223,7 @@ mod tests {
                         bcrypt: "$2b$11$hash".into(),
                     }
                 },
-                grants: Grants {
-                    publish: vec!["hub.pub.x.>".into(), "$JS.API.INFO".into()],
-                    subscribe: vec!["_INBOX.x.>".into()],
-                    allow_responses: identity.name.as_str() != "alice",
-                },
+                grants: grants(identity, &DeliveryConfig::default()),
             })
             .collect();
         let text = render(&ServerConf {
@@ -173,13 +235,27 @@ mod tests {
         assert!(text.contains("sync_interval: always"), "{text}");
         assert!(text.contains("store_dir: \"/srv/hub/store\""), "{text}");
         assert!(text.contains("system_account: SYS"), "{text}");
-        assert!(text.contains("HUB {\n    jetstream: enabled"), "{text}");
+        assert!(text.contains("\"HUB\" {\n    jetstream: enabled"), "{text}");
+        assert!(text.contains("\"ID_alice\" {\n    mappings"), "{text}");
+        assert!(text.contains("\"$JS.API.>\": \"$JS.hub.API.>\""), "{text}");
         assert!(text.contains("nkey: \"UALICE\""), "{text}");
         assert!(
             text.contains("user: \"router-1\", password: \"$2b$11$hash\""),
             "{text}"
         );
-        assert!(text.contains("\"$JS.API.INFO\""), "{text}");
+        assert!(
+            text.contains(
+                "{ service: \"$JS.API.CONSUMER.MSG.NEXT.>\", response_type: stream, accounts: [\"ID_alice\"] }"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "{ service: { account: \"HUB\", subject: \"$JS.API.CONSUMER.INFO.HUB_INBOX.inbox-alice\" }, to: \"$JS.hub.API.CONSUMER.INFO.HUB_INBOX.inbox-alice\" }"
+            ),
+            "{text}"
+        );
+        // Only the router answers requests.
         assert_eq!(text.matches("allow_responses: true").count(), 1, "{text}");
         assert!(!text.contains("tls {"), "{text}");
     }

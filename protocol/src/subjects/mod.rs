@@ -345,6 +345,44 @@ pub fn reply_root(prefix: &str) -> &str {
     prefix.split('.').next().unwrap_or(prefix)
 }
 
+/// The root of the reply subjects nats-server gives a request that crossed from one account
+/// into another through a service import (`_R_.<token>.<token>`): on a rendered hub, every
+/// request of an agent or a worker reaches a router or a worker with such a reply, which the
+/// broker maps back into the requester's own account (docs/SECURITY.md, "Accounts").
+pub const SERVICE_REPLY_ROOT: &str = "_R_";
+
+/// Whether a service whose inbox prefix is `prefix` answers on `reply`: a reply under the
+/// root of its own prefix ([`reply_root`]), or one the broker made for a request from another
+/// account ([`SERVICE_REPLY_ROOT`]). Anything else was aimed by the requester and is refused.
+pub fn is_answerable_reply(reply: &str, prefix: &str) -> bool {
+    is_reply_subject_under(reply, reply_root(prefix))
+        || is_reply_subject_under(reply, SERVICE_REPLY_ROOT)
+}
+
+/// The reply subject of a workers' status request ([`WORKER_STATUS_SUBJECT`]) tagged `token`:
+/// `hub.admin.workers.<token>`. Each worker answers on [`worker_status_answer`] of it, a subject
+/// of its own under it, which the requester subscribes to as `<reply>.*`.
+pub fn worker_status_reply(token: &str) -> String {
+    format!("{WORKER_STATUS_SUBJECT}.{token}")
+}
+
+/// Where `worker` answers a status request whose reply subject is `reply`:
+/// `hub.admin.workers.<token>.<worker>`, when `reply` has the shape of
+/// [`worker_status_reply`] (one literal token after the root); `None` for any other reply.
+///
+/// A status request reaches a worker's own account through a stream import, whose reply
+/// subject the broker does not map back: the worker publishes its answer, which its account
+/// imports from the hub's as a service ([`WORKER_STATUS_ANSWERS`]).
+pub fn worker_status_answer(reply: &str, worker: &crate::ids::WorkerId) -> Option<String> {
+    let token = reply
+        .strip_prefix(WORKER_STATUS_SUBJECT)?
+        .strip_prefix('.')?;
+    (is_literal_subject(token) && !token.contains('.')).then(|| format!("{reply}.{worker}"))
+}
+
+/// Every worker's answers to status requests ([`worker_status_answer`]).
+pub const WORKER_STATUS_ANSWERS: &str = "hub.admin.workers.*.*";
+
 /// Whether `reply` is a reply subject under the root `prefix` (e.g. `_INBOX`): `<prefix>.`
 /// followed by at least one token, and a literal subject (no wildcard, whitespace or empty
 /// token).

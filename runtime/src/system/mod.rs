@@ -676,8 +676,9 @@ impl ActorSystem {
 }
 
 /// Asks every running worker for its snapshot over NATS (`runtime status`): one request on
-/// [`subjects::WORKER_STATUS_SUBJECT`], answers collected for `window` (there is no knowing
-/// how many workers run), sorted by worker id.
+/// [`subjects::WORKER_STATUS_SUBJECT`], each worker's answer on a subject of its own under the
+/// request's reply ([`subjects::worker_status_answer`]), collected for `window` (there is no
+/// knowing how many workers run), sorted by worker id.
 ///
 /// # Errors
 /// [`SystemError::Request`] when the request cannot be sent.
@@ -687,13 +688,16 @@ pub async fn request_worker_status(
 ) -> Result<Vec<actors::worker::WorkerSnapshot>, SystemError> {
     use futures::StreamExt;
     let subject = subjects::WORKER_STATUS_SUBJECT;
-    let inbox = client.new_inbox();
+    // Each worker answers on `<reply>.<worker>` (`subjects::worker_status_answer`).
+    let token = client.new_inbox();
+    let token = token.rsplit('.').next().unwrap_or(&token);
+    let reply = subjects::worker_status_reply(token);
     let mut replies = client
-        .subscribe(inbox.clone())
+        .subscribe(format!("{reply}.*"))
         .await
         .map_err(|e| SystemError::request(subject, e))?;
     client
-        .publish_with_reply(subject, inbox, Vec::new().into())
+        .publish_with_reply(subject, reply, Vec::new().into())
         .await
         .map_err(|e| SystemError::request(subject, e))?;
     let mut workers = Vec::new();

@@ -196,15 +196,15 @@ pub struct Connected {
 
 impl Connected {
     /// Waits (flushing, with a deadline) until the server reported a permission violation
-    /// that names `subject`.
+    /// that names `subject` (a JetStream API subject as the identity's own account names it,
+    /// `$JS.hub.API.…`: `protocol::security::accounts::local_subject`).
     pub async fn refused(&self, subject: &str) {
         let _ = self.client.flush().await;
+        let local = protocol::security::accounts::local_subject(subject);
         harness::wait_until("a permissions violation", super::DEADLINE, || {
-            self.errors
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|e| e.contains("Permissions Violation") && e.contains(subject))
+            self.errors.lock().unwrap().iter().any(|e| {
+                e.contains("Permissions Violation") && (e.contains(subject) || e.contains(&local))
+            })
         })
         .await
         .unwrap_or_else(|_| {

@@ -316,8 +316,8 @@ pub async fn ensure_streams(
     Ok(out)
 }
 
-/// The KV bucket of task idempotency keys: one create-only entry per (queue, key), no expiry,
-/// so two submissions with the same key produce one task however far apart they are.
+/// The KV bucket of task idempotency keys: one create-only entry per (delegator, queue, key),
+/// no expiry, so two submissions with the same key produce one task however far apart they are.
 pub use protocol::subjects::IDEMPOTENCY_BUCKET;
 
 /// Creates the idempotency bucket when it does not exist.
@@ -328,9 +328,9 @@ pub async fn ensure_idempotency_bucket(js: &Context) -> Result<(), StreamError> 
     ensure_bucket(
         js,
         IDEMPOTENCY_BUCKET,
-        "task idempotency keys (create-only)",
+        "task idempotency keys (create-only), each delegator's own",
         std::time::Duration::ZERO,
-        Writers::Hub,
+        Writers::Identities,
     )
     .await
 }

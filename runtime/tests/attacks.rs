@@ -465,3 +465,32 @@ async fn attack_23_bob_cannot_write_alices_presence_and_alice_writes_her_own() {
         .unwrap();
     assert_eq!(std::str::from_utf8(&read.payload).unwrap(), online);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_26_bob_cannot_read_or_write_alices_idempotency_keys() {
+    let hub = Hub::start().await;
+    let entry = protocol::task::idempotency::entry_key(
+        &support::agent("alice"),
+        &protocol::QueueName::new("q").unwrap(),
+        "k1",
+    );
+    let subject = format!("$KV.HUB_IDEMPOTENCY.{entry}");
+    for (subject, body) in [
+        (subject.clone(), r#"{"task_id":"t1"}"#),
+        (
+            format!("$JS.API.DIRECT.GET.KV_HUB_IDEMPOTENCY.{subject}"),
+            "",
+        ),
+        (
+            "$JS.API.DIRECT.GET.KV_HUB_IDEMPOTENCY".to_owned(),
+            r#"{"last_by_subj":"$KV.HUB_IDEMPOTENCY.alice.>"}"#,
+        ),
+        ("$JS.API.STREAM.INFO.KV_HUB_IDEMPOTENCY".to_owned(), ""),
+    ] {
+        hub.bob_refused(&subject, Some("_INBOX.bob.i"), body).await;
+    }
+    assert_eq!(
+        support::count_on(&hub.admin, "KV_HUB_IDEMPOTENCY", &subject).await,
+        0
+    );
+}

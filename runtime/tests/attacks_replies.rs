@@ -24,7 +24,7 @@ const TARGETS: &[(&str, &str)] = &[
     ("HUB_INGRESS", "hub.pub.alice.inbox"),
     (
         "KV_HUB_IDEMPOTENCY",
-        "$KV.HUB_IDEMPOTENCY.q.00112233445566778899aabbccddeeff",
+        "$KV.HUB_IDEMPOTENCY.alice.q.00112233445566778899aabbccddeeff",
     ),
     ("HUB_WORK", "work.q"),
     ("HUB_ANSWERS", "answer.w1"),

@@ -258,6 +258,46 @@ async fn control_an_admin_queries_and_cancels_a_task_alice_delegated() {
     hub.no_violations();
 }
 
+/// A delegator's idempotency key is its own (issue 28, A2): alice submits twice with one key
+/// and gets one task, run once; bob with the same key gets a task of his own and learns nothing
+/// of hers. All on the rendered grants, with no permission refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_are_each_delegators_own_on_the_rendered_config() {
+    let hub = TaskHub::start().await;
+    let delegate = |who: &'static str, text: &'static str| {
+        let hub = &hub;
+        async move {
+            let args = ["delegate", "--queue", "q", "--idempotency-key", "k1", text];
+            let out = hub.cli(who, &args).await;
+            hub.exit(&out, 0, &format!("{who}'s delegate"));
+            serde_json::from_str::<Value>(stdout(&out).lines().next().unwrap()).unwrap()
+        }
+    };
+    let first = delegate("alice", "QUICK one").await;
+    let again = delegate("alice", "QUICK one").await;
+    assert_eq!(first["existing"], false, "{first}");
+    assert_eq!(again["existing"], true, "{again}");
+    assert_eq!(again["task_id"], first["task_id"], "{first} {again}");
+    let task_id = TaskId::new(first["task_id"].as_str().unwrap()).unwrap();
+    hub.alice_sees(&task_id, "completed").await;
+    let bobs = delegate("bob", "QUICK bob").await;
+    assert_eq!(bobs["existing"], false, "bob's own task: {bobs}");
+    assert_ne!(bobs["task_id"], first["task_id"], "{bobs}");
+    let bob_task = TaskId::new(bobs["task_id"].as_str().unwrap()).unwrap();
+    let (code, status) = hub.task("bob", "status", &bob_task).await;
+    assert_eq!(code, Some(0), "{status}");
+    // Alice's task ran once; nothing of it is under bob.
+    let states: Vec<TaskState> = hub
+        .results_under("alice", &task_id)
+        .await
+        .iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(states, [TaskState::Completed], "one run of alice's task");
+    assert_eq!(hub.count_under("bob", &task_id).await, 0);
+    hub.no_violations();
+}
+
 /// `runtime status` as an admin: the router's snapshot and the worker's, which answers from
 /// its own account on a subject of its own (`hub.admin.workers.<token>.w1`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

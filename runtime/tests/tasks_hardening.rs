@@ -68,7 +68,7 @@ async fn first_publish_fails_then_retry(text: String, recorded: bool) {
         .get_key_value(subjects::IDEMPOTENCY_BUCKET)
         .await
         .unwrap();
-    let entry = protocol::task::idempotency::entry_key(&queue, "order-42");
+    let entry = protocol::task::idempotency::entry_key(&alice(), &queue, "order-42");
     let pending: serde_json::Value =
         serde_json::from_slice(&kv.get(&entry).await.unwrap().unwrap()).unwrap();
     assert_eq!(pending["state"], "pending");

@@ -54,6 +54,8 @@ const HUB_SERVICES: &[(&str, bool)] = &[
     (crate::subjects::WORKER_STATUS_ANSWERS, false),
     // An agent's presence record.
     ("$KV.HUB_PRESENCE.>", false),
+    // An agent's idempotency entries.
+    ("$KV.HUB_IDEMPOTENCY.>", false),
     // Acks of the messages of their own consumers.
     ("$JS.ACK.>", false),
     // Pulls of their own consumers: a pull is answered by many messages.

@@ -75,6 +75,19 @@ fn own_holds(me: &str) -> String {
     ))
 }
 
+/// Its own idempotency entries ([`crate::task::idempotency::entry_key`]): written (created
+/// and compare-and-set) and read with a subject-suffixed direct get, under its own token only.
+fn own_idempotency_keys(me: &str) -> [String; 2] {
+    let keys = subjects::kv_subject(subjects::IDEMPOTENCY_BUCKET, &format!("{me}.>"));
+    [
+        keys.clone(),
+        api(&format!(
+            "DIRECT.GET.{}.{keys}",
+            subjects::kv_stream(subjects::IDEMPOTENCY_BUCKET)
+        )),
+    ]
+}
+
 /// Anyone's tombstone read, never written: a send to a removed agent is refused before it is
 /// published (who is removed is no secret among a hub's identities).
 fn tombstone_reads() -> String {
@@ -119,6 +132,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     )),
                     tombstone_reads(),
                 ],
+                own_idempotency_keys(me).to_vec(),
                 own_consumer(
                     &delivery.inbox.name,
                     &subjects::inbox_consumer(&identity.name),
@@ -251,26 +265,31 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
         }
         // An admin may also delegate and follow its own tasks as an agent does.
         Role::Admin => Grants {
-            publish: vec![
-                own_ingress,
-                api(">"),
-                "hub.admin.>".to_owned(),
-                "hub.ctl.>".to_owned(),
-                subjects::hub_info_request(&identity.name),
-                subjects::task_read_request(&identity.name),
-                // `runtime dlq replay`: a dead letter stored in its recipient's inbox again.
-                format!("{}*", "channel.inbox."),
-                // The audit events of its dlq commands (replayed, discarded), and its own
-                // as a client (an idempotency key's hit).
-                "hub.audit.admin.>".to_owned(),
-                subjects::audit("agent", identity.name.as_str()),
-                // `runtime agent remove|restore`: a removed agent's tombstone written or
-                // deleted (one key per agent; routers only read the bucket)...
-                subjects::kv_subject(subjects::REMOVED_BUCKET, "*"),
-                // ...and the dead-letter copies of its waiting DMs, on agents' dead-letter
-                // subjects only (`dlq.<agent>`, not the routers' `dlq.work.>`/`dlq.answer.>`).
-                "dlq.*".to_owned(),
-            ],
+            publish: [
+                vec![own_ingress],
+                // Its own idempotency keys (its `$JS.API.>` reads them).
+                own_idempotency_keys(me)[..1].to_vec(),
+                vec![
+                    api(">"),
+                    "hub.admin.>".to_owned(),
+                    "hub.ctl.>".to_owned(),
+                    subjects::hub_info_request(&identity.name),
+                    subjects::task_read_request(&identity.name),
+                    // `runtime dlq replay`: a dead letter stored in its recipient's inbox again.
+                    format!("{}*", "channel.inbox."),
+                    // The audit events of its dlq commands (replayed, discarded), and its own
+                    // as a client (an idempotency key's hit).
+                    "hub.audit.admin.>".to_owned(),
+                    subjects::audit("agent", identity.name.as_str()),
+                    // `runtime agent remove|restore`: a removed agent's tombstone written or
+                    // deleted (one key per agent; routers only read the bucket)...
+                    subjects::kv_subject(subjects::REMOVED_BUCKET, "*"),
+                    // ...and the dead-letter copies of its waiting DMs, on agents' dead-letter
+                    // subjects only (`dlq.<agent>`, not the routers' `dlq.work.>`/`dlq.answer.>`).
+                    "dlq.*".to_owned(),
+                ],
+            ]
+            .concat(),
             subscribe: vec![
                 reply,
                 subjects::tasks_of(&identity.name),
@@ -345,7 +364,17 @@ mod tests {
             "$JS.ACK.hub.ABCDEF.HUB_INBOX.inbox-alice.1.2.3.4.5.tok"
         ));
         assert!(may_subscribe(&g, "_INBOX.alice.x.y"));
+        assert!(may_publish(&g, "$KV.HUB_IDEMPOTENCY.alice.q.6b31"));
+        assert!(may_publish(
+            &g,
+            "$JS.API.DIRECT.GET.KV_HUB_IDEMPOTENCY.$KV.HUB_IDEMPOTENCY.alice.q.6b31"
+        ));
         for denied in [
+            "$KV.HUB_IDEMPOTENCY.bob.q.6b31",
+            "$KV.HUB_IDEMPOTENCY.q.6b31",
+            "$JS.API.DIRECT.GET.KV_HUB_IDEMPOTENCY.$KV.HUB_IDEMPOTENCY.bob.q.6b31",
+            "$JS.API.DIRECT.GET.KV_HUB_IDEMPOTENCY",
+            "$JS.API.STREAM.INFO.KV_HUB_IDEMPOTENCY",
             "hub.pub.bob.inbox",
             "hub.pub.alice.task.k1",
             "channel.inbox.bob",

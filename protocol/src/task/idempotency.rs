@@ -1,6 +1,11 @@
-//! Idempotency keys of task submissions: the KV entry `(queue, key)` records the task it was
-//! taken for *and* whether the ingress stored that task, so that the key and the stored task
-//! agree whatever fails between the two steps.
+//! Idempotency keys of task submissions: the KV entry `(delegator, queue, key)` records the
+//! task it was taken for *and* whether the ingress stored that task, so that the key and the
+//! stored task agree whatever fails between the two steps.
+//!
+//! A key is the delegator's own ([`entry_key`]): identities of one hub do not trust each other,
+//! so another delegator's same key names a task of its own, and learns nothing of the first.
+//! (The delivery-semantics design scopes keys to the recipient within one tenant.) On a
+//! rendered hub each agent may read and write its own entries only.
 //!
 //! A submission with a key:
 //!
@@ -21,7 +26,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::Envelope;
-use crate::ids::{QueueName, TaskId};
+use crate::ids::{AgentId, QueueName, TaskId};
 
 /// The largest envelope (its JSON encoding) an idempotency record keeps: a KV value is one
 /// message, and a task near the server's payload limit would not fit beside its record.
@@ -97,11 +102,13 @@ pub struct UnreadableEntry {
     pub reason: String,
 }
 
-/// The KV key of an idempotency key: `<queue>.<hex of the key>` (KV keys allow fewer
-/// characters than idempotency keys).
-pub fn entry_key(queue: &QueueName, key: &str) -> String {
+/// The KV key of `delegator`'s idempotency key `key` on `queue`:
+/// `<delegator>.<queue>.<hex of the key>` (KV keys allow fewer characters than idempotency
+/// keys). The delegator comes first, so that its grants can name all of its own entries
+/// (`$KV.HUB_IDEMPOTENCY.<delegator>.>`) and none of anyone else's.
+pub fn entry_key(delegator: &AgentId, queue: &QueueName, key: &str) -> String {
     let hex: String = key.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("{queue}.{hex}")
+    format!("{delegator}.{queue}.{hex}")
 }
 
 /// Decides what a submission does with the existing entry value `value`. An entry of an
@@ -169,15 +176,38 @@ mod tests {
     }
 
     #[test]
-    fn entries_are_valid_kv_keys_per_queue() {
+    fn entries_are_valid_kv_keys_per_delegator_and_queue() {
+        let alice = AgentId::new("alice").unwrap();
         let q = QueueName::new("builds").unwrap();
-        let entry = entry_key(&q, "order #42/α");
-        assert!(entry.starts_with("builds."));
+        let entry = entry_key(&alice, &q, "order #42/α");
+        assert!(entry.starts_with("alice.builds."));
         assert!(entry.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'));
         assert_ne!(
             entry,
-            entry_key(&QueueName::new("other").unwrap(), "order #42/α")
+            entry_key(&alice, &QueueName::new("other").unwrap(), "order #42/α")
         );
+        assert_ne!(
+            entry,
+            entry_key(&AgentId::new("bob").unwrap(), &q, "order #42/α")
+        );
+    }
+
+    proptest::proptest! {
+        /// Two submissions share an entry only when delegator, queue and key are all the same,
+        /// and every entry is under its delegator's own token (what its grants name).
+        #[test]
+        fn an_entry_is_one_delegators_one_queues_one_key(
+            d1 in "[A-Za-z0-9_-]{1,12}", d2 in "[A-Za-z0-9_-]{1,12}",
+            q1 in "[a-z0-9_-]{1,8}", q2 in "[a-z0-9_-]{1,8}",
+            k1 in "\\PC{1,16}", k2 in "\\PC{1,16}",
+        ) {
+            let (Ok(a1), Ok(a2)) = (AgentId::new(&d1), AgentId::new(&d2)) else { return Ok(()) };
+            let (Ok(n1), Ok(n2)) = (QueueName::new(&q1), QueueName::new(&q2)) else { return Ok(()) };
+            let (e1, e2) = (entry_key(&a1, &n1, &k1), entry_key(&a2, &n2, &k2));
+            proptest::prop_assert_eq!(e1 == e2, (a1.as_str(), n1.as_str(), k1.as_str()) == (a2.as_str(), n2.as_str(), k2.as_str()));
+            let prefix = format!("{}.", a1);
+            proptest::prop_assert!(e1.starts_with(&prefix));
+        }
     }
 
     #[test]

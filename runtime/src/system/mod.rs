@@ -41,6 +41,7 @@ use tokio::sync::Mutex;
 
 pub mod control;
 mod holds;
+mod idempotency;
 pub mod inboxes;
 pub mod messaging;
 pub mod presence;

@@ -1,13 +1,14 @@
 //! Delegating tasks through an [`ActorSystem`].
 
+use std::time::Duration;
+
 use protocol::task::idempotency::{self, Existing, IdempotencyRecord, Submission};
 use protocol::task::{TaskSpec, TASK_VERSION};
 use protocol::{subjects, AgentId, Envelope, Meta, QueueName, TaskId, WorkerId};
-use std::time::Duration;
-
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 
+use super::idempotency::{Created, Entry};
 use super::messaging::{new_message_id, Retry};
 use super::{ActorSystem, SystemError};
 
@@ -55,7 +56,7 @@ impl ActorSystem {
     /// The whole task is checked first, as the router checks it (its idempotency key
     /// included): an invalid task is refused before anything is written or sent.
     ///
-    /// With an idempotency key, a create-only KV entry `(queue, key)` binds the key to the task
+    /// With an idempotency key, a create-only KV entry `(from, queue, key)` binds the key to the task
     /// *and* records whether the ingress stored it (see [`protocol::task::idempotency`]): the
     /// entry is created as pending with the envelope to publish, the envelope is published, and
     /// the entry is then marked stored. A submission that finds the entry names its task
@@ -99,13 +100,7 @@ impl ActorSystem {
                 existing: false,
             });
         };
-        let bucket = subjects::IDEMPOTENCY_BUCKET;
-        let js = async_nats::jetstream::new(self.client.clone());
-        let kv = js
-            .get_key_value(bucket)
-            .await
-            .map_err(|e| SystemError::publish(bucket, e))?;
-        let entry = idempotency::entry_key(queue, key);
+        let entry = Entry::new(&self.client, &idempotency::entry_key(from, queue, key));
         let record = IdempotencyRecord {
             task_id: spec.task_id.clone(),
             state: Submission::Pending,
@@ -114,73 +109,69 @@ impl ActorSystem {
             envelope: idempotency::recorded_envelope(&envelope),
         };
         let value = serde_json::to_vec(&record).expect("an idempotency record serializes");
-        match kv.create(&entry, value.into()).await {
-            Ok(revision) => {
-                let ack = self
-                    .publish_envelope(&record.subject, &record.msg_id, &envelope, Retry::No)
-                    .await?;
-                mark_stored(&kv, &entry, record, revision).await;
-                Ok(TaskReceipt {
-                    task_id: spec.task_id.clone(),
-                    ingress_seq: Some(ack.sequence),
-                    existing: false,
-                })
-            }
-            Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => {
-                let found = kv
-                    .entry(&entry)
-                    .await
-                    .map_err(|e| SystemError::publish(bucket, e))?
-                    .ok_or_else(|| SystemError::publish(bucket, "idempotency entry vanished"))?;
-                let existing = idempotency::on_existing(&found.value)
-                    .map_err(|e| SystemError::publish(bucket, e))?;
-                let mut record = match existing {
-                    Existing::Stored(task_id) => {
-                        self.audit_deduplicated(from, &task_id, key).await;
-                        return Ok(TaskReceipt {
-                            task_id,
-                            ingress_seq: None,
-                            existing: true,
-                        });
-                    }
-                    Existing::Republish(record) => record,
-                };
-                // Published as the caller: a sender may publish only as itself.
-                let same_sender = subjects::parse_work_ingress(&record.subject)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|(sender, _, _)| &sender == from);
-                if !same_sender {
-                    record.subject = subjects::work_ingress(from, queue, worker);
-                    record.msg_id = task_ingress_msg_id(from, &record.task_id);
-                }
-                tracing::info!(task_id = %record.task_id, "idempotency key pending: publishing its task again");
-                // A record too large to keep its envelope: this caller's task, under the
-                // recorded task id.
-                let again = record.envelope.clone().unwrap_or_else(|| Envelope {
-                    meta: Meta::new(new_message_id()),
-                    body: idempotency::republished_body(&record, &envelope.body),
-                    extra: Default::default(),
-                });
-                let ack = self
-                    .publish_envelope(
-                        &record.subject,
-                        &record.msg_id,
-                        &again,
-                        Retry::OutcomeUnknown,
-                    )
-                    .await?;
-                let task_id = record.task_id.clone();
-                mark_stored(&kv, &entry, *record, found.revision).await;
-                self.audit_deduplicated(from, &task_id, key).await;
-                Ok(TaskReceipt {
-                    task_id,
-                    ingress_seq: Some(ack.sequence),
-                    existing: true,
-                })
-            }
-            Err(e) => Err(SystemError::publish(bucket, e)),
+        if let Created::Revision(revision) = entry.create(value).await? {
+            let ack = self
+                .publish_envelope(&record.subject, &record.msg_id, &envelope, Retry::No)
+                .await?;
+            mark_stored(&entry, record, revision).await;
+            return Ok(TaskReceipt {
+                task_id: spec.task_id.clone(),
+                ingress_seq: Some(ack.sequence),
+                existing: false,
+            });
         }
+        let bucket = subjects::IDEMPOTENCY_BUCKET;
+        let (value, revision) = entry
+            .read()
+            .await?
+            .ok_or_else(|| SystemError::publish(bucket, "idempotency entry vanished"))?;
+        let existing =
+            idempotency::on_existing(&value).map_err(|e| SystemError::publish(bucket, e))?;
+        let mut record = match existing {
+            Existing::Stored(task_id) => {
+                self.audit_deduplicated(from, &task_id, key).await;
+                return Ok(TaskReceipt {
+                    task_id,
+                    ingress_seq: None,
+                    existing: true,
+                });
+            }
+            Existing::Republish(record) => record,
+        };
+        // Published as the caller: a sender may publish only as itself (on a broker without
+        // rendered permissions, anyone may have written the entry).
+        let same_sender = subjects::parse_work_ingress(&record.subject)
+            .ok()
+            .flatten()
+            .is_some_and(|(sender, _, _)| &sender == from);
+        if !same_sender {
+            record.subject = subjects::work_ingress(from, queue, worker);
+            record.msg_id = task_ingress_msg_id(from, &record.task_id);
+        }
+        tracing::info!(task_id = %record.task_id, "idempotency key pending: publishing its task again");
+        // A record too large to keep its envelope: this caller's task, under the recorded
+        // task id.
+        let again = record.envelope.clone().unwrap_or_else(|| Envelope {
+            meta: Meta::new(new_message_id()),
+            body: idempotency::republished_body(&record, &envelope.body),
+            extra: Default::default(),
+        });
+        let ack = self
+            .publish_envelope(
+                &record.subject,
+                &record.msg_id,
+                &again,
+                Retry::OutcomeUnknown,
+            )
+            .await?;
+        let task_id = record.task_id.clone();
+        mark_stored(&entry, *record, revision).await;
+        self.audit_deduplicated(from, &task_id, key).await;
+        Ok(TaskReceipt {
+            task_id,
+            ingress_seq: Some(ack.sequence),
+            existing: true,
+        })
     }
 }
 
@@ -213,15 +204,10 @@ fn task_ingress_msg_id(from: &AgentId, task_id: &TaskId) -> String {
 /// Marks an idempotency entry stored (compare-and-set on `revision`). A failure is harmless:
 /// the entry stays pending and the next submission with the key publishes the task again
 /// under the same `Nats-Msg-Id`.
-async fn mark_stored(
-    kv: &async_nats::jetstream::kv::Store,
-    entry: &str,
-    mut record: IdempotencyRecord,
-    revision: u64,
-) {
+async fn mark_stored(entry: &Entry, mut record: IdempotencyRecord, revision: u64) {
     record.state = Submission::Stored;
     let value = serde_json::to_vec(&record).expect("an idempotency record serializes");
-    if let Err(e) = kv.update(entry, value.into(), revision).await {
+    if let Err(e) = entry.update(value, revision).await {
         tracing::warn!(error = %e, "cannot mark an idempotency entry stored; a retry publishes its task again");
     }
 }

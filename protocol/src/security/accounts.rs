@@ -81,7 +81,7 @@ const HUB_STREAMS: &[&str] = &[
 pub enum Home {
     /// The hub's account: the routers (which make every stream) and the admins.
     Hub,
-    /// An account of its own: agents and workers.
+    /// An account of its own: agents, workers and hosts.
     Own,
 }
 
@@ -89,7 +89,7 @@ pub enum Home {
 pub fn home(role: &super::Role) -> Home {
     match role {
         super::Role::Router | super::Role::Admin => Home::Hub,
-        super::Role::Agent | super::Role::Worker { .. } => Home::Own,
+        super::Role::Agent | super::Role::Worker { .. } | super::Role::Host { .. } => Home::Own,
     }
 }
 

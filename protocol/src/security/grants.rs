@@ -16,6 +16,7 @@ use crate::config::DeliveryConfig;
 use crate::subjects;
 
 use super::identities::{Identity, Role};
+use crate::ids::AgentId;
 
 /// The permissions of one broker user.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -98,51 +99,75 @@ fn tombstone_reads() -> String {
     ))
 }
 
+/// What an agent may publish as itself (`agent`), on a hub with `delivery`'s stream names:
+/// an agent's grants, and a host's for each agent it acts for.
+fn as_agent(agent: &AgentId, delivery: &DeliveryConfig) -> Vec<String> {
+    let me = agent.as_str();
+    [
+        vec![
+            // Not `hub.pub.<a>.task.>`: only workers publish on task channels.
+            format!("hub.pub.{me}.*"),
+            format!("hub.pub.{me}.work.>"),
+            format!("hub.pub.{me}.answer.>"),
+            subjects::attach_request(agent),
+            subjects::hub_info_request(agent),
+            // Reads of its own task channels, served by a router.
+            subjects::task_read_request(agent),
+            // Query and cancel, with itself as the requester (any worker).
+            format!("hub.ctl.*.*.{me}"),
+            own_holds(me),
+            // Its inbox's audit events, and its own as a client (an idempotency key's hit),
+            // under its own name.
+            subjects::audit("inbox", me),
+            subjects::audit("agent", me),
+            // Its own presence (its inbox's beats and offline marker).
+            subjects::kv_subject(subjects::PRESENCE_BUCKET, me),
+        ],
+        own_idempotency_keys(me).to_vec(),
+        own_consumer(&delivery.inbox.name, &subjects::inbox_consumer(agent)),
+    ]
+    .concat()
+}
+
+/// What every agent may read of everyone: presence (the receipt of a send says whether its
+/// recipient is online) and tombstones.
+fn agents_reads() -> Vec<String> {
+    vec![
+        api(&format!(
+            "DIRECT.GET.{}.{}",
+            subjects::kv_stream(subjects::PRESENCE_BUCKET),
+            subjects::kv_subject(subjects::PRESENCE_BUCKET, "*")
+        )),
+        tombstone_reads(),
+    ]
+}
+
 /// The grants of `identity` on a hub with `delivery`'s stream names.
 pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
     let me = identity.name.as_str();
     let reply = format!("{}.{me}.>", subjects::DEFAULT_REPLY_PREFIX);
     let own_ingress = format!("hub.pub.{me}.>");
     match &identity.role {
-        // Not `hub.pub.<a>.task.>`: only workers publish on task channels.
         Role::Agent => Grants {
-            publish: [
-                vec![
-                    format!("hub.pub.{me}.*"),
-                    format!("hub.pub.{me}.work.>"),
-                    format!("hub.pub.{me}.answer.>"),
-                    subjects::attach_request(&identity.name),
-                    subjects::hub_info_request(&identity.name),
-                    // Reads of its own task channels, served by a router.
-                    subjects::task_read_request(&identity.name),
-                    // Query and cancel, with itself as the requester (any worker).
-                    format!("hub.ctl.*.*.{me}"),
-                    own_holds(me),
-                    // Its inbox's audit events, and its own as a client (an idempotency
-                    // key's hit), under its own name.
-                    subjects::audit("inbox", me),
-                    subjects::audit("agent", me),
-                    // Its own presence (its inbox's beats and offline marker), and anyone's
-                    // read (the receipt of a send says whether its recipient is online).
-                    subjects::kv_subject(subjects::PRESENCE_BUCKET, me),
-                    api(&format!(
-                        "DIRECT.GET.{}.{}",
-                        subjects::kv_stream(subjects::PRESENCE_BUCKET),
-                        subjects::kv_subject(subjects::PRESENCE_BUCKET, "*")
-                    )),
-                    tombstone_reads(),
-                ],
-                own_idempotency_keys(me).to_vec(),
-                own_consumer(
-                    &delivery.inbox.name,
-                    &subjects::inbox_consumer(&identity.name),
-                ),
-            ]
-            .concat(),
+            publish: [as_agent(&identity.name, delivery), agents_reads()].concat(),
             // The live results of the tasks it delegated.
             subscribe: vec![reply, subjects::tasks_of(&identity.name)],
             serves: Vec::new(),
         },
+        // Exactly the union of its agents' grants, with replies under its own prefix.
+        Role::Host { agents } => {
+            let mut publish = agents_reads();
+            let mut subscribe = vec![reply];
+            for agent in agents {
+                publish.extend(as_agent(agent, delivery));
+                subscribe.push(subjects::tasks_of(agent));
+            }
+            Grants {
+                publish,
+                subscribe,
+                serves: Vec::new(),
+            }
+        }
         Role::Worker { queues } => {
             let worker = identity
                 .worker_id()
@@ -512,6 +537,44 @@ mod tests {
             );
             assert!(!may_publish(&of("w1"), denied), "w1 may publish {denied}");
         }
+    }
+
+    #[test]
+    fn a_host_may_do_exactly_what_its_agents_may() {
+        let ids = IdentitiesFile::parse(
+            r#"{"agents": ["alice", "bob", "carol"], "routers": 1,
+                "hosts": [{"id": "gw", "agents": ["alice", "bob"]}]}"#,
+        )
+        .unwrap();
+        let of = |name| grants(ids.get(name).unwrap(), &DeliveryConfig::default());
+        let gw = of("gw");
+        for agent in ["alice", "bob"] {
+            let g = of(agent);
+            for subject in &g.publish {
+                assert!(gw.publish.contains(subject), "gw may not {subject}");
+            }
+            assert!(may_subscribe(&gw, &format!("channel.task.{agent}.k1")));
+        }
+        let union: std::collections::BTreeSet<_> = of("alice")
+            .publish
+            .into_iter()
+            .chain(of("bob").publish)
+            .collect();
+        let hosted: std::collections::BTreeSet<_> = gw.publish.iter().cloned().collect();
+        assert_eq!(hosted, union, "nothing more than its agents'");
+        assert!(may_subscribe(&gw, "_INBOX.gw.x"));
+        assert!(!may_subscribe(&gw, "_INBOX.alice.x"));
+        for denied in [
+            "hub.pub.carol.inbox",
+            "hub.delivery.carol.inbox",
+            "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-carol",
+            "$KV.HUB_PRESENCE.carol",
+            "hub.pub.gw.inbox",
+        ] {
+            assert!(!may_publish(&gw, denied), "gw may publish {denied}");
+        }
+        assert!(!may_subscribe(&gw, "channel.task.carol.k1"));
+        assert!(!gw.allow_responses());
     }
 
     #[test]

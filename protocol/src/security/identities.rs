@@ -4,16 +4,22 @@
 //! {
 //!   "agents": ["alice", "bob"],
 //!   "workers": [{"id": "w1", "queues": ["q"]}],
+//!   "hosts": [{"id": "gw", "agents": ["carol", "dave"], "agent_prefix": "bot-"}],
 //!   "routers": 1,
 //!   "admins": ["ops"]
 //! }
 //! ```
 //!
 //! Decoding is strict: an unknown key is refused and named. `routers` is a count (named
-//! `router-1` …) or a list of names; `agents`, `workers` and `admins` default to none. Every
-//! name follows the agent id rules ([`AgentId`]: `[A-Za-z0-9_-]`, at most 64 bytes, not
+//! `router-1` …) or a list of names; `agents`, `workers`, `hosts` and `admins` default to none.
+//! Every name follows the agent id rules ([`AgentId`]: `[A-Za-z0-9_-]`, at most 64 bytes, not
 //! starting with the system prefix `hub-`), queues the queue name rules, and a name is used
 //! once across all roles (it names the broker user and its credentials file).
+//!
+//! A host acts for many agents over one connection (a gateway, an MCP server, a process of
+//! many inboxes): the agents it lists, and those of `agents` whose names start with its
+//! `agent_prefix`. A hosted agent needs no credentials of its own (listed under `agents` too,
+//! it gets them), and may not be the name of a worker, router, admin or host.
 
 use std::collections::BTreeSet;
 
@@ -33,9 +39,26 @@ pub struct IdentitiesFile {
     pub workers: Vec<WorkerEntry>,
     /// Routers: a count, or names.
     pub routers: Routers,
+    /// Hosts of many agents.
+    #[serde(default)]
+    pub hosts: Vec<HostEntry>,
     /// Operators.
     #[serde(default)]
     pub admins: Vec<String>,
+}
+
+/// One host of the identities file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEntry {
+    /// The host's name.
+    pub id: String,
+    /// The agents it acts for.
+    #[serde(default)]
+    pub agents: Vec<String>,
+    /// It also acts for every agent of the file's `agents` whose name starts with this.
+    #[serde(default)]
+    pub agent_prefix: Option<String>,
 }
 
 /// One worker of the identities file.
@@ -68,6 +91,11 @@ pub enum Role {
         /// The queues it serves.
         queues: Vec<QueueName>,
     },
+    /// Acts for many agents over one connection: exactly what each of them may do.
+    Host {
+        /// The agents it acts for, in order, each once.
+        agents: Vec<AgentId>,
+    },
     /// Routes the ingress and makes every stream and consumer.
     Router,
     /// Runs the operator commands.
@@ -80,6 +108,7 @@ impl Role {
         match self {
             Role::Agent => "agent",
             Role::Worker { .. } => "worker",
+            Role::Host { .. } => "host",
             Role::Router => "router",
             Role::Admin => "admin",
         }
@@ -104,7 +133,7 @@ impl Identity {
     }
 }
 
-/// The validated identities, in file order: agents, workers, routers, admins.
+/// The validated identities, in file order: agents, workers, routers, admins, hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identities(Vec<Identity>);
 
@@ -153,6 +182,22 @@ pub enum IdentitiesError {
     NoQueues {
         /// The worker.
         worker: String,
+    },
+    /// A host acts for no agent (none listed, none matching its prefix).
+    #[error("identities file: host `{host}` acts for no agent")]
+    NoHostedAgents {
+        /// The host.
+        host: String,
+    },
+    /// A host lists the name of an identity that is not an agent.
+    #[error("identities file: host `{host}` lists `{name}`, which is a {role}, not an agent")]
+    HostedNotAnAgent {
+        /// The host.
+        host: String,
+        /// The name.
+        name: String,
+        /// Its role.
+        role: &'static str,
     },
     /// A name is listed twice (in one role or two).
     #[error("identities file: `{name}` is listed more than once")]
@@ -241,6 +286,50 @@ impl IdentitiesFile {
                 role: Role::Admin,
             });
         }
+        let mut hosts = Vec::new();
+        for host in &self.hosts {
+            let id = name("host", &host.id)?;
+            let mut agents: Vec<AgentId> = Vec::new();
+            for agent in &host.agents {
+                agents.push(name("hosted agent", agent)?);
+            }
+            if let Some(prefix) = host.agent_prefix.as_deref().filter(|p| !p.is_empty()) {
+                for agent in self.agents.iter().filter(|a| a.starts_with(prefix)) {
+                    agents.push(name("agent", agent)?);
+                }
+            }
+            let mut seen = BTreeSet::new();
+            agents.retain(|a| seen.insert(a.clone()));
+            if agents.is_empty() {
+                return Err(IdentitiesError::NoHostedAgents {
+                    host: host.id.clone(),
+                });
+            }
+            hosts.push(Identity {
+                name: id,
+                role: Role::Host { agents },
+            });
+        }
+        // A host acts as each of its agents: none may be an identity of another role.
+        for host in &hosts {
+            let Role::Host { agents } = &host.role else {
+                unreachable!("hosts are hosts")
+            };
+            let clash = agents.iter().find_map(|a| {
+                out.iter()
+                    .chain(&hosts)
+                    .find(|i| &i.name == a && i.role != Role::Agent)
+                    .map(|i| (a, i.role.as_str()))
+            });
+            if let Some((agent, role)) = clash {
+                return Err(IdentitiesError::HostedNotAnAgent {
+                    host: host.name.to_string(),
+                    name: agent.to_string(),
+                    role,
+                });
+            }
+        }
+        out.extend(hosts);
         let mut seen = BTreeSet::new();
         for identity in &out {
             if !seen.insert(identity.name.as_str()) {
@@ -272,6 +361,65 @@ mod tests {
         );
         assert_eq!(ids.get("ops").unwrap().role, Role::Admin);
         assert_eq!(ids.get("alice").unwrap().worker_id(), None);
+    }
+
+    #[test]
+    fn a_host_acts_for_its_listed_agents_and_those_its_prefix_names() {
+        let ids = IdentitiesFile::parse(
+            r#"{"agents": ["bot-1", "bot-2", "alice"], "routers": 1,
+                "hosts": [{"id": "gw", "agents": ["carol", "bot-1"], "agent_prefix": "bot-"}]}"#,
+        )
+        .unwrap();
+        let Role::Host { agents } = &ids.get("gw").unwrap().role else {
+            panic!("gw is a host")
+        };
+        let names: Vec<_> = agents.iter().map(AgentId::as_str).collect();
+        assert_eq!(names, ["carol", "bot-1", "bot-2"]);
+        assert_eq!(ids.get("gw").unwrap().role.as_str(), "host");
+        // carol has no credentials of her own: she is not an identity.
+        assert!(ids.get("carol").is_none());
+    }
+
+    #[test]
+    fn a_host_of_no_agent_or_of_another_role_is_refused() {
+        let err = IdentitiesFile::parse(r#"{"routers": 1, "hosts": [{"id": "gw"}]}"#).unwrap_err();
+        assert!(
+            matches!(err, IdentitiesError::NoHostedAgents { .. }),
+            "{err}"
+        );
+        let err = IdentitiesFile::parse(
+            r#"{"routers": 1, "hosts": [{"id": "gw", "agent_prefix": "nobody"}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, IdentitiesError::NoHostedAgents { .. }),
+            "{err}"
+        );
+        for (file, name) in [
+            (
+                r#"{"routers": 1, "workers": [{"id": "w1", "queues": ["q"]}], "hosts": [{"id": "gw", "agents": ["w1"]}]}"#,
+                "w1",
+            ),
+            (
+                r#"{"routers": 1, "hosts": [{"id": "gw", "agents": ["router-1"]}]}"#,
+                "router-1",
+            ),
+            (
+                r#"{"routers": 1, "hosts": [{"id": "gw", "agents": ["gw2"]}, {"id": "gw2", "agents": ["a"]}]}"#,
+                "gw2",
+            ),
+        ] {
+            let err = IdentitiesFile::parse(file).unwrap_err();
+            assert!(
+                matches!(&err, IdentitiesError::HostedNotAnAgent { name: n, .. } if n == name),
+                "{err}"
+            );
+        }
+        let err = IdentitiesFile::parse(
+            r#"{"routers": 1, "hosts": [{"id": "gw", "agents": ["a"], "agnets": []}]}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("agnets"), "{err}");
     }
 
     #[test]

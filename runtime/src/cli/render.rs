@@ -304,7 +304,7 @@ fn env_file(
     match &identity.role {
         Role::Agent => out.push_str(&format!("RUNTIME_AGENT_ID={}\n", identity.name)),
         Role::Worker { .. } => out.push_str(&format!("RUNTIME_WORKER_ID={}\n", identity.name)),
-        Role::Router | Role::Admin => {}
+        Role::Host { .. } | Role::Router | Role::Admin => {}
     }
     out
 }

@@ -61,3 +61,63 @@ async fn dms_to_an_agent_that_never_attached_are_delivered_in_order_at_first_att
     ));
     system.shutdown(GRACE).await.unwrap();
 }
+
+/// Every DM an inbox holds is kept alive, not only the one its handler has (issue 28, B1): a
+/// backlog worth four ack waits of handler time, taken by one pull, is handed over once each,
+/// with no redelivery and no dead letter (before, the DMs waiting behind the handler were
+/// redelivered after the ack wait, ran out of deliveries and were dead-lettered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_longer_than_the_ack_wait_is_handed_over_once_without_redelivery_or_dead_letter()
+{
+    const DMS: usize = 40;
+    let server = harness::run_server().await.unwrap();
+    let delivery = DeliveryConfig {
+        ack_wait_secs: 1,
+        inbox_max_deliver: 2,
+        inbox_backoff_secs: Vec::new(),
+        ..DeliveryConfig::default()
+    };
+    let system = support::system_with(
+        server.url(),
+        true,
+        protocol::attach::DurableInboxMode::Auto,
+        delivery,
+    )
+    .await;
+    system.start_router().await.unwrap();
+    let (alice, bob) = (agent("alice"), agent("bob"));
+    for i in 0..DMS {
+        system.send(&alice, &bob, json!(i)).await.unwrap();
+    }
+    support::wait_router(&system, "the backlog stored", |c| c.stored >= DMS as u64).await;
+    // A handler of 100 ms per DM: 4 s for the backlog, against a 1 s ack wait.
+    let seen: support::Seen = Default::default();
+    let sink = seen.clone();
+    system
+        .attach_inbox(&bob, move |d| {
+            let sink = sink.clone();
+            Box::pin(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                sink.lock().unwrap().push(d);
+            })
+        })
+        .await
+        .unwrap();
+    wait_for(&seen, DMS).await;
+    let js = support::js(&server).await;
+    support::wait_settled(&js, "inbox-bob").await;
+    assert_eq!(
+        bodies(&seen),
+        (0..DMS).map(|i| json!(i)).collect::<Vec<_>>()
+    );
+    let redelivered: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|d| d.redelivered)
+        .map(|d| d.envelope.body.clone())
+        .collect();
+    assert!(redelivered.is_empty(), "redelivered: {redelivered:?}");
+    assert_eq!(support::count_on(&js, "HUB_DLQ", "dlq.bob").await, 0);
+    system.shutdown(GRACE).await.unwrap();
+}

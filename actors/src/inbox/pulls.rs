@@ -172,6 +172,7 @@ impl InboxPulls {
             next_subject: subjects::consumer_next_request(stream, consumer),
             batch: batch.max(1),
             book: PullBook::default(),
+            held_due: tokio::time::Instant::now(),
         })
     }
 
@@ -400,6 +401,9 @@ pub struct Puller {
     next_subject: String,
     batch: usize,
     book: PullBook,
+    /// When the messages waiting in its queue are next kept from redelivery
+    /// ([`Puller::keep_held_alive`]).
+    held_due: tokio::time::Instant,
 }
 
 impl Puller {
@@ -464,6 +468,35 @@ impl Puller {
                 Box::pin(tokio::time::sleep(REFUSED_PAUSE)).await;
             }
         }
+    }
+
+    /// Keeps the messages waiting in its queue from redelivery: when `every` has passed since
+    /// it last did, a progress ack for each (`+WPI`, which restarts its ack timer). The inbox
+    /// calls it between DMs and at every heartbeat of a slow handler, with `every` a third of
+    /// the consumer's effective ack wait: a pull takes up to a batch of DMs, and those behind
+    /// a slow handler would otherwise be redelivered, and run out of deliveries, while they
+    /// wait their turn. A message gets its first beat at most two `every`s after it came.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a progress ack not sent is sent at the next call.
+    pub async fn keep_held_alive(&mut self, every: Duration) {
+        if !self.held_beat_due() {
+            return;
+        }
+        self.held_due = tokio::time::Instant::now() + every;
+        let held: Vec<async_nats::Subject> = {
+            let queue = self.slot.queue.lock().expect("not poisoned");
+            queue.iter().filter_map(|m| m.reply.clone()).collect()
+        };
+        for reply in held {
+            let _ = self.pulls.0.client.publish(reply, "+WPI".into()).await;
+        }
+    }
+
+    /// Whether [`keep_held_alive`](Self::keep_held_alive) has something to do now (checked
+    /// without a future: an inbox's own future holds no publish between DMs).
+    pub fn held_beat_due(&self) -> bool {
+        tokio::time::Instant::now() >= self.held_due
     }
 
     /// Issues the pull [`PullBook::top_up`] says is due, with `held` messages received and not

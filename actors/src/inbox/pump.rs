@@ -14,7 +14,7 @@ use protocol::subjects;
 use tracing::Instrument;
 
 use super::outbox::{Outbox, PendingReceipt, ReceiptOutbox, ReceiptSender};
-use super::pulls::{ack_with, Pulled};
+use super::pulls::{ack_with, Pulled, Puller};
 use super::{Binding, Delivery, InboxConsumer};
 use crate::clock::ClockView;
 use crate::fault::{self, FaultPoint};
@@ -287,7 +287,12 @@ impl InboxPump {
             };
             // Boxed: an idle inbox's future does not hold a DM's handling (about 3 kB, once
             // per idle inbox of a host); one allocation per DM.
-            Box::pin(self.handle(msg, &mut seen, &mut last_handed, beat)).await?;
+            Box::pin(self.handle(msg, &mut seen, &mut last_handed, beat, &mut puller)).await?;
+            // What waits behind it is kept from redelivery too (boxed: rare, and not held by
+            // an idle inbox's future).
+            if puller.held_beat_due() {
+                Box::pin(puller.keep_held_alive(beat)).await;
+            }
         }
     }
 
@@ -298,6 +303,7 @@ impl InboxPump {
         seen: &mut SeenSet,
         last_handed: &mut Option<u64>,
         beat: Duration,
+        puller: &mut Puller,
     ) -> Result<(), PumpError> {
         let (stream_seq, delivered) = msg
             .reply
@@ -326,6 +332,7 @@ impl InboxPump {
                                     done = &mut work => break done?,
                                     _ = tick.tick() => {
                                         let _ = ack_with(client, msg.reply.clone(), AckKind::Progress).await;
+                                        puller.keep_held_alive(beat).await;
                                     }
                                 }
                             }

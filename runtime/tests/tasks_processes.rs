@@ -78,6 +78,114 @@ async fn worker_killed_with_sigkill_mid_task_the_task_is_redelivered_and_complet
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // `pid (comm) S ...`: the state follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// An `--exec` handler ends with its worker, whatever the way out (issue 28, B2): a worker
+/// killed with SIGKILL mid-task takes the handler and the child it forked with it within a
+/// second (before, both lived on, parented to init, while another worker ran the task again),
+/// and the task then completes once on the other worker, flagged as a re-run.
+#[tokio::test]
+async fn a_worker_killed_with_sigkill_takes_its_handler_and_the_handlers_child_with_it() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    // A first run forks a child, writes both pids, and waits for it; a re-run answers at once.
+    let scene = Scene::new(0).with_script(
+        "cat > /dev/null\n\
+         if [ \"$TASK_RERUN\" = 0 ]; then\n\
+           sleep 60 &\n\
+           echo \"$$ $!\" > '{markers}'/\"$WORKER_ID\".tmp\n\
+           mv '{markers}'/\"$WORKER_ID\".tmp '{markers}'/\"$WORKER_ID\"\n\
+           wait\n\
+         fi\n\
+         printf '{\"response\": \"%s\"}\\n' \"$TASK_RERUN\"\n",
+    );
+    let router = scene.router(&url);
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    let mut w1 = scene.worker(&url, "ow1", "orphans");
+    let mut w2 = scene.worker(&url, "ow2", "orphans");
+    let hub = system(&url).await;
+    let alice = AgentId::new("alice").unwrap();
+    let spec = new_task("leave no orphan", vec![]);
+    let tracking = hub.track(&alice, &spec.task_id).await.unwrap();
+    hub.delegate(&alice, &QueueName::new("orphans").unwrap(), None, &spec)
+        .await
+        .unwrap();
+    let started = harness::wait_until("a handler started", DEADLINE, || {
+        !scene.started().iter().all(|f| f.ends_with(".tmp"))
+    })
+    .await;
+    if let Err(e) = started {
+        panic!(
+            "{e}\n{}",
+            logs(&[("router", &router), ("ow1", &w1), ("ow2", &w2)])
+        );
+    }
+    let victim = scene
+        .started()
+        .into_iter()
+        .find(|f| !f.ends_with(".tmp"))
+        .unwrap();
+    let pids: Vec<u32> = std::fs::read_to_string(scene.markers().join(&victim))
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(pids.iter().all(|p| !ended(*p)), "both run: {pids:?}");
+    let other = if victim == "ow1" { "ow2" } else { "ow1" };
+    if victim == "ow1" {
+        w1.kill9().await;
+    } else {
+        w2.kill9().await;
+    }
+    let gone = harness::wait_until(
+        "the handler and its child ended with their worker",
+        Duration::from_secs(1),
+        || pids.iter().all(|p| ended(*p)),
+    )
+    .await;
+    let left: Vec<u32> = pids.iter().copied().filter(|p| !ended(*p)).collect();
+    // Whatever the outcome, nothing is left behind for the next test.
+    for pid in &left {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+    assert!(
+        gone.is_ok(),
+        "still running a second after their worker died: {left:?}"
+    );
+    let result = match tokio::time::timeout(DEADLINE, tracking.result).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => panic!(
+            "no result\n{}",
+            logs(&[("router", &router), ("ow1", &w1), ("ow2", &w2)])
+        ),
+    };
+    assert_eq!(
+        (result.state, result.worker_id.as_str()),
+        (TaskState::Completed, other),
+        "{result:?}"
+    );
+    assert_eq!(result.response, Some(serde_json::json!("1")), "a re-run");
+    let completed = support::results_on(&support::js(&server).await, &spec.task_id)
+        .await
+        .into_iter()
+        .filter(|r| r.state == TaskState::Completed)
+        .count();
+    assert_eq!(completed, 1, "one completed run");
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
 #[tokio::test]
 async fn delegator_killed_while_its_task_runs_resume_still_gets_the_result() {
     let server = harness::run_server().await.unwrap();

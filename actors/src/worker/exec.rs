@@ -19,7 +19,13 @@
 //! - when the command exits, whatever it left running in its group is killed (SIGKILL) before
 //!   its output is read;
 //! - when the attempt's future is dropped without a cancel (e.g. a runtime shutting down drops
-//!   its tasks), a guard owned by the future kills the whole group (SIGKILL).
+//!   its tasks), a guard owned by the future kills the whole group (SIGKILL);
+//! - when the worker dies, whatever the way out (SIGKILL, the OOM killer, a panic that aborts),
+//!   the group's *lifeline* kills it at once: a small `sh` ([`LIFELINE`]) that leads the
+//!   group, started before the command, and blocks reading a pipe whose only writer is the
+//!   worker. The kernel closes the pipe when the worker dies, however it dies; the lifeline
+//!   reads its end and sends SIGKILL to its whole group. The command and everything it starts
+//!   are in that group, so an input redelivered to another worker is never run twice at once.
 //!
 //! A process that leaves the group on purpose (`setsid`, `setpgid`) is not followed.
 
@@ -56,6 +62,12 @@ pub const SECRET_ENV: &[&str] = &[
     "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
     "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
 ];
+
+/// The lifeline of a command's process group (run by `sh -c`, its stdin a pipe only the worker
+/// writes to): it ignores the signals a cancel or a terminal sends the group (the command gets
+/// them; the lifeline goes with the group's SIGKILL), says it is ready with one line, and once
+/// its stdin ends (the worker is gone) sends SIGKILL to its whole group, itself included.
+pub const LIFELINE: &str = "trap '' TERM INT HUP; echo ready; read _; kill -KILL 0";
 
 /// Runs `sh -c <command>` per attempt. See the [module documentation](self).
 #[derive(Debug, Clone)]
@@ -110,7 +122,7 @@ fn passes_to_command(name: &OsStr, value: &OsStr) -> bool {
     !(name == "NATS_URL" && value.as_encoded_bytes().contains(&b'@'))
 }
 
-/// The process group of a running command (its id is the shell's pid). Dropped while armed,
+/// The process group of a running command (its id is its lifeline's pid). Dropped while armed,
 /// it kills the whole group with SIGKILL: the exec future owns it, so dropping the future
 /// mid-run ends every process the command started.
 struct ProcessGroup {
@@ -118,14 +130,39 @@ struct ProcessGroup {
     armed: bool,
 }
 
-impl ProcessGroup {
-    /// The group led by the process `pid` (spawned with `process_group(0)`).
-    fn led_by(pid: Option<u32>) -> Option<ProcessGroup> {
-        let pgid = libc::pid_t::try_from(pid?).ok()?;
-        // 0 would be our own group, 1 and below are never a spawned child.
-        (pgid > 1).then_some(ProcessGroup { pgid, armed: true })
+/// Starts the lifeline of a new process group ([`LIFELINE`]) and waits until it is ready:
+/// the group's id (the lifeline's pid) and the lifeline, whose stdin pipe the worker holds
+/// for as long as it holds the returned child.
+async fn lifeline() -> std::io::Result<(libc::pid_t, tokio::process::Child)> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(LIFELINE)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()?;
+    let pgid = child
+        .id()
+        .and_then(|pid| libc::pid_t::try_from(pid).ok())
+        .filter(|pid| *pid > 1)
+        .ok_or_else(|| std::io::Error::other("the lifeline has no process id"))?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut ready = String::new();
+    tokio::io::BufReader::new(stdout)
+        .read_line(&mut ready)
+        .await?;
+    if ready.trim_end() != "ready" {
+        return Err(std::io::Error::other("the lifeline did not start"));
     }
+    Ok((pgid, child))
+}
 
+impl ProcessGroup {
     fn signal(&self, signal: libc::c_int) {
         // SAFETY: killpg only sends a signal; it has no memory-safety preconditions. `pgid`
         // is a process group we created, and it stays reserved while any member (or the
@@ -190,22 +227,26 @@ impl ExecHandler {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own group: signals reach the command's children too, and a terminal's
-            // Ctrl-C reaches the worker only (which cancels).
-            .process_group(0)
             .kill_on_drop(true);
         if let Some(answers) = answers {
             let encoded = serde_json::to_string(answers).unwrap_or_else(|_| "[]".into());
             command.env("TASK_ANSWERS", encoded);
         }
+        // Its own group, led by its lifeline: signals reach the command's children too, a
+        // terminal's Ctrl-C reaches the worker only (which cancels), and the worker's death
+        // ends them all.
+        let (pgid, _lifeline) = match lifeline().await {
+            Ok(lifeline) => lifeline,
+            Err(e) => return Outcome::Failed(format!("cannot start the command's lifeline: {e}")),
+        };
+        // Armed from here on (a command that fails to start leaves its lifeline killed with
+        // the group), and dropped before the lifeline, which leads the group: the group is
+        // killed while its leader is not reaped yet, so its id cannot have been reused.
+        let mut group = ProcessGroup { pgid, armed: true };
+        command.process_group(pgid);
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => return Outcome::Failed(format!("cannot start `{}`: {e}", self.command)),
-        };
-        // Declared after `child`, so dropped before it: the group is killed while the shell
-        // is not reaped yet.
-        let Some(mut group) = ProcessGroup::led_by(child.id()) else {
-            return Outcome::Failed("cannot find the started command's process id".into());
         };
         if let Some(mut stdin) = child.stdin.take() {
             tokio::spawn(async move {

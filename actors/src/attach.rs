@@ -356,19 +356,42 @@ impl Attach {
             crate::consumers::targeted_consumer(&self.delivery, &worker),
         ];
         let answer = crate::consumers::answer_consumer(&self.delivery, &worker);
+        let queue_name = subjects::queue_consumer(&queue);
         let created = async {
             let stream = js.get_stream(subjects::WORK_STREAM).await?;
+            // The queue's consumer is shared: the ack wait its other workers heartbeat at.
+            let before = stream
+                .consumer_info(&queue_name)
+                .await
+                .ok()
+                .map(|info| crate::consumers::effective_ack_wait(&info.config));
+            let mut after = None;
             for config in work {
-                stream.create_consumer(config).await?;
+                let made = stream.create_consumer(config).await?.cached_info().clone();
+                if made.name == queue_name {
+                    after = Some(crate::consumers::effective_ack_wait(&made.config));
+                }
             }
             js.get_stream(subjects::ANSWERS_STREAM)
                 .await?
                 .create_consumer(answer)
                 .await?;
-            Ok::<_, async_nats::Error>(())
+            Ok::<_, async_nats::Error>(before.zip(after).is_some_and(|(b, a)| b != a))
         };
         match tokio::time::timeout(crate::streams::STREAM_API_TIMEOUT, created).await {
-            Ok(Ok(())) => {
+            Ok(Ok(changed)) => {
+                if changed {
+                    // Its workers read it again and heartbeat their running tasks at the new
+                    // pace (a shorter one at once).
+                    tracing::info!(%queue, "the queue's consumer changed its ack wait");
+                    if let Err(e) = self
+                        .client
+                        .publish(subjects::queue_changed(&queue), "{}".into())
+                        .await
+                    {
+                        tracing::warn!(error = %e, %queue, "cannot tell the queue's workers");
+                    }
+                }
                 tracing::info!(%queue, %worker, "worker joined");
                 JoinResponse::Joined(JoinReply {
                     work_stream: subjects::WORK_STREAM.to_string(),

@@ -109,6 +109,18 @@ pub fn is_consumer_not_found(e: &async_nats::jetstream::stream::ConsumerError) -
         if err.error_code() == async_nats::jetstream::ErrorCode::CONSUMER_NOT_FOUND)
 }
 
+/// The ack wait a consumer really has: its first backoff step when it has a backoff list
+/// (nats-server then redelivers after it), else its ack wait. What anything holding its
+/// messages heartbeats at a third of.
+pub fn effective_ack_wait(config: &async_nats::jetstream::consumer::Config) -> Duration {
+    config
+        .backoff
+        .first()
+        .copied()
+        .unwrap_or(config.ack_wait)
+        .min(config.ack_wait.max(Duration::from_millis(1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

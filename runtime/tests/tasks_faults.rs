@@ -166,6 +166,70 @@ async fn burst_of_43_tasks_to_2_workers_with_concurrency_1_each_longer_than_the_
     assert_eq!(by_worker.len(), 2, "both workers took part: {by_worker:?}");
 }
 
+/// A running attempt follows its queue consumer's current ack wait (issue 28, B3): a router
+/// with a 3 s ack wait updates the shared queue consumer (made with 30 s) while a 10 s task
+/// runs; the attempt heartbeats at once and then at the new pace, and the task runs once
+/// (before, it kept heartbeating every 10 s, and the second worker ran it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shorter_ack_wait_set_while_a_task_runs_is_followed_and_the_task_runs_once() {
+    let server = harness::run_server().await.unwrap();
+    let with_ack_wait = |secs| protocol::config::DeliveryConfig {
+        ack_wait_secs: secs,
+        ..support::delivery()
+    };
+    let first =
+        support::system_with(server.url(), true, DurableInboxMode::On, with_ack_wait(30)).await;
+    first.start_router().await.unwrap();
+    let queue = QueueName::new("rewait").unwrap();
+    let runs = Runs::default();
+    let journal = tempfile::tempdir().unwrap();
+    let workers =
+        support::system_with(server.url(), true, DurableInboxMode::On, with_ack_wait(30)).await;
+    let handler = Sleeper::new(Duration::from_secs(10), &runs);
+    support::start_worker(
+        &workers,
+        "rw1",
+        &queue,
+        1,
+        Arc::new(handler),
+        journal.path(),
+    )
+    .await;
+    let (spec, tracking) = delegate_tracked(&workers, &queue, "ten seconds").await;
+    harness::wait_until("the task runs", DEADLINE, || {
+        runs.lock().unwrap().contains_key(spec.task_id.as_str())
+    })
+    .await
+    .unwrap();
+    // A router with a 3 s ack wait replaces the first, and a second worker joins through it:
+    // the router updates the queue consumer.
+    first.shutdown(Duration::from_secs(10)).await.unwrap();
+    let second =
+        support::system_with(server.url(), true, DurableInboxMode::On, with_ack_wait(3)).await;
+    second.start_router().await.unwrap();
+    let handler = Sleeper::new(Duration::from_secs(10), &runs);
+    support::start_worker(&second, "rw2", &queue, 1, Arc::new(handler), journal.path()).await;
+    let js = support::js(&server).await;
+    let stream = js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    let ack_wait = stream
+        .consumer_info(&subjects::queue_consumer(&queue))
+        .await
+        .unwrap()
+        .config
+        .ack_wait;
+    assert_eq!(ack_wait, Duration::from_secs(3), "the consumer was updated");
+    let result = final_result(tracking).await;
+    assert_eq!(
+        (result.state, result.worker_id.as_str()),
+        (TaskState::Completed, "rw1"),
+        "{result:?}"
+    );
+    let ran = runs.lock().unwrap()[spec.task_id.as_str()].clone();
+    assert_eq!(ran, ["rw1"], "the task ran once");
+    second.shutdown(Duration::from_secs(10)).await.unwrap();
+    workers.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_worker_takes_the_next_task_while_another_runs_a_long_one() {
     let server = harness::run_server().await.unwrap();

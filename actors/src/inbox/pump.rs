@@ -249,13 +249,8 @@ impl InboxPump {
             // The consumer's real ack wait: its first backoff when it has one (nats-server then
             // redelivers after it), else its ack wait; a DM being handled is heartbeated at a
             // third of it, so a slow handler never has it redelivered.
-            let config = &pull_consumer.cached_info().config;
-            let ack_wait = config
-                .backoff
-                .first()
-                .copied()
-                .unwrap_or(config.ack_wait)
-                .min(config.ack_wait.max(Duration::from_millis(1)));
+            let ack_wait =
+                crate::consumers::effective_ack_wait(&pull_consumer.cached_info().config);
             let beat = (ack_wait / 3).max(Duration::from_millis(100));
             // Its pulls go through the connection's shared subscription ([`super::pulls`]).
             let puller = self

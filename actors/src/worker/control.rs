@@ -54,7 +54,7 @@ impl Worker {
         myself: &ActorRef<WorkerMsg>,
         state: &mut WorkerState,
         msg: jetstream::Message,
-        ack_wait: Duration,
+        ack_wait: super::ack_waits::AckWait,
     ) {
         let (seq, delivered) = msg
             .info()

@@ -37,12 +37,6 @@ const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::fro
 /// How often a pull in flight checks whether the connection was replaced.
 const RECONNECT_CHECK: Duration = Duration::from_millis(50);
 
-/// The ack wait of `consumer` (as bound: its info when the worker bound it), which the
-/// heartbeat of every message pulled from it is timed by.
-fn ack_wait_of(consumer: &PullConsumer) -> Duration {
-    consumer.cached_info().config.ack_wait
-}
-
 /// The consumers a worker pulls from.
 #[derive(Clone)]
 pub(super) struct Consumers {
@@ -75,6 +69,8 @@ pub(super) struct Fetcher {
     /// Dropped at every failed pull: the consumer may have been created again, and its
     /// delivery counts with it.
     pub baseline: Arc<crate::epoch::Baseline<crate::epoch::WorkMark>>,
+    /// The consumers' current ack waits, handed over with each input.
+    pub ack_waits: Arc<super::ack_waits::AckWaits>,
 }
 
 /// How a pull ended.
@@ -109,10 +105,14 @@ impl Fetcher {
             if *stop.borrow() {
                 return Ok(());
             }
-            let (me, ack_wait) = (self.me.clone(), ack_wait_of(&answers));
+            let (me, ack_wait) = (self.me.clone(), self.ack_waits.answers());
             let pulled = self
                 .pull(&answers, ANSWER_BATCH, Some(FETCH_WAIT), &mut stop, |msg| {
-                    me.cast(WorkerMsg::Answer { msg, ack_wait }).is_ok()
+                    me.cast(WorkerMsg::Answer {
+                        msg,
+                        ack_wait: ack_wait.clone(),
+                    })
+                    .is_ok()
                 })
                 .await;
             match pulled {
@@ -161,10 +161,14 @@ impl Fetcher {
                 if permits.is_empty() {
                     break;
                 }
-                let ack_wait = ack_wait_of(consumer);
+                let ack_wait = if i == 0 {
+                    self.ack_waits.targeted()
+                } else {
+                    self.ack_waits.queue()
+                };
                 let pulled = self
                     .pull(consumer, permits.len(), wait, &mut stop, |msg| {
-                        self.hand_over(msg, ack_wait, &mut permits)
+                        self.hand_over(msg, ack_wait.clone(), &mut permits)
                     })
                     .await;
                 match pulled {
@@ -185,7 +189,7 @@ impl Fetcher {
     fn hand_over(
         &self,
         msg: jetstream::Message,
-        ack_wait: Duration,
+        ack_wait: super::ack_waits::AckWait,
         permits: &mut Vec<OwnedSemaphorePermit>,
     ) -> bool {
         let Some(permit) = permits.pop() else {

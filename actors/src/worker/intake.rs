@@ -1,8 +1,6 @@
 //! How a worker takes a task input: the redelivery and alias checks, the admission in the
 //! journal, the attempt it starts, and the refusal of bad input.
 
-use std::time::Duration;
-
 use async_nats::jetstream::{self, AckKind};
 use protocol::subjects::TaskChannel;
 use protocol::task::{decode_task, failed_result, result_msg_id, AttemptId, TaskChannelBody};
@@ -10,6 +8,7 @@ use protocol::{AgentId, TaskId, WireError, WireErrorKind};
 use ractor::{Actor, ActorRef};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::ack_waits::AckWait;
 use super::attempt::{fresh_attempt_id, Attempt, AttemptArgs, RETRY_DELAY};
 use super::publish;
 use super::running::Input;
@@ -21,7 +20,7 @@ impl Worker {
         myself: &ActorRef<WorkerMsg>,
         state: &mut WorkerState,
         msg: jetstream::Message,
-        ack_wait: Duration,
+        ack_wait: AckWait,
         permit: OwnedSemaphorePermit,
     ) {
         let Ok((seq, delivered)) = msg.info().map(|i| (i.stream_sequence, i.delivered)) else {
@@ -142,10 +141,10 @@ impl Worker {
         state: &mut WorkerState,
         task_id: &TaskId,
         attempt_id: AttemptId,
-        input: Option<(Input, Duration)>,
+        input: Option<(Input, AckWait)>,
         args: AttemptArgs,
     ) {
-        let (input, ack_wait) = input.map_or((None, Duration::ZERO), |(i, w)| (Some(i), w));
+        let (input, ack_wait) = input.unzip();
         let delegator = args.delegator().clone();
         let attempt = Attempt {
             name: format!("{}.attempt.{delegator}.{task_id}", self.name),

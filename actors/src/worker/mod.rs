@@ -35,6 +35,7 @@
 //!   and, once those ended (bounded), hand their inputs back (nak without delay, so another
 //!   worker takes them at once).
 
+mod ack_waits;
 mod attempt;
 mod compat;
 mod control;
@@ -64,6 +65,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
+use ack_waits::{AckWait, AckWaits};
 pub use attempt::SavedResult;
 use attempt::{AttemptMsg, Streams};
 pub use compat::{IncompatibleConsumer, MIN_ACK_WAIT};
@@ -196,8 +198,8 @@ pub enum WorkerMsg {
     Task {
         /// The input.
         msg: jetstream::Message,
-        /// The ack wait of the consumer it came from (its heartbeat runs at a third).
-        ack_wait: Duration,
+        /// The current ack wait of the consumer it came from (its heartbeat runs at a third).
+        ack_wait: AckWait,
         /// The slot, released when the input's attempt acks it (or ends).
         permit: OwnedSemaphorePermit,
     },
@@ -205,8 +207,8 @@ pub enum WorkerMsg {
     Answer {
         /// The answer.
         msg: jetstream::Message,
-        /// The ack wait of the answer consumer.
-        ack_wait: Duration,
+        /// The current ack wait of the answer consumer.
+        ack_wait: AckWait,
     },
     /// A control request (core request/reply).
     Control {
@@ -219,6 +221,8 @@ pub enum WorkerMsg {
     Snapshot(RpcReplyPort<WorkerSnapshot>),
     /// Snapshot for a remote caller (`runtime status`): published to this request's reply.
     StatusRequest(async_nats::Message),
+    /// A router changed the queue's shared consumer: read its ack wait again.
+    QueueChanged,
     /// A consumer was found gone: re-join the queue.
     ConsumersLost(String),
     /// The re-join bound these consumers.
@@ -237,6 +241,8 @@ pub struct WorkerState {
     journal: Arc<Mutex<Journal>>,
     /// The consumers bound now (`None` while re-joining).
     bound: Option<Bound>,
+    /// Their current ack waits, which the attempts' heartbeats follow.
+    ack_waits: Arc<AckWaits>,
     /// The streams attempts read a task's record from (from the last join).
     streams: Streams,
     /// A graceful stop began ([`WorkerMsg::Drain`]): no new input is started.
@@ -372,6 +378,13 @@ impl Actor for Worker {
                 );
             }
         }
+        // A router changed the queue's consumer: its ack wait is read again.
+        subscriptions.push(
+            self.forward(&subjects::queue_changed(&self.queue), &myself, |_| {
+                WorkerMsg::QueueChanged
+            })
+            .await?,
+        );
         // Every worker answers the scatter-gather status request of `runtime status`.
         subscriptions.push(
             self.forward(
@@ -395,6 +408,7 @@ impl Actor for Worker {
         let mut state = WorkerState {
             journal,
             streams: bound.streams.clone(),
+            ack_waits: Arc::new(AckWaits::of(&bound.consumers)),
             draining: false,
             sweep: None,
             bound: None,
@@ -498,6 +512,23 @@ impl Actor for Worker {
                         control::publish_json(&self.client, subject.into(), &body).await;
                     }
                     None => state.counters.replies_refused.bump(),
+                }
+            }
+            WorkerMsg::QueueChanged => {
+                // Read again from the consumer itself (a notice says only that it changed);
+                // while re-joining, the next bind reads it.
+                if let Some(bound) = &state.bound {
+                    let mut queue = bound.consumers.queue.clone();
+                    let ack_waits = state.ack_waits.clone();
+                    state.requests.spawn(async move {
+                        match queue.info().await {
+                            Ok(info) => ack_waits
+                                .set_queue(crate::consumers::effective_ack_wait(&info.config)),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot read the queue consumer again")
+                            }
+                        }
+                    });
                 }
             }
             WorkerMsg::ConsumersLost(consumer) => {
@@ -625,12 +656,15 @@ impl Worker {
         let (stop, stop_rx) = watch::channel(false);
         state.stop = stop;
         state.streams = bound.streams.clone();
+        // Every bind reads the consumers' ack waits again.
+        state.ack_waits.rebind(&bound.consumers);
         let fetcher = Fetcher {
             me: myself.clone(),
             client: self.client.clone(),
             counters: state.counters.clone(),
             slots: state.slots.clone(),
             baseline: state.baseline.clone(),
+            ack_waits: state.ack_waits.clone(),
         };
         let consumers = bound.consumers.clone();
         let (me, lost) = (myself.clone(), myself.clone());

@@ -74,6 +74,8 @@ const HUB_STREAMS: &[&str] = &[
     "channel.task.>",
     // Status requests to the workers.
     crate::subjects::WORKER_STATUS_SUBJECT,
+    // A queue's consumer changed (its workers read it again).
+    crate::subjects::QUEUE_CHANGED_FILTER,
 ];
 
 /// Where an identity's connections live.

@@ -180,7 +180,10 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 // Its answers to status requests (`runtime status`), on a subject of its own.
                 format!("{}.*.{me}", subjects::WORKER_STATUS_SUBJECT),
             ];
+            let mut subscribe = vec![reply, subjects::WORKER_STATUS_SUBJECT.to_owned()];
             for queue in queues {
+                // A router changed the queue's consumer (its ack wait): read it again.
+                subscribe.push(subjects::queue_changed(queue));
                 publish.push(subjects::join_request(queue, &worker));
                 publish.extend(own_consumer(
                     subjects::WORK_STREAM,
@@ -209,7 +212,7 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
             )));
             Grants {
                 publish,
-                subscribe: vec![reply, subjects::WORKER_STATUS_SUBJECT.to_owned()],
+                subscribe,
                 // Its control requests (query, cancel).
                 serves: vec![format!("hub.ctl.{me}.>")],
             }
@@ -245,6 +248,8 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 "channel.>".to_owned(),
                 "work.>".to_owned(),
                 "answer.>".to_owned(),
+                // Tells a queue's workers it changed the queue's consumer.
+                subjects::QUEUE_CHANGED_FILTER.to_owned(),
             ];
             publish.extend(acks(&delivery.ingress.name, &delivery.router_consumer));
             // DM deadlines: their checks scheduled and taken, the inbox's termination

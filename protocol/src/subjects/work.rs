@@ -45,6 +45,8 @@ pub const ANSWERS_STREAM: &str = "HUB_ANSWERS";
 pub const ANSWERS_FILTER: &str = "answer.>";
 /// The subject filter routers subscribe to for worker join requests.
 pub const JOIN_FILTER: &str = "hub.work.*.join.*";
+/// Every queue's change notices ([`queue_changed`]).
+pub const QUEUE_CHANGED_FILTER: &str = "hub.work.*.changed";
 
 const WORK_TOKEN: &str = "work";
 const ANSWER_TOKEN: &str = "answer";
@@ -188,6 +190,13 @@ pub fn control_as_filter(worker: &WorkerId, kind: ControlKind) -> String {
 /// another worker.
 pub fn join_request(queue: &QueueName, worker: &WorkerId) -> String {
     format!("{JOIN_PREFIX}{queue}.{JOIN_TOKEN}.{worker}")
+}
+
+/// Where a router says it changed the shared consumer of `queue` (its ack wait): the core
+/// notice `hub.work.<queue>.changed`, on which the queue's workers read the consumer again,
+/// so that their running attempts heartbeat at the new pace.
+pub fn queue_changed(queue: &QueueName) -> String {
+    format!("{JOIN_PREFIX}{queue}.changed")
 }
 
 /// The ingress work subject, if `subject` is one.

@@ -90,9 +90,9 @@ pub(crate) struct Attempt {
     pub journal: Arc<Mutex<Journal>>,
     /// Runs the task.
     pub handler: Arc<dyn TaskHandler>,
-    /// The ack wait of the consumer the input came from (the heartbeat runs at a third;
-    /// unused without an input).
-    pub ack_wait: Duration,
+    /// The current ack wait of the consumer the input came from (the heartbeat runs at a
+    /// third of it and follows its changes); none without an input.
+    pub ack_wait: Option<super::ack_waits::AckWait>,
     /// The streams the task's record is read from before it runs.
     pub streams: Streams,
     /// Compact the journal once this many attempts were forgotten ([`COMPACT_AFTER`]).
@@ -392,21 +392,21 @@ impl Actor for Attempt {
                 ),
             };
         // (2) heartbeat from admission on.
-        let heartbeat = input.clone().map(|msg| {
-            let counters = self.counters.clone();
-            let period = (self.ack_wait / 3).max(Duration::from_millis(50));
-            Owned::spawn(async move {
-                let mut tick = tokio::time::interval(period);
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    match msg.ack_with(AckKind::Progress).await {
-                        Ok(()) => counters.heartbeats.bump(),
-                        Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        let heartbeat = input
+            .clone()
+            .zip(self.ack_wait.clone())
+            .map(|(msg, ack_wait)| {
+                let counters = self.counters.clone();
+                Owned::spawn(super::ack_waits::heartbeat(ack_wait, move || {
+                    let (msg, counters) = (msg.clone(), counters.clone());
+                    async move {
+                        match msg.ack_with(AckKind::Progress).await {
+                            Ok(()) => counters.heartbeats.bump(),
+                            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                        }
                     }
-                }
-            })
-        });
+                }))
+            });
         let (cancel, _) = watch::channel(false);
         let state = saved
             .as_ref()

@@ -28,9 +28,12 @@ pub enum PullReply {
     Message,
     /// An idle heartbeat (100): the broker holds the pull.
     Heartbeat,
-    /// The pull ended and owes nothing more: its expiry (408), or a 409 that ends one pull
-    /// only (batch completed, max waiting exceeded, a leadership change...).
+    /// The pull ended and owes nothing more: its expiry (408).
     Ended,
+    /// A 409 that ends one pull only, and may end the next the same way at once (max waiting
+    /// exceeded, a leadership change...): it owes nothing more, and the next pull waits a
+    /// moment.
+    Interrupted,
     /// The broker ended it for a reason that holds for every pull of this consumer: it was
     /// deleted, it is a push consumer, or the pull asks more than the consumer allows. The
     /// description says which.
@@ -54,7 +57,7 @@ pub fn classify(status: Option<u16>, description: Option<&str>) -> PullReply {
             {
                 PullReply::Gone(description.to_owned())
             } else {
-                PullReply::Ended
+                PullReply::Interrupted
             }
         }
         Some(_) => PullReply::Refused,
@@ -149,11 +152,11 @@ mod tests {
         );
         assert_eq!(
             classify(Some(409), Some("Exceeded MaxWaiting")),
-            PullReply::Ended
+            PullReply::Interrupted
         );
         assert_eq!(
             classify(Some(409), Some("Leadership Change")),
-            PullReply::Ended
+            PullReply::Interrupted
         );
         for gone in [
             "Consumer Deleted",

@@ -52,7 +52,9 @@ pub const PULL_EXPIRES: Duration = Duration::from_secs(30);
 pub const SILENCE: Duration = Duration::from_secs(10);
 /// How often the watchdog looks at every slot.
 pub const WATCH_EVERY: Duration = Duration::from_secs(1);
-/// How long a puller waits after the broker refused a pull (no JetStream) before the next.
+/// How long a puller waits after the broker refused a pull (no JetStream) or ended one with a
+/// `409` (max waiting exceeded, a leadership change) before the next: the next would meet the
+/// same answer at once.
 const REFUSED_PAUSE: Duration = Duration::from_millis(250);
 
 /// The pulls of one connection's durable inboxes (cheap to clone).
@@ -153,16 +155,19 @@ impl InboxPulls {
     ) -> Result<Puller, PullsError> {
         self.ensure_running().await?;
         let generation = REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
-        let slot = self
-            .0
-            .slots
-            .entry(consumer.into())
-            .or_default()
-            .value()
-            .clone();
-        slot.alive_ms.store(now_ms(), Ordering::Relaxed);
-        // A puller still running sees it is no longer the owner, and ends.
-        slot.owner.store(generation, Ordering::Release);
+        let slot = {
+            let entry = self.0.slots.entry(consumer.into()).or_default();
+            // Owned under the entry's lock, which the watchdog takes to let a parked slot go
+            // (only while it is parked): it never lets go of one just taken. A puller still
+            // running sees it is no longer the owner, and ends.
+            entry.alive_ms.store(now_ms(), Ordering::Relaxed);
+            entry.owner.store(generation, Ordering::Release);
+            entry.value().clone()
+        };
+        #[cfg(test)]
+        if let Some(hook) = ADOPTED.lock().unwrap().remove(consumer) {
+            hook();
+        }
         slot.wake.notify_one();
         Ok(Puller {
             pulls: self.clone(),
@@ -316,14 +321,7 @@ async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
             }
         }
         for (consumer, slot) in parked {
-            let expired = now.saturating_sub(slot.last_pull_ms.load(Ordering::Relaxed))
-                > ms(expires + WATCH_EVERY);
-            let gone = expired
-                && slots
-                    .remove_if(&consumer, |_, s| {
-                        Arc::ptr_eq(s, &slot) && s.owner.load(Ordering::Acquire) == 0
-                    })
-                    .is_some();
+            let gone = let_go_if_expired(&slots, &consumer, &slot, now, expires);
             let held: Vec<async_nats::Subject> = if gone {
                 slot.take_all()
                     .into_iter()
@@ -340,6 +338,35 @@ async fn watchdog(client: Client, slots: Arc<Slots>, expires: Duration) {
         }
     }
 }
+
+/// Removes the parked `slot` of `consumer` when its last pull expired (at `now`, pulls
+/// expiring after `expires`) and it is still parked and still the consumer's; whether it did.
+fn let_go_if_expired(
+    slots: &Slots,
+    consumer: &str,
+    slot: &Arc<Slot>,
+    now: u64,
+    expires: Duration,
+) -> bool {
+    let expired =
+        now.saturating_sub(slot.last_pull_ms.load(Ordering::Relaxed)) > ms(expires + WATCH_EVERY);
+    expired
+        && slots
+            .remove_if(consumer, |_, s| {
+                Arc::ptr_eq(s, slot) && s.owner.load(Ordering::Acquire) == 0
+            })
+            .is_some()
+}
+
+/// A test's hook, run in [`InboxPulls::register`] once the slot is taken (tests: what the
+/// watchdog may do right then).
+#[cfg(test)]
+type AdoptHook = Box<dyn FnOnce() + Send>;
+
+/// The hooks of [`AdoptHook`], by consumer.
+#[cfg(test)]
+static ADOPTED: std::sync::LazyLock<Mutex<std::collections::HashMap<String, AdoptHook>>> =
+    std::sync::LazyLock::new(Default::default);
 
 /// Milliseconds on a monotonic clock shared by the slots and the presence beats.
 pub(super) fn now_ms() -> u64 {
@@ -438,9 +465,18 @@ impl Puller {
             };
             // The message's scope ends before the pause below: the future holds none there.
             let refused = {
+                // One of this registration's pulls (a late status of an earlier one's pull of
+                // the same number ends nothing of this one's).
                 let pull = || {
                     subjects::parse_pull_reply(&msg.subject, self.pulls.0.prefix.len())
-                        .and_then(|(_, pull)| pull)
+                        .and_then(|(_, id)| id)
+                        .filter(|id| id.incarnation == self.generation)
+                        .map(|id| id.pull)
+                };
+                let earlier = || {
+                    subjects::parse_pull_reply(&msg.subject, self.pulls.0.prefix.len())
+                        .and_then(|(_, id)| id)
+                        .is_some_and(|id| id.incarnation != self.generation)
                 };
                 match classify(msg.status.map(|s| s.as_u16()), msg.description.as_deref()) {
                     PullReply::Message => {
@@ -452,6 +488,13 @@ impl Puller {
                     PullReply::Ended => {
                         self.book.ended(pull());
                         false
+                    }
+                    PullReply::Interrupted if earlier() => false,
+                    PullReply::Interrupted => {
+                        tracing::warn!(consumer = %self.consumer, description = ?msg.description, "inbox pull ended by the broker; pulling again shortly");
+                        repulls.bump();
+                        self.book.ended(pull());
+                        true
                     }
                     PullReply::Gone(why) => return Pulled::Gone(why),
                     PullReply::Refused => {
@@ -512,7 +555,8 @@ impl Puller {
             self.slot.alive_ms.store(now, Ordering::Relaxed);
         }
         self.slot.last_pull_ms.store(now, Ordering::Relaxed);
-        let reply = subjects::pull_reply(&self.pulls.0.prefix, &self.consumer, pull);
+        let reply =
+            subjects::pull_reply(&self.pulls.0.prefix, &self.consumer, self.generation, pull);
         let expires = self.pulls.0.expires;
         let heartbeat = PULL_HEARTBEAT.min(expires / 3);
         let request = protocol::pull::next_request(want, expires, heartbeat);
@@ -714,6 +758,141 @@ mod tests {
             }
             _ => panic!("the nak'd message did not come back"),
         }
+    }
+
+    /// The watchdog may let go of a parked slot whose last pull expired at the very moment a
+    /// new registration takes it: the registration must own it (and get its messages), not an
+    /// orphan no longer in the map, whose messages the demultiplexer would nak for ever.
+    #[tokio::test]
+    async fn a_parked_slot_taken_over_as_the_watchdog_lets_it_go_is_the_new_registrations() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["adopt"]).await;
+        let expires = Duration::from_secs(2);
+        let pulls = InboxPulls::expiring(client.clone(), expires);
+        let repulls = crate::counters::Counter::default();
+        let mut first = pulls.register("P", "adopt", 4).await.unwrap();
+        let _ = tokio::time::timeout(Duration::from_millis(100), first.next(&repulls)).await;
+        let parked = first.slot.clone();
+        drop(first);
+        assert_eq!(pulls.parked(), 1);
+        // Its last pull long expired (the watchdog looks a minute later): it lets the slot go,
+        // right between the registration finding the slot and owning it.
+        let later = now_ms() + 60_000;
+        let slots = pulls.0.slots.clone();
+        ADOPTED.lock().unwrap().insert(
+            "adopt".into(),
+            Box::new(move || {
+                let_go_if_expired(&slots, "adopt", &parked, later, expires);
+            }),
+        );
+        let mut next = pulls.register("P", "adopt", 4).await.unwrap();
+        assert_eq!(
+            (pulls.registered(), pulls.parked()),
+            (1, 0),
+            "the registration owns the consumer's slot"
+        );
+        put(&js, "p.adopt", "mine").await;
+        assert_eq!(next_body(&mut next, &repulls).await, "mine");
+    }
+
+    /// How many pull requests `pulls` of consumer `a` of `P` are waiting at the broker.
+    async fn waiting(js: &jetstream::Context, consumer: &str) -> usize {
+        js.get_consumer_from_stream::<pull::Config, _, _>(consumer, "P")
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .num_waiting
+    }
+
+    /// Pull numbers start again at every registration: the late end (`408`) of an earlier
+    /// registration's pull must not close the current one's pull of the same number, which
+    /// would make it pull again while that pull is still open (two pulls for a batch of one).
+    #[tokio::test]
+    async fn the_late_end_of_an_earlier_registrations_pull_closes_none_of_the_next_ones() {
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let js = stream_with(&client, &["late"]).await;
+        let expires = Duration::from_secs(2);
+        let pulls = InboxPulls::expiring(client.clone(), expires);
+        let repulls = crate::counters::Counter::default();
+        let mut first = pulls.register("P", "late", 1).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let _ = tokio::time::timeout(Duration::from_millis(100), first.next(&repulls)).await;
+        drop(first);
+        // The next registration pulls a second later: its pull #1 is open from 1 s to 3 s, the
+        // first one's pull #1 ends (408) at 2 s.
+        tokio::time::sleep_until(started + Duration::from_secs(1)).await;
+        let mut next = pulls.register("P", "late", 1).await.unwrap();
+        let watch = async {
+            tokio::time::sleep_until(started + Duration::from_millis(2_300)).await;
+            let mut most = 0;
+            while tokio::time::Instant::now() < started + Duration::from_millis(2_900) {
+                most = most.max(waiting(&js, "late").await);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            most
+        };
+        let (most, _) = tokio::join!(
+            watch,
+            tokio::time::timeout(Duration::from_millis(2_900), next.next(&repulls))
+        );
+        assert_eq!(most, 1, "pulls waiting at the broker for a batch of one");
+    }
+
+    /// A `409` that ends a pull and may end the next at once (a leadership change, in a
+    /// cluster that keeps electing) is pulled again after a pause, not at once in a loop. The
+    /// broker's `409` is sent here by a raw client on each pull's reply subject, as the
+    /// cluster's consumer leader would.
+    #[tokio::test]
+    async fn a_pull_ended_by_a_409_is_issued_again_after_a_pause_not_at_once() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let server = harness::run_server().await.unwrap();
+        let client = server.client().await.unwrap();
+        let _js = stream_with(&client, &["busy"]).await;
+        let other = server.client().await.unwrap();
+        let mut requests = other
+            .subscribe("$JS.API.CONSUMER.MSG.NEXT.P.busy")
+            .await
+            .unwrap();
+        other.flush().await.unwrap();
+        // A raw connection that can send a status line.
+        let address = server.url().trim_start_matches("nats://").to_owned();
+        let raw = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (read, mut write) = raw.into_split();
+        let mut read = tokio::io::BufReader::new(read);
+        let mut info = String::new();
+        read.read_line(&mut info).await.unwrap();
+        write
+            .write_all(b"CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\nPING\r\n")
+            .await
+            .unwrap();
+        let mut pong = String::new();
+        read.read_line(&mut pong).await.unwrap();
+        assert_eq!(pong.trim_end(), "PONG");
+        let status = "NATS/1.0 409 Leadership Change\r\n\r\n";
+        let seen = Arc::new(AtomicU64::new(0));
+        let counted = seen.clone();
+        let responder = tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                let reply = request.reply.unwrap();
+                let frame = format!("HPUB {reply} {n} {n}\r\n{status}\r\n", n = status.len());
+                write.write_all(frame.as_bytes()).await.unwrap();
+            }
+        });
+        let pulls = InboxPulls::new(client.clone());
+        let repulls = crate::counters::Counter::default();
+        let mut puller = pulls.register("P", "busy", 4).await.unwrap();
+        let _ = tokio::time::timeout(Duration::from_secs(1), puller.next(&repulls)).await;
+        responder.abort();
+        let issued = seen.load(Ordering::Relaxed);
+        assert!(
+            (2..=6).contains(&issued),
+            "{issued} pulls within a second of 409s"
+        );
     }
 
     #[tokio::test]

@@ -185,19 +185,39 @@ pub fn consumer_next_request(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
 }
 
-/// The reply subject of pull number `pull` of `consumer` under the shared root `prefix` (a
-/// connection's inbox): `<prefix>.<consumer>.<pull>`. Consumer names have no dots.
-pub fn pull_reply(prefix: &str, consumer: &str, pull: u64) -> String {
-    format!("{prefix}.{consumer}.{pull}")
+/// The reply subject of pull number `pull` of registration `incarnation` of `consumer` under
+/// the shared root `prefix` (a connection's inbox): `<prefix>.<consumer>.<incarnation>.<pull>`.
+/// Consumer names have no dots. Pull numbers start again at every registration, so the
+/// incarnation tells a late status of an earlier one's pull from the current one's.
+pub fn pull_reply(prefix: &str, consumer: &str, incarnation: u64, pull: u64) -> String {
+    format!("{prefix}.{consumer}.{incarnation}.{pull}")
 }
 
-/// The consumer and pull number of a status on [`pull_reply`]'s subject (a heartbeat, a pull's
-/// end), given the length of its prefix; `None` for a subject of another shape (the pull number
-/// is `None` when it is not a number).
-pub fn parse_pull_reply(subject: &str, prefix_len: usize) -> Option<(&str, Option<u64>)> {
+/// The pull a status on [`pull_reply`]'s subject belongs to: its registration and number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullId {
+    /// The registration that issued it.
+    pub incarnation: u64,
+    /// Its number within that registration.
+    pub pull: u64,
+}
+
+/// The consumer and pull of a status on [`pull_reply`]'s subject (a heartbeat, a pull's end),
+/// given the length of its prefix; `None` for a subject of another shape (the pull is `None`
+/// when its tokens are not numbers).
+pub fn parse_pull_reply(subject: &str, prefix_len: usize) -> Option<(&str, Option<PullId>)> {
     let rest = subject.get(prefix_len..)?.strip_prefix('.')?;
-    let (consumer, pull) = rest.rsplit_once('.')?;
-    (!consumer.is_empty() && !consumer.contains('.')).then(|| (consumer, pull.parse().ok()))
+    let (consumer, rest) = rest.split_once('.')?;
+    let (incarnation, pull) = rest.split_once('.')?;
+    if consumer.is_empty() || pull.contains('.') {
+        return None;
+    }
+    let id = incarnation
+        .parse()
+        .ok()
+        .zip(pull.parse().ok())
+        .map(|(incarnation, pull)| PullId { incarnation, pull });
+    Some((consumer, id))
 }
 
 /// The JetStream API request for the info of `stream`: what `runtime doctor` reads the

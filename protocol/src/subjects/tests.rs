@@ -505,17 +505,27 @@ fn a_pulled_message_names_its_consumer_in_either_form_of_its_ack_subject() {
 #[test]
 fn a_pull_reply_subject_round_trips_and_other_shapes_do_not_parse() {
     let prefix = "_INBOX.abc";
-    let subject = pull_reply(prefix, "inbox-bob", 7);
-    assert_eq!(subject, "_INBOX.abc.inbox-bob.7");
+    let subject = pull_reply(prefix, "inbox-bob", 3, 7);
+    assert_eq!(subject, "_INBOX.abc.inbox-bob.3.7");
     assert_eq!(
         parse_pull_reply(&subject, prefix.len()),
-        Some(("inbox-bob", Some(7)))
+        Some((
+            "inbox-bob",
+            Some(PullId {
+                incarnation: 3,
+                pull: 7
+            })
+        ))
     );
     assert_eq!(
-        parse_pull_reply("_INBOX.abc.inbox-bob.x", prefix.len()),
+        parse_pull_reply("_INBOX.abc.inbox-bob.3.x", prefix.len()),
         Some(("inbox-bob", None))
     );
-    assert_eq!(parse_pull_reply("_INBOX.abc.a.b.7", prefix.len()), None);
+    assert_eq!(parse_pull_reply("_INBOX.abc.a.b.7.1", prefix.len()), None);
+    assert_eq!(
+        parse_pull_reply("_INBOX.abc.inbox-bob.7", prefix.len()),
+        None
+    );
     assert_eq!(parse_pull_reply("_INBOX.abcd", prefix.len()), None);
     assert_eq!(
         consumer_next_request("HUB_INBOX", "inbox-bob"),

@@ -131,14 +131,14 @@ async fn two_thousand_inboxes_in_one_process_each_handle_their_dms_once_across_a
     publish(&js, AGENTS / 2..AGENTS).await;
 
     let _second = scene.router(&server.url());
-    wait_all(&seen, 0..AGENTS).await;
+    wait_all(&js, &seen, 0..AGENTS).await;
 
     // nats-server killed and restarted on its store: 2,000 pulls to re-issue at once.
     let restarted = tokio::time::Instant::now();
     server.restart().await.unwrap();
     let js = jetstream::new(server.client().await.unwrap());
     publish(&js, AGENTS..2 * AGENTS).await;
-    wait_all(&seen, 0..2 * AGENTS).await;
+    wait_all(&js, &seen, 0..2 * AGENTS).await;
     println!(
         "after the broker restart: {AGENTS} more DMs handled within {:.1} s",
         restarted.elapsed().as_secs_f64()
@@ -146,16 +146,20 @@ async fn two_thousand_inboxes_in_one_process_each_handle_their_dms_once_across_a
     host.shutdown(Duration::from_secs(30)).await.unwrap();
 }
 
-/// Waits until the DMs `range` are handled, then checks that each was handled once, by its own
-/// agent, and that nothing else was.
-async fn wait_all(seen: &Seen, range: std::ops::Range<usize>) {
+/// Waits until the DMs `range` are handled and every inbox consumer has nothing pending and
+/// nothing unacked (so no copy can come later), then checks that each was handled once, by its
+/// own agent, and that nothing else was.
+async fn wait_all(js: &jetstream::Context, seen: &Seen, range: std::ops::Range<usize>) {
     let n = range.len();
     let done = harness::wait_until("every DM handled", DEADLINE, || {
         seen.lock().unwrap().len() >= n
     })
     .await;
+    done.unwrap_or_else(|e| panic!("{e}: {} of {n} handled", seen.lock().unwrap().len()));
+    for i in 0..AGENTS {
+        support::wait_settled(js, &format!("inbox-{}", agent(i))).await;
+    }
     let seen = seen.lock().unwrap().clone();
-    done.unwrap_or_else(|e| panic!("{e}: {} of {n} handled", seen.len()));
     for n in range.clone() {
         let i = n % AGENTS;
         assert_eq!(

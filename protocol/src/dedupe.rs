@@ -130,6 +130,20 @@ impl SeenSet {
         true
     }
 
+    /// Records the key `text` (any string; its own key space, apart from `(from, id)` keys) and
+    /// returns whether it was not among the last `capacity` distinct keys recorded.
+    pub fn first_time_text(&mut self, text: &str) -> bool {
+        let half = |state: &RandomState| {
+            let mut h = state.build_hasher();
+            // A tag no `(from, id)` key writes first.
+            2u8.hash(&mut h);
+            text.hash(&mut h);
+            h.finish()
+        };
+        let key = (u128::from(half(&self.hashers.0)) << 64) | u128::from(half(&self.hashers.1));
+        self.first_time_key(SeenKey(key))
+    }
+
     /// Whether `(from, id)` is remembered, without recording it.
     pub fn contains(&self, from: Option<&AgentId>, id: &MessageId) -> bool {
         self.contains_key(self.key_of(from, id))

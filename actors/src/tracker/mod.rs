@@ -214,6 +214,10 @@ pub struct TrackersSnapshot {
     pub delegators: usize,
     /// Counters.
     pub counters: TrackersCountersSnapshot,
+    /// Progress events dropped (kept across incarnations): their readers held
+    /// [`MAX_PROGRESS_HELD`](table::MAX_PROGRESS_HELD) they had not taken.
+    #[serde(default)]
+    pub progress_dropped: u64,
 }
 
 /// Snapshot of one tracked task.
@@ -419,6 +423,7 @@ impl Actor for Trackers {
                     tracked: self.table.len(),
                     delegators: state.live.len(),
                     counters: state.ctx.counters.snapshot(),
+                    progress_dropped: self.table.progress_dropped(),
                 });
             }
             TrackersMsg::Task(subject, port) => {

@@ -400,7 +400,7 @@ mod tests {
         Ctx,
         String,
         u64,
-        mpsc::UnboundedReceiver<TrackerEvent>,
+        mpsc::Receiver<TrackerEvent>,
         tokio::sync::oneshot::Receiver<protocol::task::TaskResult>,
     ) {
         let ctx = Ctx {

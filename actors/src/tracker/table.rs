@@ -7,8 +7,11 @@
 //! subscription is made per task (docs/CAPACITY.md).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use dashmap::DashMap;
+use protocol::dedupe::SeenSet;
 use protocol::subjects::TaskChannel;
 use protocol::task::{RereadSchedule, TaskChannelBody, TaskResult};
 use protocol::{AgentId, TaskId};
@@ -102,6 +105,15 @@ impl ReadState {
     }
 }
 
+/// The most progress events a tracked task holds for a reader that has not taken them: past
+/// it, progress is dropped (counted, `progress_dropped`) until the reader takes some. The final
+/// result never is: it has its own channel.
+pub const MAX_PROGRESS_HELD: usize = 256;
+/// The most keys of progress passed on a tracked task remembers (each status event, waiting
+/// result and refusal once): past it, the oldest is forgotten, and a copy of it read again (a
+/// restart of the trackers reads every channel from the start) is passed on again.
+pub const MAX_PROGRESS_KEYS: usize = 256;
+
 /// One tracked task.
 pub(super) struct Entry {
     /// Which tracking of the task this is: a read made for an earlier entry of the same
@@ -110,10 +122,12 @@ pub(super) struct Entry {
     pub delegator: AgentId,
     pub task_id: TaskId,
     result: Option<oneshot::Sender<TaskResult>>,
-    events: mpsc::UnboundedSender<TrackerEvent>,
+    events: mpsc::Sender<TrackerEvent>,
     /// Keys of the progress already passed on (each status event, waiting result and refusal
-    /// once).
-    seen: HashSet<Box<str>>,
+    /// once; the last [`MAX_PROGRESS_KEYS`]).
+    seen: SeenSet,
+    /// The table's count of progress dropped for readers that did not take it.
+    dropped: Arc<AtomicU64>,
     pub read: ReadState,
     pub counters: TaskCounters,
 }
@@ -168,19 +182,19 @@ impl Entry {
         }
     }
 
-    /// Sends a progress event the first time its key is seen.
+    /// Sends a progress event the first time its key is seen; dropped (and counted) when the
+    /// reader holds [`MAX_PROGRESS_HELD`] it has not taken.
     pub fn progress(&mut self, key: String, event: TrackerEvent) {
-        if self.seen.insert(key.into_boxed_str()) {
-            let _ = self.events.send(event);
+        if self.seen.first_time_text(&key) {
+            if let Err(mpsc::error::TrySendError::Full(_)) = self.events.try_send(event) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
 
 /// What a caller of [`TrackerTable::insert`] receives: the final result once, and progress.
-pub type Receivers = (
-    oneshot::Receiver<TaskResult>,
-    mpsc::UnboundedReceiver<TrackerEvent>,
-);
+pub type Receivers = (oneshot::Receiver<TaskResult>, mpsc::Receiver<TrackerEvent>);
 
 /// The task is tracked already (by this table).
 #[derive(Debug, thiserror::Error)]
@@ -201,9 +215,16 @@ pub struct TrackerTable {
     /// Entries removed so far (delivered, or their callers gone): the reader looks at it to
     /// know when a delegator may have lost its last task.
     removed: std::sync::atomic::AtomicU64,
+    /// Progress events dropped because their readers held [`MAX_PROGRESS_HELD`] untaken.
+    progress_dropped: Arc<AtomicU64>,
 }
 
 impl TrackerTable {
+    /// Progress events dropped so far because their readers did not take them in time.
+    pub fn progress_dropped(&self) -> u64 {
+        self.progress_dropped.load(Ordering::Relaxed)
+    }
+
     /// Tasks tracked now: not delivered, and their callers there at the last re-read tick (an
     /// entry whose caller left goes at the next tick).
     pub fn len(&self) -> usize {
@@ -232,7 +253,7 @@ impl TrackerTable {
     ) -> Result<(String, Receivers), AlreadyTracked> {
         let subject = TaskChannel::of(delegator, task_id).subject();
         let (result_tx, result_rx) = oneshot::channel();
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (events_tx, events_rx) = mpsc::channel(MAX_PROGRESS_HELD);
         match self.tasks.entry(subject.clone()) {
             dashmap::Entry::Occupied(e) if !e.get().is_done() => Err(AlreadyTracked {
                 delegator: delegator.clone(),
@@ -249,7 +270,8 @@ impl TrackerTable {
                     task_id: task_id.clone(),
                     result: Some(result_tx),
                     events: events_tx,
-                    seen: HashSet::new(),
+                    seen: SeenSet::new(MAX_PROGRESS_KEYS),
+                    dropped: self.progress_dropped.clone(),
                     read: ReadState::new(skip_first_read, connects),
                     counters: TaskCounters::default(),
                 });

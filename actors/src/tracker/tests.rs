@@ -163,7 +163,7 @@ async fn tracked(actor: &ActorRef<TrackersMsg>, task_id: &str) -> bool {
         .is_some()
 }
 
-async fn next_event(events: &mut mpsc::UnboundedReceiver<TrackerEvent>) -> TrackerEvent {
+async fn next_event(events: &mut mpsc::Receiver<TrackerEvent>) -> TrackerEvent {
     tokio::time::timeout(DEADLINE, events.recv())
         .await
         .expect("no progress in time")
@@ -616,5 +616,67 @@ async fn a_waiting_task_is_read_less_and_less_and_again_at_once_after_a_reconnec
         "the re-read after a reconnect came {:?} after the last one",
         seventh - sixth
     );
+    actor.stop(None);
+}
+
+/// A tracked task's memory does not grow with its progress (issue 28, B6): a task that
+/// publishes far more status events than a reader takes keeps at most
+/// [`MAX_PROGRESS_HELD`](super::table::MAX_PROGRESS_HELD) of them waiting for the reader and
+/// at most [`MAX_PROGRESS_KEYS`](super::table::MAX_PROGRESS_KEYS) keys of what it passed on;
+/// what the reader did not take in time is dropped and counted, and the final result is
+/// delivered all the same.
+#[tokio::test]
+async fn a_task_with_more_progress_than_its_reader_takes_holds_a_bounded_amount_and_still_delivers_its_result(
+) {
+    use super::table::{MAX_PROGRESS_HELD, MAX_PROGRESS_KEYS};
+    const EVENTS: u32 = 1_000;
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let js = tasks_stream(&client).await;
+    let (actor, _join) = spawn(trackers("trackers-bounded", client)).await;
+    let (rx, mut events) = track_alice(&actor, "t-chatty").await;
+    for seq in 1..=EVENTS {
+        let event = StatusEvent::new(
+            task("t-chatty"),
+            AttemptId::new("a1").unwrap(),
+            WorkerId::new("w1").unwrap(),
+            seq,
+            TaskState::Running,
+            u64::from(seq),
+        );
+        publish_stored(
+            &js,
+            "t-chatty",
+            &format!("s{seq}"),
+            TaskChannelBody::Status(event),
+        )
+        .await;
+    }
+    let done = result("t-chatty", "a1", TaskState::Completed);
+    publish_stored(
+        &js,
+        "t-chatty",
+        "r-final",
+        TaskChannelBody::Result(done.clone()),
+    )
+    .await;
+    assert_eq!(final_result(rx).await, done);
+    // The reader takes nothing until now: it finds at most the bound, the rest counted lost.
+    let mut held = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+        held += 1;
+    }
+    assert!(
+        held <= MAX_PROGRESS_HELD,
+        "{held} events held for the reader"
+    );
+    assert!(held > 0);
+    let snapshot = snapshot(&actor).await;
+    assert_eq!(
+        snapshot.progress_dropped,
+        u64::from(EVENTS) - held as u64,
+        "{snapshot:?}"
+    );
+    assert!(MAX_PROGRESS_KEYS < EVENTS as usize);
     actor.stop(None);
 }

@@ -218,7 +218,7 @@ pub struct Tracking {
     /// The final result (completed, failed or cancelled), exactly once.
     pub result: tokio::sync::oneshot::Receiver<protocol::task::TaskResult>,
     /// Status events and non-final results, deduplicated.
-    pub events: tokio::sync::mpsc::UnboundedReceiver<actors::tracker::TrackerEvent>,
+    pub events: tokio::sync::mpsc::Receiver<actors::tracker::TrackerEvent>,
 }
 
 /// How long a track waits for the trackers' actor to be up (it may be restarting) and to

@@ -121,6 +121,18 @@ async fn a_task_input_handed_back_task_max_deliver_times_is_dead_lettered_and_it
     .unwrap();
     assert_eq!(handler.runs(spec.task_id.as_str()), 0);
     assert_eq!(alices.lock().unwrap().len(), 1, "one notice");
+    // An operator replays it (issue 28, C): back in its queue, it runs once on the worker.
+    let id = letters[0]["id"].as_u64().unwrap().to_string();
+    let out = run_cli(&["dlq", "--nats-url", &server.url(), "replay", &id]).await;
+    assert_exit(&out, 0, "runtime dlq replay of a task");
+    let replayed: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(replayed["subject"], "work.poison", "{replayed}");
+    harness::wait_until("the replayed task ran", support::DEADLINE, || {
+        handler.runs(spec.task_id.as_str()) == 1
+    })
+    .await
+    .unwrap();
+    assert!(dead_letters(&server).await.is_empty());
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
@@ -189,5 +201,29 @@ async fn an_answer_for_a_worker_that_no_longer_exists_is_dead_lettered_and_its_a
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!(letters[0]["subject"], "answer.ghost");
     assert_eq!(letters[0]["reason"], "no_worker");
+    // An operator replays it (issue 28, C), with the router's delivery config: it is ghost's
+    // answer again, its wait checked again after `answer_max_wait_secs`: ghost still gone, it
+    // comes back to the dead letters and alice is told once more.
+    let id = letters[0]["id"].as_u64().unwrap().to_string();
+    let config = journal.path().join("delivery.json");
+    std::fs::write(&config, r#"{"answer_max_wait_secs": 2}"#).unwrap();
+    let config = config.display().to_string();
+    let out = run_cli(&[
+        "dlq",
+        "--nats-url",
+        &server.url(),
+        "--delivery-config",
+        &config,
+        "replay",
+        &id,
+    ])
+    .await;
+    assert_exit(&out, 0, "runtime dlq replay of an answer");
+    let replayed: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(replayed["subject"], "answer.ghost", "{replayed}");
+    support::wait_for(&alices, 2).await;
+    let letters = dead_letters(&server).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["subject"], "answer.ghost");
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -37,6 +37,7 @@ use crate::fault::{self, FaultPoint};
 use crate::streams::{ensure_streams, StreamReport};
 pub use counters::{RouterCounters, RouterCountersSnapshot};
 pub use rate::RATE_ENTRY_AGE;
+pub use schedule::Planned;
 
 /// Router configuration (cloned into every incarnation).
 #[derive(Clone)]

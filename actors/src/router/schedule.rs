@@ -14,25 +14,49 @@ use super::durable::{Done, DurablePump, Pending};
 use crate::PUBLISH_ACK_TIMEOUT;
 
 /// What a check will name, before the stored sequence is known.
-pub(super) enum Planned {
+pub enum Planned {
     /// A DM's deadline check.
     Expiry {
+        /// The DM's sender.
         from: protocol::AgentId,
+        /// Its recipient.
         to: protocol::AgentId,
+        /// Its `meta.id`.
         id: protocol::MessageId,
+        /// Its deadline (unix ms).
         expires_at: u64,
     },
     /// An answer's wait check, fired at `at_ms`.
     Answer {
+        /// The answer's sender.
         from: protocol::AgentId,
+        /// The worker it is for.
         worker: protocol::WorkerId,
+        /// Its `meta.id`.
         id: protocol::MessageId,
+        /// Its task.
         task_id: protocol::TaskId,
+        /// When the check fires (unix ms).
         at_ms: u64,
     },
 }
 
 impl Planned {
+    /// The schedule of the check of the message stored at `seq`: its subject in
+    /// `HUB_SCHEDULES`, its headers (`Nats-Msg-Id`, `Nats-Schedule`, `Nats-Schedule-Target`)
+    /// and its body. The same check made twice has the same id.
+    pub fn schedule(self, seq: u64) -> (String, async_nats::HeaderMap, Vec<u8>) {
+        let (subject, msg_id, at_ms, target, payload) = self.parts(seq);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
+        headers.insert(
+            "Nats-Schedule",
+            format!("@at {}", protocol::expiry::rfc3339_utc(at_ms)).as_str(),
+        );
+        headers.insert("Nats-Schedule-Target", target);
+        (subject, headers, payload)
+    }
+
     /// `(schedule subject, msg id, fire at (unix ms), target, body)` of the check of the
     /// message stored at `seq`.
     fn parts(self, seq: u64) -> (String, String, u64, &'static str, Vec<u8>) {
@@ -101,14 +125,7 @@ impl DurablePump {
                 Done::Stored { duplicate, seq, .. } => (duplicate, seq),
                 other => return other,
             };
-            let (subject, msg_id, at_ms, target, payload) = planned.parts(seq);
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
-            headers.insert(
-                "Nats-Schedule",
-                format!("@at {}", protocol::expiry::rfc3339_utc(at_ms)).as_str(),
-            );
-            headers.insert("Nats-Schedule-Target", target);
+            let (subject, headers, payload) = planned.schedule(seq);
             let sent = js
                 .publish_with_headers(subject, headers, payload.into())
                 .await;

@@ -317,6 +317,11 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     // ...and the dead-letter copies of its waiting DMs, on agents' dead-letter
                     // subjects only (`dlq.<agent>`, not the routers' `dlq.work.>`/`dlq.answer.>`).
                     "dlq.*".to_owned(),
+                    // `runtime dlq replay` of a task input or an answer: back in its stream, an
+                    // answer's wait check scheduled again.
+                    subjects::WORK_FILTER.to_owned(),
+                    subjects::ANSWERS_FILTER.to_owned(),
+                    "hub.sched.answer.*".to_owned(),
                 ],
             ]
             .concat(),

@@ -37,8 +37,10 @@ pub enum DlqAction {
         #[arg(long)]
         json: bool,
     },
-    /// Deliver a dead letter again: it is stored in its recipient's inbox once more (under a
-    /// fresh dedupe id, with its `meta.id` unchanged) and leaves the dead-letter stream.
+    /// Deliver a dead letter again, and take it off the dead-letter stream: a DM is stored in
+    /// its recipient's inbox once more, a task input in its queue (its worker reads the task's
+    /// channel first: it may have run), an answer for its worker (checked again after
+    /// `answer_max_wait_secs`). Under a fresh dedupe id, with its `meta.id` unchanged.
     Replay {
         /// The dead letter's id (its sequence in the dead-letter stream, as `list` prints it).
         id: u64,
@@ -118,42 +120,10 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
             }
         }
         DlqAction::Replay { id } => {
+            let delivery = args.hub.delivery()?;
             let msg = get(&stream, id).await?;
             let letter = dead_letter(&msg);
-            let subject = letter.subject.clone();
-            let Ok(to) = subjects::parse_inbox(&subject) else {
-                return Err(SystemError::InvalidSetting(format!(
-                    "dead letter {id} names no inbox ({subject:?})"
-                )));
-            };
-            // Its recipient was removed: the router would refuse it again (and the letter
-            // would be gone from here). It stays until the agent is restored.
-            if runtime::system::removal::is_removed(&client, &to).await? {
-                return Err(SystemError::InvalidSetting(format!(
-                    "dead letter {id} is for {to}, which is removed: run `runtime agent restore {to}` first"
-                )));
-            }
-            // A fresh dedupe id: the original's may still be in the inbox's duplicate window.
-            let msg_id = format!(
-                "{}{}:{}:replay:{id}",
-                subjects::ROUTER_MSG_ID_PREFIX,
-                letter.from.as_deref().unwrap_or("unknown"),
-                letter.message_id.as_deref().unwrap_or("unknown"),
-            );
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
-            if let Some(ct) = msg.headers.get(CONTENT_TYPE) {
-                headers.insert(CONTENT_TYPE, ct.as_str());
-            }
-            let ack = actors::streams::publish_acked(
-                &js,
-                subject.clone(),
-                headers,
-                msg.payload.clone(),
-                actors::PUBLISH_ACK_TIMEOUT,
-            )
-            .await
-            .map_err(|e| failed(&subject, e))?;
+            let (seq, subject) = replay(&client, &js, &msg, &letter, &delivery).await?;
             delete(&stream, id).await?;
             audit(
                 &client,
@@ -161,13 +131,13 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
                 &letter,
                 protocol::audit::Details {
                     dlq_id: Some(id),
-                    inbox_seq: Some(ack.sequence),
+                    inbox_seq: subject.starts_with("channel.inbox.").then_some(seq),
                     ..Default::default()
                 },
             )
             .await;
             print(
-                &serde_json::json!({"replayed": id, "subject": subject, "inbox_seq": ack.sequence})
+                &serde_json::json!({"replayed": id, "subject": subject, "seq": seq, "inbox_seq": seq})
                     .to_string(),
             );
         }
@@ -188,6 +158,106 @@ pub async fn dlq(args: DlqArgs, print: impl Fn(&str)) -> Result<(), SystemError>
         }
     }
     Ok(())
+}
+
+/// Stores dead letter `msg` where it came from, under a fresh dedupe id (the original's may
+/// still be in its stream's duplicate window), with its `meta.id` unchanged: a DM in its
+/// recipient's inbox, a task input back in its queue (flagged `Hub-Check`: it may have run
+/// before, so the worker reads its channel first), an answer back to its worker (with a new
+/// wait check, so it is dead-lettered again if no worker takes it). The sequence it was stored
+/// at and its subject.
+async fn replay(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    msg: &jetstream::message::StreamMessage,
+    letter: &DeadLetter,
+    delivery: &protocol::config::DeliveryConfig,
+) -> Result<(u64, String), SystemError> {
+    let id = letter.id;
+    let subject = letter.subject.clone();
+    let from = letter.from.as_deref().unwrap_or("unknown");
+    let message_id = letter.message_id.as_deref().unwrap_or("unknown");
+    let unreadable =
+        |what: &str| SystemError::InvalidSetting(format!("dead letter {id} on {subject}: {what}"));
+    let mut headers = async_nats::HeaderMap::new();
+    if let Some(ct) = msg.headers.get(CONTENT_TYPE) {
+        headers.insert(CONTENT_TYPE, ct.as_str());
+    }
+    let envelope = || {
+        protocol::decode_with_content_type(
+            &msg.payload,
+            msg.headers.get(CONTENT_TYPE).map(|v| v.as_str()),
+        )
+        .map_err(|e| unreadable(&e.to_string()))
+    };
+    let mut check = None;
+    let msg_id = if let Ok(to) = subjects::parse_inbox(&subject) {
+        // Its recipient was removed: the router would refuse it again (and the letter would be
+        // gone from here). It stays until the agent is restored.
+        if runtime::system::removal::is_removed(client, &to).await? {
+            return Err(SystemError::InvalidSetting(format!(
+                "dead letter {id} is for {to}, which is removed: run `runtime agent restore {to}` first"
+            )));
+        }
+        format!(
+            "{}{from}:{message_id}:replay:{id}",
+            subjects::ROUTER_MSG_ID_PREFIX
+        )
+    } else if subjects::parse_work(&subject).is_ok() {
+        let task = protocol::task::decode_task(&envelope()?.body)
+            .map_err(|e| unreadable(&format!("not a task: {e}")))?;
+        headers.insert(protocol::headers::HUB_CHECK, "replay");
+        format!(
+            "{}{from}:{}:replay:{id}",
+            protocol::task::TASK_MSG_ID_PREFIX,
+            task.task_id
+        )
+    } else if let Ok(worker) = subjects::parse_answer(&subject) {
+        let env = envelope()?;
+        let answer: protocol::task::Answer = serde_json::from_value(env.body)
+            .map_err(|e| unreadable(&format!("not an answer: {e}")))?;
+        let sender = env
+            .meta
+            .from
+            .ok_or_else(|| unreadable("an answer without its sender"))?;
+        let wait_ms = delivery.answer_max_wait_secs.saturating_mul(1000);
+        check = Some(actors::router::Planned::Answer {
+            from: sender,
+            worker,
+            id: env.meta.id,
+            task_id: answer.task_id,
+            at_ms: protocol::expiry::now_ms().saturating_add(wait_ms),
+        });
+        format!(
+            "{}{from}:{message_id}:replay:{id}",
+            subjects::ROUTER_MSG_ID_PREFIX
+        )
+    } else {
+        return Err(unreadable("not a DM, a task input or an answer"));
+    };
+    headers.insert(protocol::headers::NATS_MSG_ID, msg_id.as_str());
+    let ack = actors::streams::publish_acked(
+        js,
+        subject.clone(),
+        headers,
+        msg.payload.clone(),
+        actors::PUBLISH_ACK_TIMEOUT,
+    )
+    .await
+    .map_err(|e| failed(&subject, e))?;
+    if let Some(check) = check {
+        let (schedule, headers, payload) = check.schedule(ack.sequence);
+        actors::streams::publish_acked(
+            js,
+            schedule.clone(),
+            headers,
+            payload.into(),
+            actors::PUBLISH_ACK_TIMEOUT,
+        )
+        .await
+        .map_err(|e| failed(&schedule, e))?;
+    }
+    Ok((ack.sequence, subject))
 }
 
 fn failed(subject: &str, e: impl std::error::Error + Send + Sync + 'static) -> SystemError {

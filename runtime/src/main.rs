@@ -92,6 +92,7 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
         Command::Doctor(args) => doctor(args).await,
         Command::Send(args) => send(args).await,
         Command::Inbox(args) => cli::messaging::inbox(args).await.map_err(Into::into),
+        Command::Listen(args) => cli::messaging::listen(args).await.map_err(Into::into),
         Command::Task(args) => task(args).await,
         Command::Answer(args) => answer(args).await,
         Command::RenderConfig(args) => render_config(&args),

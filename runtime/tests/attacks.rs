@@ -494,3 +494,40 @@ async fn attack_26_bob_cannot_read_or_write_alices_idempotency_keys() {
         0
     );
 }
+
+/// Agents receive broadcasts on their own credentials (`runtime listen`), stamped by the
+/// router with their sender; nobody publishes on a broadcast channel but the routers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_bob_receives_alices_broadcast_and_cannot_forge_one() {
+    let hub = Hub::start().await;
+    let mut listener = hub.rendered.spawn_as(
+        "bob",
+        &["listen", "--channel", "news", "--count", "1", "--json"],
+    );
+    harness::wait_until("bob listens", support::DEADLINE, || {
+        listener.log().contains("listening on channel.news")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", listener.log()));
+    let forged = r#"{"meta":{"id":"f","from":"alice"},"body":"forged"}"#;
+    hub.bob_refused("channel.news", None, forged).await;
+    jetstream::new(hub.alice.client.clone())
+        .publish(
+            "hub.pub.alice.news",
+            r#"{"meta":{"id":"b1"},"body":"hello all"}"#.into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let code = listener.wait_exit(support::DEADLINE).await.unwrap();
+    assert_eq!(code, Some(0), "{}", listener.log());
+    let log = listener.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no broadcast printed: {log}"));
+    let envelope: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(envelope["meta"]["from"], "alice", "{line}");
+    assert_eq!(envelope["body"], "hello all", "{line}");
+}

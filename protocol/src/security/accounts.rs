@@ -76,6 +76,8 @@ const HUB_STREAMS: &[&str] = &[
     crate::subjects::WORKER_STATUS_SUBJECT,
     // A queue's consumer changed (its workers read it again).
     crate::subjects::QUEUE_CHANGED_FILTER,
+    // The broadcasts, live.
+    crate::subjects::BROADCAST_FILTER,
 ];
 
 /// Where an identity's connections live.

@@ -150,14 +150,18 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
     match &identity.role {
         Role::Agent => Grants {
             publish: [as_agent(&identity.name, delivery), agents_reads()].concat(),
-            // The live results of the tasks it delegated.
-            subscribe: vec![reply, subjects::tasks_of(&identity.name)],
+            // The live results of the tasks it delegated, and the broadcasts.
+            subscribe: vec![
+                reply,
+                subjects::tasks_of(&identity.name),
+                subjects::BROADCAST_FILTER.to_owned(),
+            ],
             serves: Vec::new(),
         },
         // Exactly the union of its agents' grants, with replies under its own prefix.
         Role::Host { agents } => {
             let mut publish = agents_reads();
-            let mut subscribe = vec![reply];
+            let mut subscribe = vec![reply, subjects::BROADCAST_FILTER.to_owned()];
             for agent in agents {
                 publish.extend(as_agent(agent, delivery));
                 subscribe.push(subjects::tasks_of(agent));

@@ -319,6 +319,10 @@ pub fn broadcast(name: &ChannelName) -> String {
     format!("{BROADCAST_PREFIX}{name}")
 }
 
+/// Every broadcast channel (`channel.<name>`, one token: never an inbox's or a task's
+/// channel), what an agent may receive.
+pub const BROADCAST_FILTER: &str = "channel.*";
+
 /// The subject an agent requests to attach to its inbox consumer:
 /// `hub.delivery.<id>.inbox`.
 pub fn attach_request(id: &AgentId) -> String {

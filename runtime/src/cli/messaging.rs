@@ -10,7 +10,7 @@ use protocol::{AgentId, Envelope, MessageId, Meta};
 use runtime::system::messaging::Receipt;
 use runtime::SystemError;
 
-use super::{InboxArgs, SendArgs};
+use super::{InboxArgs, ListenArgs, SendArgs};
 
 pub(super) fn agent(flag: &str, value: &str) -> Result<AgentId, SystemError> {
     AgentId::new(value).map_err(|e| super::invalid(flag, &e))
@@ -183,4 +183,43 @@ pub async fn inbox(args: InboxArgs) -> Result<(), SystemError> {
         }
     }
     system.shutdown(Duration::from_secs(10)).await
+}
+
+/// `runtime listen --channel news`: prints each broadcast on the channel as it comes (one line
+/// each, `from: body`, or the envelope as JSON with `--json`), until `--count` of them or
+/// SIGINT/SIGTERM. Prints `listening on channel.<name>` on stderr once subscribed.
+///
+/// # Errors
+/// [`SystemError::InvalidSetting`] for an invalid channel name; connection errors.
+pub async fn listen(args: ListenArgs) -> Result<(), SystemError> {
+    use futures::StreamExt;
+    let channel =
+        protocol::ChannelName::new(&args.channel).map_err(|e| super::invalid("--channel", &e))?;
+    let nats = args.nats.settings();
+    let client = nats.connect("runtime-listen").await?;
+    let system = super::client_builder(client, &nats, DeliveryConfig::default(), false)
+        .build()
+        .await?;
+    let mut broadcasts = system.listen(&channel).await?;
+    let signals = super::signals()?.recv();
+    tokio::pin!(signals);
+    eprintln!("listening on {}", protocol::subjects::broadcast(&channel));
+    let mut seen = 0;
+    while args.count.is_none_or(|n| seen < n) {
+        let envelope = tokio::select! {
+            next = broadcasts.next() => match next {
+                Some(envelope) => envelope,
+                None => break,
+            },
+            () = &mut signals => break,
+        };
+        seen += 1;
+        if args.json {
+            println!("{}", serde_json::to_string(&envelope).unwrap_or_default());
+        } else {
+            let from = envelope.meta.from.as_ref().map_or("?", AgentId::as_str);
+            println!("{from}: {}", envelope.body);
+        }
+    }
+    system.shutdown(Duration::from_secs(1)).await
 }

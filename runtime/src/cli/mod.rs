@@ -78,6 +78,8 @@ pub enum Command {
     Send(SendArgs),
     /// Read an agent's inbox (durable when the hub is durable, else live).
     Inbox(InboxArgs),
+    /// Print the broadcasts on a channel as they come (live only: nobody stores them).
+    Listen(ListenArgs),
     /// Submit a task to a work queue, or find a task's result again with `--resume`.
     Delegate(DelegateArgs),
     /// Query or cancel a running task.
@@ -348,6 +350,26 @@ pub struct InboxArgs {
     /// Where the hub keeps its streams.
     #[command(flatten)]
     pub hub: HubArgs,
+
+    /// How to reach NATS.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+}
+
+/// `runtime listen`.
+#[derive(Debug, Args)]
+pub struct ListenArgs {
+    /// The broadcast channel (`channel.<name>`).
+    #[arg(long, value_name = "NAME", env = "RUNTIME_CHANNEL")]
+    pub channel: String,
+
+    /// Exit after this many broadcasts (otherwise until SIGINT/SIGTERM).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+
+    /// Print each broadcast as one JSON line (the whole envelope) instead of `from: body`.
+    #[arg(long)]
+    pub json: bool,
 
     /// How to reach NATS.
     #[command(flatten)]

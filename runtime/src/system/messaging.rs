@@ -80,6 +80,29 @@ impl ActorSystem {
             .await
     }
 
+    /// The broadcasts on `channel` from now on, as the router stamped them (`meta.from` is the
+    /// sender): live only, nobody stores broadcasts, so what was broadcast before this returns
+    /// (or while the connection is down) is not seen. An agent may receive every channel
+    /// (docs/SECURITY.md). A message that is not an envelope is skipped.
+    ///
+    /// # Errors
+    /// [`SystemError::Request`] when the subscription cannot be made.
+    pub async fn listen(&self, channel: &ChannelName) -> Result<Broadcasts, SystemError> {
+        let subject = protocol::subjects::broadcast(channel);
+        let fail = |e: async_nats::Error| SystemError::Request {
+            subject: subject.clone(),
+            source: e,
+        };
+        let sub = self
+            .client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| fail(e.into()))?;
+        // Registered at the broker before this returns: a broadcast made after it is seen.
+        self.client.flush().await.map_err(|e| fail(e.into()))?;
+        Ok(Broadcasts { sub })
+    }
+
     /// Publishes `envelope` to `hub.pub.<from>.<channel>` with the current span's trace
     /// context. In durable mode it is a JetStream publish to the ingress stream with
     /// `Nats-Msg-Id: <from>:<meta.id>` (a retried send is stored once), and the receipt carries
@@ -228,4 +251,36 @@ pub(super) enum Retry {
     No,
     /// A publish again of a task that may have been stored and run: flagged `Hub-Check`.
     OutcomeUnknown,
+}
+
+/// The broadcasts of one channel ([`ActorSystem::listen`]): a stream of envelopes, ending when
+/// the connection closes.
+pub struct Broadcasts {
+    sub: async_nats::Subscriber,
+}
+
+impl futures::Stream for Broadcasts {
+    type Item = Envelope;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Envelope>> {
+        loop {
+            let Some(msg) = futures::ready!(std::pin::Pin::new(&mut self.sub).poll_next(cx)) else {
+                return std::task::Poll::Ready(None);
+            };
+            let content_type = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(headers::CONTENT_TYPE))
+                .map(|v| v.as_str());
+            match protocol::decode_with_content_type(&msg.payload, content_type) {
+                Ok(envelope) => return std::task::Poll::Ready(Some(envelope)),
+                Err(e) => {
+                    tracing::warn!(subject = %msg.subject, error = %e, "not an envelope on a broadcast channel; skipped")
+                }
+            }
+        }
+    }
 }

@@ -218,6 +218,12 @@ fn worker_settings(
         .map_err(|e| invalid("--queue", &e))?;
     let command = args.exec.clone().unwrap_or_default();
     let grace = Duration::from_secs(args.shutdown_grace_secs);
+    let run_as = args
+        .exec_user
+        .as_deref()
+        .map(actors::worker::RunAs::lookup)
+        .transpose()
+        .map_err(|e| SystemError::InvalidSetting(format!("--exec-user: {e}")))?;
     Ok(runtime::system::worker::WorkerSettings {
         worker_id,
         queue,
@@ -227,6 +233,7 @@ fn worker_settings(
         handler: std::sync::Arc::new(actors::worker::ExecHandler {
             command,
             grace: EXEC_KILL_GRACE.min(grace),
+            run_as,
         }),
         shutdown_grace: grace,
     })

@@ -390,3 +390,97 @@ async fn worker_killed_with_sigkill_mid_task_and_restarted_on_its_journal_reruns
     );
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
+
+/// Whether this test process runs as root (it may then start workers that switch users).
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// `--exec-user` (issue 28, C): a handler run as another user can read neither its worker's
+/// environment (where the NATS secret is) nor the worker's credentials file, and has no secret
+/// in its own environment. A handler run as the worker's own user reads the worker's
+/// environment: the control, and what docs/SECURITY.md says holds without `--exec-user`. A
+/// worker that cannot switch users refuses to start (exit 64).
+#[tokio::test]
+async fn a_handler_run_as_another_user_reads_neither_the_workers_environment_nor_its_credentials() {
+    let server = harness::run_server().await.unwrap();
+    let url = server.url();
+    let scene = Scene::new(0);
+    if !is_root() {
+        let mut worker = scene.worker_with(&url, "eu1", "asuser", &["--exec-user", "nobody"], &[]);
+        let code = worker.wait_exit(DEADLINE).await.unwrap();
+        assert_eq!(code, Some(64), "{}", worker.log());
+        assert!(worker.log().contains("--exec-user"), "{}", worker.log());
+        return;
+    }
+    let creds = scene.dir.path().join("worker.env");
+    std::fs::write(&creds, "NATS_TOKEN=s3cret-token\n").unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    // Everything under the scene's dir is the worker's; the handler must be able to run its
+    // script (not to read the credentials next to it).
+    std::fs::set_permissions(
+        scene.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let _router = scene.router(&url);
+    support::wait_router_answers(&server.client().await.unwrap()).await;
+    let secret = [("NATS_TOKEN", "s3cret-token")];
+    let mut apart = scene.worker_with(&url, "eu1", "asuser", &["--exec-user", "nobody"], &secret);
+    let mut same = scene.worker_with(&url, "eu2", "sameuser", &[], &secret);
+    // The script learns its worker's pid from the marker the worker's pid is written to.
+    let pids = [("eu1", apart.pid().unwrap()), ("eu2", same.pid().unwrap())];
+    let mut script = String::from("cat > /dev/null\ncase \"$WORKER_ID\" in\n");
+    for (id, pid) in pids {
+        script.push_str(&format!("  {id}) worker={pid} ;;\n"));
+    }
+    script.push_str(&format!(
+        "esac\n\
+         uid=$(id -u)\n\
+         if tr '\\0' '\\n' < /proc/$worker/environ 2>/dev/null | grep -q s3cret; then environ=read; else environ=denied; fi\n\
+         if cat '{creds}' > /dev/null 2>&1; then creds=read; else creds=denied; fi\n\
+         if env | grep -q s3cret; then own=yes; else own=no; fi\n\
+         printf '{{\"response\": {{\"uid\": \"%s\", \"environ\": \"%s\", \"creds\": \"%s\", \"own\": \"%s\"}}}}\\n' \"$uid\" \"$environ\" \"$creds\" \"$own\"\n",
+        creds = creds.display()
+    ));
+    std::fs::write(scene.dir.path().join("task.sh"), script).unwrap();
+    std::fs::set_permissions(
+        scene.dir.path().join("task.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let hub = system(&url).await;
+    let alice = AgentId::new("alice").unwrap();
+    let mut responses = Vec::new();
+    for queue in ["asuser", "sameuser"] {
+        let spec = new_task("who am i", vec![]);
+        let tracking = hub.track(&alice, &spec.task_id).await.unwrap();
+        hub.delegate(&alice, &QueueName::new(queue).unwrap(), None, &spec)
+            .await
+            .unwrap();
+        let result = match tokio::time::timeout(DEADLINE, tracking.result).await {
+            Ok(r) => r.unwrap(),
+            Err(_) => panic!("no result\n{}", logs(&[("eu1", &apart), ("eu2", &same)])),
+        };
+        assert_eq!(result.state, TaskState::Completed, "{result:?}");
+        responses.push(result.response.unwrap());
+    }
+    assert_eq!(
+        responses[0],
+        serde_json::json!({"uid": "65534", "environ": "denied", "creds": "denied", "own": "no"}),
+        "as nobody"
+    );
+    assert_eq!(
+        responses[1],
+        serde_json::json!({"uid": "0", "environ": "read", "creds": "read", "own": "no"}),
+        "as the worker's own user"
+    );
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+    let _ = (
+        apart.terminate(Duration::from_secs(10)).await,
+        same.terminate(Duration::from_secs(10)).await,
+    );
+}

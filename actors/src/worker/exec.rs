@@ -76,6 +76,92 @@ pub struct ExecHandler {
     pub command: String,
     /// How long after SIGTERM a cancelled process group is killed.
     pub grace: Duration,
+    /// Another user to run the command as ([`RunAs::lookup`]); the worker's own otherwise.
+    pub run_as: Option<RunAs>,
+}
+
+/// A user an [`ExecHandler`] runs its commands as: its uid, its primary group, no
+/// supplementary groups, `HOME`, `USER` and `LOGNAME` its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    /// The user's name.
+    pub name: String,
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary gid.
+    pub gid: u32,
+    /// Its home directory.
+    pub home: std::path::PathBuf,
+}
+
+/// Why a [`RunAs`] cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum RunAsError {
+    /// No such user.
+    #[error("no user named {0}")]
+    NoSuchUser(String),
+    /// This process cannot switch to another user.
+    #[error("running commands as {user} needs a worker that can switch users (run it as root)")]
+    CannotSwitch {
+        /// The user.
+        user: String,
+    },
+}
+
+impl RunAs {
+    /// The user `name` from the system's user database, when this process may switch to it.
+    ///
+    /// # Errors
+    /// [`RunAsError::NoSuchUser`], or [`RunAsError::CannotSwitch`] when this process is not
+    /// root (and is not that user already).
+    pub fn lookup(name: &str) -> Result<RunAs, RunAsError> {
+        let user = user_entry(name).ok_or_else(|| RunAsError::NoSuchUser(name.to_owned()))?;
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 && euid != user.uid {
+            return Err(RunAsError::CannotSwitch {
+                user: name.to_owned(),
+            });
+        }
+        Ok(user)
+    }
+}
+
+/// `name`'s entry of the user database (`getpwnam_r`).
+fn user_entry(name: &str) -> Option<RunAs> {
+    let c_name = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0_u8; 16 * 1024];
+    // SAFETY: a zeroed passwd is a valid out-parameter (plain pointers and integers).
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: the name is NUL-terminated, `buf` is
+    // writable for its length, `pwd` and `found` are ours.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            c_name.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return None;
+    }
+    // SAFETY: on success `pw_dir` points into `buf`, NUL-terminated (or is null).
+    let home = if pwd.pw_dir.is_null() {
+        std::path::PathBuf::from("/")
+    } else {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = unsafe { std::ffi::CStr::from_ptr(pwd.pw_dir) };
+        std::path::PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes()))
+    };
+    Some(RunAs {
+        name: name.to_owned(),
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+        home,
+    })
 }
 
 #[async_trait::async_trait]
@@ -232,6 +318,15 @@ impl ExecHandler {
             let encoded = serde_json::to_string(answers).unwrap_or_else(|_| "[]".into());
             command.env("TASK_ANSWERS", encoded);
         }
+        if let Some(user) = &self.run_as {
+            // As root, the standard library drops the supplementary groups before `setuid`.
+            command
+                .uid(user.uid)
+                .gid(user.gid)
+                .env("HOME", &user.home)
+                .env("USER", &user.name)
+                .env("LOGNAME", &user.name);
+        }
         // Its own group, led by its lifeline: signals reach the command's children too, a
         // terminal's Ctrl-C reaches the worker only (which cancels), and the worker's death
         // ends them all.
@@ -362,6 +457,7 @@ mod tests {
         ExecHandler {
             command: command.into(),
             grace: Duration::from_millis(500),
+            run_as: None,
         }
     }
 

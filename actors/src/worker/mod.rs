@@ -70,7 +70,7 @@ pub use attempt::SavedResult;
 use attempt::{AttemptMsg, Streams};
 pub use compat::{IncompatibleConsumer, MIN_ACK_WAIT};
 pub use counters::{WorkerCounters, WorkerCountersSnapshot};
-pub use exec::ExecHandler;
+pub use exec::{ExecHandler, RunAs, RunAsError};
 pub use fetch::FETCH_WAIT;
 use fetch::{FetchError, Fetcher};
 pub use handler::{AttemptContext, Outcome, TaskHandler};

@@ -421,6 +421,12 @@ pub struct StartArgs {
     #[arg(long, env = "RUNTIME_EXEC", required_if_eq_any([("role", "worker"), ("role", "all")]))]
     pub exec: Option<String>,
 
+    /// Run each `--exec` command as this user (its uid, its primary group, no supplementary
+    /// groups), so that it can read neither the worker's environment nor its credentials file
+    /// (docs/SECURITY.md). The worker must be able to switch users (run it as root).
+    #[arg(long, value_name = "USER", env = "RUNTIME_EXEC_USER")]
+    pub exec_user: Option<String>,
+
     /// Directory of the worker's local journal (one process per worker identity).
     #[arg(long, default_value = ".runtime-journal", env = "RUNTIME_JOURNAL_DIR")]
     pub journal_dir: PathBuf,

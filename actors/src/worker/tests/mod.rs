@@ -7,6 +7,7 @@
 
 mod answers;
 mod basics;
+mod control;
 mod faults;
 mod parked;
 

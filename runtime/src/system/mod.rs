@@ -19,7 +19,7 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,26 +32,29 @@ use actors::supervision::{
 };
 use protocol::attach::DurableInboxMode;
 use protocol::config::DeliveryConfig;
-use protocol::subjects;
 use protocol::{AgentId, WorkerId};
 use ractor::concurrency::JoinHandle;
 use ractor::ActorRef;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+mod builder;
 pub mod control;
+mod error;
 mod holds;
 mod idempotency;
 pub mod inboxes;
 pub mod messaging;
 pub mod presence;
 pub mod removal;
+mod status;
 pub mod tasks;
 pub mod trace;
 pub mod worker;
 
-use crate::config::ConfigLoadError;
-use crate::connect::{ConnectError, NatsSettings};
+pub use builder::ActorSystemBuilder;
+pub use error::{BoxError, SystemError};
+pub use status::{request_status, request_worker_status};
 
 /// How long [`ActorSystem::start_router`] waits for the router to come up.
 pub(crate) const START_DEADLINE: Duration = Duration::from_secs(30);
@@ -62,277 +65,6 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(3);
 
 static NEXT_SYSTEM: AtomicU64 = AtomicU64::new(1);
-
-/// A boxed error source.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Failures of the embedding API.
-#[derive(Debug, thiserror::Error)]
-pub enum SystemError {
-    /// The delivery config file is unreadable or invalid.
-    #[error(transparent)]
-    Config(#[from] ConfigLoadError),
-    /// The connection settings are invalid or the server is unreachable.
-    #[error(transparent)]
-    Connect(#[from] ConnectError),
-    /// Stream provisioning failed (including a retention policy that cannot be changed).
-    #[error(transparent)]
-    Streams(#[from] actors::streams::StreamError),
-    /// An actor could not be spawned.
-    #[error("cannot spawn {what}: {source}")]
-    Spawn {
-        /// Which actor.
-        what: String,
-        /// Why.
-        #[source]
-        source: BoxError,
-    },
-    /// [`ActorSystem::attach_inbox`] of an identity whose inbox is attached here already.
-    #[error("the inbox of {id} is attached already")]
-    AlreadyAttached {
-        /// The identity.
-        id: AgentId,
-    },
-    /// [`ActorSystem::detach_inbox`] of an identity with no inbox attached here.
-    #[error("no inbox of {id} is attached here")]
-    NotAttached {
-        /// The identity.
-        id: AgentId,
-    },
-    /// An actor did not come up or answer in time.
-    #[error("timed out waiting for {what}")]
-    Timeout {
-        /// What.
-        what: String,
-    },
-    /// `runtime status` found no router on the server.
-    #[error("no router answered on {subject} (is `runtime start --role router` running?)")]
-    NoRouter {
-        /// The status subject.
-        subject: &'static str,
-    },
-    /// A NATS request failed, or its reply does not decode.
-    #[error("request on {subject} failed: {source}")]
-    Request {
-        /// The subject.
-        subject: String,
-        /// Why.
-        #[source]
-        source: BoxError,
-    },
-    /// A setting (environment variable or argument) has an invalid value.
-    #[error("{0}")]
-    InvalidSetting(String),
-    /// A task the router would refuse (checked before anything is written or sent).
-    #[error("invalid task: {0}")]
-    InvalidTask(#[source] protocol::TaskError),
-    /// A publish was not accepted by the ingress stream.
-    #[error("publish to {subject} failed: {source}")]
-    Publish {
-        /// The subject.
-        subject: String,
-        /// Why.
-        #[source]
-        source: BoxError,
-    },
-    /// The worker's journal is locked by another process or unreadable.
-    #[error(transparent)]
-    Journal(#[from] actors::journal::JournalError),
-    /// A refusal for a limit told `from` to wait: its DMs to `to` (a full inbox), or all its
-    /// DMs (`to` is `None`: over its rate), are held back for `retry_after_secs` more. Nothing
-    /// was published; send again after that.
-    #[error("{} for {retry_after_secs} s more", held_what(from, to.as_ref()))]
-    Held {
-        /// The sender held back.
-        from: AgentId,
-        /// The recipient whose inbox is full; `None` when the sender is over its rate.
-        to: Option<AgentId>,
-        /// Whole seconds left.
-        retry_after_secs: u64,
-    },
-    /// The recipient was removed from the hub (`runtime agent remove`): nothing was
-    /// published. Its tombstone is read before the send (cached for up to 5 s), so a send in
-    /// the seconds after a removal may still be published, and then refused by the router
-    /// with a `recipient_deleted` notice.
-    #[error("recipient_deleted: {to} was removed from the hub")]
-    RecipientDeleted {
-        /// The removed recipient.
-        to: AgentId,
-    },
-    /// The task is not in the state the operation needs (unknown, not waiting...).
-    #[error("task {task_id}: {what}")]
-    Task {
-        /// The task.
-        task_id: protocol::TaskId,
-        /// What is the matter.
-        what: String,
-    },
-}
-
-fn held_what(from: &AgentId, to: Option<&AgentId>) -> String {
-    match to {
-        Some(to) => format!("the inbox of {to} is full: {from} may not send to it"),
-        None => format!("{from} is over its rate: it may not send"),
-    }
-}
-
-impl SystemError {
-    /// An operator mistake in flags or config files: exit 64.
-    pub fn is_usage(&self) -> bool {
-        match self {
-            SystemError::Config(_)
-            | SystemError::InvalidSetting(_)
-            | SystemError::InvalidTask(_)
-            | SystemError::Journal(_) => true,
-            SystemError::Connect(e) => e.is_usage(),
-            SystemError::Streams(actors::streams::StreamError::RetentionMismatch { .. }) => true,
-            _ => false,
-        }
-    }
-
-    /// The server is unreachable or refused: exit 69.
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            SystemError::Connect(_)
-                | SystemError::Streams(_)
-                | SystemError::NoRouter { .. }
-                | SystemError::Request { .. }
-                | SystemError::Publish { .. }
-                | SystemError::Timeout { .. }
-                | SystemError::Task { .. }
-        ) && !self.is_usage()
-    }
-
-    pub(crate) fn request(subject: &str, source: impl Into<BoxError>) -> SystemError {
-        SystemError::Request {
-            subject: subject.to_owned(),
-            source: source.into(),
-        }
-    }
-
-    pub(crate) fn publish(subject: &str, source: impl Into<BoxError>) -> SystemError {
-        SystemError::Publish {
-            subject: subject.to_owned(),
-            source: source.into(),
-        }
-    }
-
-    pub(crate) fn spawn(what: &str, source: impl Into<BoxError>) -> SystemError {
-        SystemError::Spawn {
-            what: what.to_owned(),
-            source: source.into(),
-        }
-    }
-}
-
-/// Builder of an [`ActorSystem`].
-#[derive(Debug, Default)]
-pub struct ActorSystemBuilder {
-    nats: Option<NatsSettings>,
-    client: Option<async_nats::Client>,
-    durable: bool,
-    delivery: DeliveryConfig,
-    inbox_prefix: Option<String>,
-    inbox_mode: Option<DurableInboxMode>,
-}
-
-impl ActorSystemBuilder {
-    /// How inbox consumers bind (default: `NATS_HUB_DURABLE_INBOX`, else `auto`).
-    #[must_use]
-    pub fn inbox_mode(mut self, mode: DurableInboxMode) -> Self {
-        self.inbox_mode = Some(mode);
-        self
-    }
-
-    /// Connect with these settings (URL, one auth method, connect timeout).
-    #[must_use]
-    pub fn nats(mut self, settings: NatsSettings) -> Self {
-        self.nats = Some(settings);
-        self
-    }
-
-    /// The inbox prefix of the connection given with [`client`](Self::client) (with
-    /// [`nats`](Self::nats) it is the settings' `inbox_prefix`). The system's services answer
-    /// requests only on reply subjects under it; default `_INBOX`.
-    #[must_use]
-    pub fn inbox_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.inbox_prefix = Some(prefix.into());
-        self
-    }
-
-    /// Use an existing connection instead of connecting.
-    #[must_use]
-    pub fn client(mut self, client: async_nats::Client) -> Self {
-        self.client = Some(client);
-        self
-    }
-
-    /// Durable delivery over JetStream (default off: plain core NATS, no JetStream traffic).
-    #[must_use]
-    pub fn durable(mut self, durable: bool) -> Self {
-        self.durable = durable;
-        self
-    }
-
-    /// Stream and consumer limits (default: [`DeliveryConfig::default`]).
-    #[must_use]
-    pub fn delivery_config(mut self, delivery: DeliveryConfig) -> Self {
-        self.delivery = delivery;
-        self
-    }
-
-    /// Connects (unless a client was given) and returns the system, with nothing started yet.
-    ///
-    /// # Errors
-    /// [`SystemError::Connect`] when the settings are invalid or the server is unreachable.
-    pub async fn build(self) -> Result<ActorSystem, SystemError> {
-        let id = format!("sys{}", NEXT_SYSTEM.fetch_add(1, Ordering::Relaxed));
-        let reply_prefix = match (&self.client, &self.nats, self.inbox_prefix) {
-            (_, _, Some(prefix)) => prefix,
-            (None, Some(settings), None) => settings.reply_prefix().to_owned(),
-            _ => subjects::DEFAULT_REPLY_PREFIX.to_owned(),
-        };
-        if !subjects::is_valid_reply_prefix(&reply_prefix) {
-            return Err(ConnectError::InvalidInboxPrefix(reply_prefix).into());
-        }
-        let client = match (self.client, self.nats) {
-            (Some(client), _) => client,
-            (None, Some(settings)) => settings.connect(&format!("runtime-{id}")).await?,
-            (None, None) => {
-                NatsSettings::new("nats://127.0.0.1:4222")
-                    .connect(&format!("runtime-{id}"))
-                    .await?
-            }
-        };
-        let inbox_mode = match self.inbox_mode {
-            Some(mode) => mode,
-            None => match std::env::var(protocol::attach::ENV_DURABLE_INBOX) {
-                Ok(v) => v.parse().map_err(|e: protocol::attach::InvalidInboxMode| {
-                    SystemError::InvalidSetting(e.to_string())
-                })?,
-                Err(_) => DurableInboxMode::default(),
-            },
-        };
-        let inbox_shared = actors::inbox::InboxShared::new(client.clone(), &format!("{id}/clock"));
-        Ok(ActorSystem {
-            id,
-            client,
-            durable: self.durable,
-            presence: presence::PresenceCache::new(self.delivery.presence_beat()),
-            delivery: Arc::new(self.delivery),
-            reply_prefix,
-            inbox_mode,
-            trees: Mutex::new(Vec::new()),
-            inboxes: Mutex::new(HashMap::new()),
-            inbox_supervisor: Mutex::new(None),
-            trackers: Mutex::new(None),
-            tracker_table: Arc::default(),
-            inbox_shared,
-            holds: Arc::default(),
-        })
-    }
-}
 
 /// The dynamic supervisor in `slot`, named `name`: started on first use, and again if it ever
 /// stopped.
@@ -674,69 +406,4 @@ impl ActorSystem {
                 what: format!("a graceful shutdown within {budget:?}"),
             })
     }
-}
-
-/// Asks every running worker for its snapshot over NATS (`runtime status`): one request on
-/// [`subjects::WORKER_STATUS_SUBJECT`], each worker's answer on a subject of its own under the
-/// request's reply ([`subjects::worker_status_answer`]), collected for `window` (there is no
-/// knowing how many workers run), sorted by worker id.
-///
-/// # Errors
-/// [`SystemError::Request`] when the request cannot be sent.
-pub async fn request_worker_status(
-    client: &async_nats::Client,
-    window: Duration,
-) -> Result<Vec<actors::worker::WorkerSnapshot>, SystemError> {
-    use futures::StreamExt;
-    let subject = subjects::WORKER_STATUS_SUBJECT;
-    // Each worker answers on `<reply>.<worker>` (`subjects::worker_status_answer`).
-    let token = client.new_inbox();
-    let token = token.rsplit('.').next().unwrap_or(&token);
-    let reply = subjects::worker_status_reply(token);
-    let mut replies = client
-        .subscribe(format!("{reply}.*"))
-        .await
-        .map_err(|e| SystemError::request(subject, e))?;
-    client
-        .publish_with_reply(subject, reply, Vec::new().into())
-        .await
-        .map_err(|e| SystemError::request(subject, e))?;
-    let mut workers = Vec::new();
-    let deadline = tokio::time::Instant::now() + window;
-    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, replies.next()).await {
-        if let Ok(snapshot) = serde_json::from_slice(&msg.payload) {
-            workers.push(snapshot);
-        }
-    }
-    workers.sort_by(|a: &actors::worker::WorkerSnapshot, b| a.worker_id.cmp(&b.worker_id));
-    Ok(workers)
-}
-
-/// Asks a running router for its snapshot over NATS (`runtime status`).
-///
-/// # Errors
-/// [`SystemError::NoRouter`] when no router listens, [`SystemError::Timeout`] when none answers
-/// in time, [`SystemError::Request`] for other failures.
-pub async fn request_status(
-    client: &async_nats::Client,
-    timeout: Duration,
-) -> Result<RouterSnapshot, SystemError> {
-    use async_nats::RequestErrorKind;
-    let request = client.request(subjects::STATUS_SUBJECT, Vec::new().into());
-    let reply = match tokio::time::timeout(timeout, request).await {
-        Err(_) => {
-            return Err(SystemError::Timeout {
-                what: "a router to answer the status request".into(),
-            })
-        }
-        Ok(Err(e)) if e.kind() == RequestErrorKind::NoResponders => {
-            return Err(SystemError::NoRouter {
-                subject: subjects::STATUS_SUBJECT,
-            })
-        }
-        Ok(Err(e)) => return Err(SystemError::request(subjects::STATUS_SUBJECT, e)),
-        Ok(Ok(reply)) => reply,
-    };
-    serde_json::from_slice(&reply.payload)
-        .map_err(|e| SystemError::request(subjects::STATUS_SUBJECT, e))
 }

@@ -355,6 +355,10 @@ pub async fn ensure_brokers_bucket(js: &Context) -> Result<(), StreamError> {
     .await
 }
 
+/// How long a sender's bucket entry is kept after its last write: a full bucket refills in one
+/// minute, so an entry older than that is a full bucket, and a missing one is treated as full.
+pub const RATE_ENTRY_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Creates the senders' rate bucket ([`protocol::subjects::RATE_BUCKET`]) when it does not
 /// exist: one token bucket per sender, compare-and-set by the routers.
 ///
@@ -365,7 +369,7 @@ pub async fn ensure_rate_bucket(js: &Context) -> Result<(), StreamError> {
         js,
         protocol::subjects::RATE_BUCKET,
         "senders' token buckets (sender_rate_per_min)",
-        crate::router::RATE_ENTRY_AGE,
+        RATE_ENTRY_AGE,
         Writers::Hub,
     )
     .await

@@ -29,12 +29,7 @@ use crate::ids::{AgentId, MessageId, QueueName, TaskId, WorkerId};
 use crate::subjects;
 use crate::wire_error::WireError;
 
-/// Prefix of the `Nats-Msg-Id` of every system envelope the hub stores.
-/// Distinct from [`subjects::ROUTER_MSG_ID_PREFIX`], so the replay guard
-/// never mistakes one for the other.
-pub const SYSTEM_MSG_ID_PREFIX: &str = "hub-system:";
-/// Prefix of the `meta.id` of a rejection: `hub-reject-<ingress_seq>`.
-pub const REJECTION_ID_PREFIX: &str = "hub-reject-";
+pub use crate::subjects::{REJECTION_ID_PREFIX, SYSTEM_MSG_ID_PREFIX};
 /// The `meta` field marking a system envelope (value `true`).
 pub const SYSTEM_FIELD: &str = "system";
 /// The `body.kind` of a rejection.

@@ -6,13 +6,10 @@
 //! order of the envelopes to one recipient; ingress acks are sent in the same order.
 
 use std::collections::VecDeque;
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull::MessagesErrorKind;
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::{self, AckKind, Message};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
@@ -25,6 +22,7 @@ use tracing::Instrument;
 
 use super::counters::RouterCounters;
 use super::outbound::{header_pairs, routed_headers, view};
+use super::outcome::{ready, store_notice, Done, Pending, Pulled};
 use super::rate::RateLimiter;
 use super::refusal::Refusable;
 use super::schedule::Planned;
@@ -69,63 +67,17 @@ pub struct DurablePump {
     pub removed: crate::removed::RemovedAgents,
 }
 
-/// What a pulled ingress message's ack subject says, read once per message.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Pulled {
-    /// Its ingress stream sequence (the count of messages pulled, when the subject does not
-    /// parse).
-    pub seq: u64,
-    /// What the subject says (its delivery count, when the broker stored it), when it parses.
-    pub info: Option<protocol::subjects::AckInfo>,
-}
-
-impl Pulled {
-    fn of(msg: &Message, fallback: u64) -> Pulled {
-        match msg
-            .reply
-            .as_deref()
-            .and_then(protocol::subjects::parse_ack_info)
-        {
-            Some(i) => Pulled {
-                seq: i.stream_seq,
-                info: Some(i),
-            },
-            None => Pulled {
-                seq: fallback,
-                info: None,
-            },
+impl DurablePump {
+    /// What refusing a DM needs of the pump.
+    fn refusals(&self) -> super::refusal::Refusals<'_> {
+        super::refusal::Refusals {
+            client: &self.client,
+            delivery: &self.delivery,
+            counters: &self.counters,
+            audit: &self.audit,
         }
     }
-}
 
-/// The outcome of one envelope, resolved in pull order.
-pub(super) enum Done {
-    /// Store (or rejection notice) acked by the stream: ack (or terminate) the ingress message.
-    /// `seq` is the stored message's stream sequence (the original's, for a duplicate).
-    Stored {
-        duplicate: bool,
-        terminate: bool,
-        seq: u64,
-    },
-    /// Every item of a bundle acked by the stream (`duplicates` of them were duplicates).
-    StoredAll { stored: u64, duplicates: u64 },
-    /// Nothing to wait for: ack or terminate now.
-    Immediate { terminate: bool },
-    /// The store failed or timed out: nak with a delay.
-    Failed(String),
-    /// The broker refused the store for a limit (retrying cannot help): a DM's sender is told
-    /// (the DM it names: [`DurablePump::refuse`]); anything else is terminated.
-    Refused(
-        protocol::backpressure::StoreRefusal,
-        Option<Box<super::refusal::Refusable>>,
-    ),
-}
-
-/// Resolves to the outcome of one envelope; the message itself waits, in the same order, in
-/// the pump's `held` queue with its audit trail (so a shutdown can nak what never resolved).
-pub(super) type Pending = Pin<Box<dyn Future<Output = Done> + Send>>;
-
-impl DurablePump {
     /// Binds (creates or updates) the router consumer and routes until `stop` turns true or a
     /// fatal error occurs. On stop it stops pulling and drains what is in flight for up to
     /// [`DRAIN_TIMEOUT`]; what is left is nak'd.
@@ -290,7 +242,7 @@ impl DurablePump {
             msg.status,
         ));
         drop(pairs);
-        let trail = self.accepted(msg, pulled, &decision);
+        let trail = super::trail::accepted(&self.audit, msg, pulled, &decision);
         let pending = async move {
             match decision {
                 RouteDecision::Store {
@@ -327,7 +279,7 @@ impl DurablePump {
                     // To a removed agent: refused before it is stored, and before it takes a
                     // token (a lookup in memory: the set is fed by a watch).
                     if let Some(dm) = dm.as_ref().filter(|dm| self.removed.contains(&dm.to)) {
-                        return self.recipient_deleted(js, dm.clone());
+                        return self.refusals().recipient_deleted(js, dm.clone());
                     }
                     // Over its sender's rate: refused before it is stored (awaited here, so the
                     // store order stays the pull order).
@@ -336,7 +288,7 @@ impl DurablePump {
                             Ok(None) => {}
                             Ok(Some(secs)) => {
                                 let dm = dm.clone();
-                                return self.rate_limited(js, dm, secs);
+                                return self.refusals().rate_limited(js, dm, secs);
                             }
                             Err(reason) => return ready(Done::Failed(reason)),
                         }
@@ -351,7 +303,7 @@ impl DurablePump {
                             };
                             let stored = send_piped(acks, subject, headers, payload, Some(dm)).await;
                             return match stored {
-                                Ok(ack) => self.then_schedule(js, ack, check),
+                                Ok(ack) => check.once_stored(js, &self.counters, ack),
                                 Err(reason) => ready(Done::Failed(reason)),
                             };
                         }
@@ -375,7 +327,7 @@ impl DurablePump {
                         .await
                         .unwrap_or_else(|reason| ready(Done::Failed(reason)));
                     match answer {
-                        Some(planned) => self.then_schedule(js, pending, planned),
+                        Some(planned) => planned.once_stored(js, &self.counters, pending),
                         None => pending,
                     }
                 }
@@ -547,11 +499,11 @@ impl DurablePump {
 
     async fn finish(&self, msg: Message, trail: Option<Trail>, done: Done) {
         self.counters.in_flight.sub();
-        self.audit_outcome(trail, Some(&done));
+        super::trail::finish(&self.audit, trail, Some(&done));
         // A DM the broker refused for a limit: its sender is told first (only on this path
         // does the pipeline wait for a second store).
         let done = match done {
-            Done::Refused(what, Some(dm)) => self.refuse(what, *dm).await,
+            Done::Refused(what, Some(dm)) => self.refusals().refuse(what, *dm).await,
             done => done,
         };
         let result = match done {
@@ -629,51 +581,11 @@ impl DurablePump {
             );
         }
         for (msg, trail) in held {
-            self.audit_outcome(trail, None);
+            super::trail::finish(&self.audit, trail, None);
             self.counters.in_flight.sub();
             self.counters.naks.bump();
             let _ = msg.ack_with(AckKind::Nak(None)).await;
         }
         let _ = self.client.flush().await;
     }
-}
-
-fn ready(done: Done) -> Pending {
-    Box::pin(std::future::ready(done))
-}
-
-/// Publishes a notice (a rejection or a refusal, for its sender) through the JetStream context
-/// and returns the future of its store ack (bounded by [`PUBLISH_ACK_TIMEOUT`], the context's
-/// timeout); once stored, the ingress message it answers is terminated. The publish itself is
-/// sent before this returns, which keeps the store order equal to the pull order. The routed
-/// stores go through [`StoreAcks`] instead.
-pub(super) async fn store_notice(
-    js: &jetstream::Context,
-    subject: String,
-    headers: async_nats::HeaderMap,
-    payload: Vec<u8>,
-) -> Pending {
-    let ack = match js
-        .publish_with_headers(subject, headers, payload.into())
-        .await
-    {
-        Ok(ack) => ack.into_future(),
-        Err(e) => return ready(Done::Failed(e.to_string())),
-    };
-    Box::pin(async move {
-        match ack.await {
-            Ok(ack) => Done::Stored {
-                duplicate: ack.duplicate,
-                terminate: true,
-                seq: ack.sequence,
-            },
-            Err(e) if e.kind() == PublishErrorKind::TimedOut => {
-                Done::Failed(format!("no store ack within {PUBLISH_ACK_TIMEOUT:?}"))
-            }
-            Err(e) => match crate::streams::store_refusal(&e) {
-                Some(what) => Done::Refused(what, None),
-                None => Done::Failed(e.to_string()),
-            },
-        }
-    })
 }

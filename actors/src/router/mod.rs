@@ -15,6 +15,7 @@ pub mod core;
 pub mod counters;
 pub mod durable;
 mod outbound;
+mod outcome;
 mod rate;
 mod refusal;
 mod schedule;
@@ -36,7 +37,6 @@ use crate::background::{spawn_pump, Owned};
 use crate::fault::{self, FaultPoint};
 use crate::streams::{ensure_streams, StreamReport};
 pub use counters::{RouterCounters, RouterCountersSnapshot};
-pub use rate::RATE_ENTRY_AGE;
 pub use schedule::Planned;
 
 /// Router configuration (cloned into every incarnation).

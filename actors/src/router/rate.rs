@@ -7,16 +7,12 @@
 //! [`protocol::backpressure::take_token`]. An entry untouched for longer than the bucket's
 //! max age is gone, which reads as a full bucket: by then it has refilled anyway.
 
-use std::time::Duration;
-
 use async_nats::jetstream::{self, kv};
 use protocol::backpressure::{take_token, Bucket, Taken};
 use protocol::AgentId;
 
 use crate::PUBLISH_ACK_TIMEOUT;
 
-/// How long an idle sender's entry is kept: longer than the minute a bucket takes to refill.
-pub const RATE_ENTRY_AGE: Duration = Duration::from_secs(600);
 /// Compare-and-set tries before a take gives up (the DM is tried again later).
 const TRIES: usize = 8;
 

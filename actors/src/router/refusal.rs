@@ -17,8 +17,8 @@ use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
 
 use super::counters::RouterCounters;
-use super::durable::{store_notice, Done, DurablePump, Pending};
 use super::outbound::routed_headers;
+use super::outcome::{store_notice, Done, Pending};
 
 /// The DM a refusal would be about.
 #[derive(Clone)]
@@ -33,7 +33,19 @@ pub(super) struct Refusable {
     pub seq: u64,
 }
 
-impl DurablePump {
+/// Refuses DMs: what the pump lends to tell their senders.
+pub(super) struct Refusals<'a> {
+    /// The connection.
+    pub client: &'a async_nats::Client,
+    /// The inbox stream and its limits.
+    pub delivery: &'a protocol::config::DeliveryConfig,
+    /// Where refusals and dropped notices are counted.
+    pub counters: &'a std::sync::Arc<RouterCounters>,
+    /// Where a refusal's `rejected` event goes.
+    pub audit: &'a crate::audit::Auditor,
+}
+
+impl Refusals<'_> {
     /// The broker refused `dm` for `what`: its sender's rejection notice is stored (and its
     /// hold), then the ingress message is terminated.
     pub(super) async fn refuse(&self, what: StoreRefusal, dm: Refusable) -> Done {
@@ -61,7 +73,7 @@ impl DurablePump {
             ),
         };
         let error = WireError::new(kind, detail);
-        notify(&js, &self.counters, &self.audit, &dm, &error, retry_after).await
+        notify(&js, self.counters, self.audit, &dm, &error, retry_after).await
     }
 
     /// Refuses `dm` now, before any store, because its sender is over its rate.

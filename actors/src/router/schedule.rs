@@ -6,11 +6,13 @@
 //! the stored sequence again) and the schedule made again under the same id.
 
 use std::future::IntoFuture;
+use std::sync::Arc;
 
 use async_nats::jetstream;
 use protocol::subjects;
 
-use super::durable::{Done, DurablePump, Pending};
+use super::counters::RouterCounters;
+use super::outcome::{Done, Pending};
 use crate::PUBLISH_ACK_TIMEOUT;
 
 /// What a check will name, before the stored sequence is known.
@@ -108,17 +110,16 @@ impl Planned {
     }
 }
 
-impl DurablePump {
-    /// Once `stored` resolves as stored, schedules the `planned` check of it before the
-    /// ingress message is acked.
-    pub(super) fn then_schedule(
-        &self,
+impl Planned {
+    /// Once `stored` resolves as stored, schedules this check of it (counted in `counters`)
+    /// before the ingress message is acked.
+    pub(super) fn once_stored(
+        self,
         js: &jetstream::Context,
+        counters: &Arc<RouterCounters>,
         stored: Pending,
-        planned: Planned,
     ) -> Pending {
-        let js = js.clone();
-        let counters = self.counters.clone();
+        let (js, counters, planned) = (js.clone(), counters.clone(), self);
         Box::pin(async move {
             // The duplicate ack of a re-stored message names the original's sequence too.
             let (duplicate, seq) = match stored.await {

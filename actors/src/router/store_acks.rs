@@ -25,7 +25,7 @@ use async_nats::{Client, HeaderMap, StatusCode, Subscriber};
 use protocol::store_ack::{parse_store_ack, StoreAck};
 use tokio::sync::oneshot;
 
-use super::durable::{Done, Pending};
+use super::outcome::{Done, Pending};
 use super::refusal::Refusable;
 use crate::PUBLISH_ACK_TIMEOUT;
 

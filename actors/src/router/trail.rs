@@ -12,10 +12,10 @@ use async_nats::jetstream::Message;
 use protocol::audit::{subject_of, About, AuditEvent, Details, EventRef};
 use protocol::routing::RouteDecision;
 
-use super::durable::{Done, DurablePump};
+use super::outcome::Done;
 
 /// What one envelope's events are about, and its trace: made when the pump takes it, emitted
-/// when the pump finishes it ([`DurablePump::audit_outcome`]).
+/// when the pump finishes it ([`finish`]).
 pub(super) struct Trail {
     about: About,
     /// The W3C trace id of its `traceparent` (parsed once for all its events).
@@ -70,174 +70,171 @@ impl Trail {
     }
 }
 
-impl DurablePump {
-    /// The [`Trail`] of `msg` and what the router decided, `accepted` in it; a rejection's
-    /// `rejected` is emitted now. `None` when audit events are off or the trail does not
-    /// follow this message. [`Trail::sent_now`] dates it once its store is sent.
-    pub(super) fn accepted(
-        &self,
-        msg: &Message,
-        pulled: super::durable::Pulled,
-        decision: &RouteDecision,
-    ) -> Option<Trail> {
-        let seq = pulled.seq;
-        if !self.audit.is_on() {
-            return None;
-        }
-        let trace = protocol::audit::trace_id_of(
-            msg.headers
-                .as_ref()
-                .and_then(|h| h.get(crate::header_names::TRACEPARENT))
-                .map(|v| v.as_str()),
-        );
-        let (info_at, attempt) = pulled
-            .info
-            .map(|i| (u64::try_from(i.stored_ns / 1_000_000).ok(), i.delivered))
-            .unwrap_or((None, 1));
-        let at = info_at.unwrap_or_else(protocol::expiry::now_ms);
-        let trail = |about, trace_id, channel, accepted| {
-            Some(Trail {
-                about,
-                trace_id,
-                channel,
-                accepted,
-                sent_at: 0,
-            })
-        };
-        let mut channel = Vec::new();
-        let about = match decision {
-            RouteDecision::Store {
-                subject,
-                msg_id,
-                id,
-                payload,
-                codec,
-                ..
-            } => match subject_of(subject, msg_id, id.as_str()) {
-                Some(about) => {
-                    if matches!(about, About::Task { channel: true, .. }) {
-                        channel = channel_events(payload, *codec);
-                    }
-                    about
-                }
-                None => {
-                    // An answer to a worker: `answered`, once stored.
-                    if !protocol::subjects::is_answer(subject) {
-                        return None;
-                    }
-                    let env = protocol::decode(payload, *codec).ok()?;
-                    let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
-                    channel.push(("answered", None));
-                    let about = About::Task {
-                        task_id: answer.task_id.to_string(),
-                        channel: true,
-                    };
-                    return trail(about, trace, channel, None);
-                }
-            },
-            RouteDecision::StoreAll {
-                subject,
-                id,
-                items,
-                codec,
-                ..
-            } => {
-                let about = subject_of(subject, "", id.as_str())?;
-                for item in items {
-                    channel.extend(channel_events(&item.payload, *codec));
+/// The [`Trail`] of `msg` and what the router decided, `accepted` in it; a rejection's
+/// `rejected` is emitted now. `None` when audit events are off or the trail does not
+/// follow this message. [`Trail::sent_now`] dates it once its store is sent.
+pub(super) fn accepted(
+    audit: &crate::audit::Auditor,
+    msg: &Message,
+    pulled: super::outcome::Pulled,
+    decision: &RouteDecision,
+) -> Option<Trail> {
+    let seq = pulled.seq;
+    if !audit.is_on() {
+        return None;
+    }
+    let trace = protocol::audit::trace_id_of(
+        msg.headers
+            .as_ref()
+            .and_then(|h| h.get(crate::header_names::TRACEPARENT))
+            .map(|v| v.as_str()),
+    );
+    let (info_at, attempt) = pulled
+        .info
+        .map(|i| (u64::try_from(i.stored_ns / 1_000_000).ok(), i.delivered))
+        .unwrap_or((None, 1));
+    let at = info_at.unwrap_or_else(protocol::expiry::now_ms);
+    let trail = |about, trace_id, channel, accepted| {
+        Some(Trail {
+            about,
+            trace_id,
+            channel,
+            accepted,
+            sent_at: 0,
+        })
+    };
+    let mut channel = Vec::new();
+    let about = match decision {
+        RouteDecision::Store {
+            subject,
+            msg_id,
+            id,
+            payload,
+            codec,
+            ..
+        } => match subject_of(subject, msg_id, id.as_str()) {
+            Some(about) => {
+                if matches!(about, About::Task { channel: true, .. }) {
+                    channel = channel_events(payload, *codec);
                 }
                 about
             }
-            RouteDecision::Reject {
-                rejected_id: Some(id),
-                error,
-                ..
-            } => {
-                let mut event = AuditEvent::msg("rejected", id.as_str(), at, "")
-                    .attempt(attempt)
-                    .details(Details {
-                        ingress_seq: Some(seq),
-                        kind: Some(error.kind.as_str().to_owned()),
-                        ..Details::default()
-                    });
-                event.trace_id = trace;
-                self.audit.emit(event);
-                return None;
+            None => {
+                // An answer to a worker: `answered`, once stored.
+                if !protocol::subjects::is_answer(subject) {
+                    return None;
+                }
+                let env = protocol::decode(payload, *codec).ok()?;
+                let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
+                channel.push(("answered", None));
+                let about = About::Task {
+                    task_id: answer.task_id.to_string(),
+                    channel: true,
+                };
+                return trail(about, trace, channel, None);
             }
-            _ => return None,
-        };
-        if matches!(about, About::Task { channel: true, .. }) {
-            return trail(about, trace, channel, None);
+        },
+        RouteDecision::StoreAll {
+            subject,
+            id,
+            items,
+            codec,
+            ..
+        } => {
+            let about = subject_of(subject, "", id.as_str())?;
+            for item in items {
+                channel.extend(channel_events(&item.payload, *codec));
+            }
+            about
         }
-        let accepted = Accepted {
-            at,
-            attempt,
-            ingress_seq: seq,
-        };
-        trail(about, trace, channel, Some(accepted))
+        RouteDecision::Reject {
+            rejected_id: Some(id),
+            error,
+            ..
+        } => {
+            let mut event = AuditEvent::msg("rejected", id.as_str(), at, "")
+                .attempt(attempt)
+                .details(Details {
+                    ingress_seq: Some(seq),
+                    kind: Some(error.kind.as_str().to_owned()),
+                    ..Details::default()
+                });
+            event.trace_id = trace;
+            audit.emit(event);
+            return None;
+        }
+        _ => return None,
+    };
+    if matches!(about, About::Task { channel: true, .. }) {
+        return trail(about, trace, channel, None);
     }
+    let accepted = Accepted {
+        at,
+        attempt,
+        ingress_seq: seq,
+    };
+    trail(about, trace, channel, Some(accepted))
+}
 
-    /// Emits what `trail` says and its store came to, as the pump finishes its ingress
-    /// message: `accepted`, then `routed` or `deduplicated` (with the stored sequence) or a
-    /// task channel message's own events (`state_changed`, ...) when it was stored; `accepted`
-    /// alone when it was not (`None`: it never resolved).
-    pub(super) fn audit_outcome(&self, trail: Option<Trail>, done: Option<&Done>) {
-        let Some(trail) = trail else {
-            return;
-        };
-        let stored = match done {
-            Some(Done::Stored {
-                terminate: false,
-                duplicate,
-                seq,
-            }) => Some((Some(*seq), *duplicate)),
-            Some(Done::StoredAll { .. }) => Some((None, false)),
-            _ => None,
-        };
-        let (id, task) = trail.id();
-        let trace_id = trail.trace_id.as_deref();
-        let accepted_details = Details {
-            ingress_seq: trail.accepted.map(|a| a.ingress_seq),
+/// Emits what `trail` says and its store came to, as the pump finishes its ingress
+/// message: `accepted`, then `routed` or `deduplicated` (with the stored sequence) or a
+/// task channel message's own events (`state_changed`, ...) when it was stored; `accepted`
+/// alone when it was not (`None`: it never resolved).
+pub(super) fn finish(audit: &crate::audit::Auditor, trail: Option<Trail>, done: Option<&Done>) {
+    let Some(trail) = trail else {
+        return;
+    };
+    let stored = match done {
+        Some(Done::Stored {
+            terminate: false,
+            duplicate,
+            seq,
+        }) => Some((Some(*seq), *duplicate)),
+        Some(Done::StoredAll { .. }) => Some((None, false)),
+        _ => None,
+    };
+    let (id, task) = trail.id();
+    let trace_id = trail.trace_id.as_deref();
+    let accepted_details = Details {
+        ingress_seq: trail.accepted.map(|a| a.ingress_seq),
+        ..Details::default()
+    };
+    let accepted = trail.accepted.map(|a| {
+        EventRef::of("accepted", id, task, a.at)
+            .traced(trace_id)
+            .attempt(a.attempt)
+            .details(&accepted_details)
+    });
+    let Some((seq, duplicate)) = stored else {
+        audit.emit_refs(accepted);
+        return;
+    };
+    let event = |name: &'static str, details| {
+        EventRef::of(name, id, task, trail.sent_at)
+            .traced(trace_id)
+            .details(details)
+    };
+    if matches!(trail.about, About::Task { channel: true, .. }) {
+        let events: Vec<(&str, Details)> = trail
+            .channel
+            .iter()
+            .map(|(name, state)| {
+                let details = Details {
+                    seq,
+                    state: *state,
+                    ..Details::default()
+                };
+                (*name, details)
+            })
+            .collect();
+        let events = events.iter().map(|(name, details)| event(name, details));
+        audit.emit_refs(accepted.into_iter().chain(events));
+    } else {
+        let name = if duplicate { "deduplicated" } else { "routed" };
+        let details = Details {
+            seq,
             ..Details::default()
         };
-        let accepted = trail.accepted.map(|a| {
-            EventRef::of("accepted", id, task, a.at)
-                .traced(trace_id)
-                .attempt(a.attempt)
-                .details(&accepted_details)
-        });
-        let Some((seq, duplicate)) = stored else {
-            self.audit.emit_refs(accepted);
-            return;
-        };
-        let event = |name: &'static str, details| {
-            EventRef::of(name, id, task, trail.sent_at)
-                .traced(trace_id)
-                .details(details)
-        };
-        if matches!(trail.about, About::Task { channel: true, .. }) {
-            let events: Vec<(&str, Details)> = trail
-                .channel
-                .iter()
-                .map(|(name, state)| {
-                    let details = Details {
-                        seq,
-                        state: *state,
-                        ..Details::default()
-                    };
-                    (*name, details)
-                })
-                .collect();
-            let events = events.iter().map(|(name, details)| event(name, details));
-            self.audit.emit_refs(accepted.into_iter().chain(events));
-        } else {
-            let name = if duplicate { "deduplicated" } else { "routed" };
-            let details = Details {
-                seq,
-                ..Details::default()
-            };
-            self.audit
-                .emit_refs(accepted.into_iter().chain([event(name, &details)]));
-        }
+        audit.emit_refs(accepted.into_iter().chain([event(name, &details)]));
     }
 }

@@ -31,6 +31,7 @@
 mod ack;
 mod channel;
 mod error;
+mod msg_id;
 mod names;
 mod parse;
 mod work;
@@ -38,6 +39,7 @@ mod work;
 pub use ack::{parse_ack_consumer, parse_ack_info, AckInfo};
 pub use channel::{Channel, TaskChannel, TaskKey};
 pub use error::SubjectError;
+pub use msg_id::*;
 pub use names::{validate_durable_name, validate_stream_name, MAX_NAME_LEN};
 pub use parse::{
     is_ingress_subject, parse_attach_request, parse_broadcast, parse_inbox, parse_inbox_consumer,
@@ -258,8 +260,6 @@ pub fn kv_subject(bucket: &str, key: &str) -> String {
 pub fn kv_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
 }
-/// Prefix of the `Nats-Msg-Id` of every message the router stores.
-pub const ROUTER_MSG_ID_PREFIX: &str = "hub-router:";
 
 pub(crate) const INGRESS_PREFIX: &str = "hub.pub.";
 pub(crate) const INBOX_PREFIX: &str = "channel.inbox.";
@@ -424,8 +424,8 @@ pub fn is_reply_subject_under(reply: &str, prefix: &str) -> bool {
 pub fn is_router_msg_id(msg_id: &str) -> bool {
     [
         ROUTER_MSG_ID_PREFIX,
-        crate::task::TASK_MSG_ID_PREFIX,
-        crate::rejection::SYSTEM_MSG_ID_PREFIX,
+        TASK_MSG_ID_PREFIX,
+        SYSTEM_MSG_ID_PREFIX,
     ]
     .iter()
     .any(|prefix| msg_id.starts_with(prefix))

@@ -13,17 +13,10 @@ use crate::wire_error::{WireError, WireErrorKind};
 /// the router adds to a result.
 pub const ENVELOPE_HEADROOM: usize = 4096;
 
-/// Prefix of the `Nats-Msg-Id` a task is stored under in the work stream.
-pub const TASK_MSG_ID_PREFIX: &str = "hub-task:";
-/// Prefix of the `Nats-Msg-Id` of a published [`TaskResult`].
-pub const RESULT_MSG_ID_PREFIX: &str = "hub-result:";
-/// Prefix of the `Nats-Msg-Id` of a published
-/// [`StatusEvent`](super::StatusEvent).
-pub const STATUS_MSG_ID_PREFIX: &str = "hub-status:";
-/// Prefix of the `Nats-Msg-Id` of the error result of a refused answer.
-pub const REFUSAL_MSG_ID_PREFIX: &str = "hub-refusal:";
-/// Prefix of the id of a bundle (state change + result) a worker publishes.
-pub const BUNDLE_MSG_ID_PREFIX: &str = "hub-bundle:";
+pub use crate::subjects::{
+    BUNDLE_MSG_ID_PREFIX, REFUSAL_MSG_ID_PREFIX, RESULT_MSG_ID_PREFIX, STATUS_MSG_ID_PREFIX,
+    TASK_MSG_ID_PREFIX,
+};
 /// The error detail of a result that exceeded the size limit.
 pub const RESULT_TOO_LARGE: &str = "result too large";
 

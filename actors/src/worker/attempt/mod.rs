@@ -318,6 +318,88 @@ fn seq_before_result(answers: usize) -> u32 {
         .min(u32::MAX / 2)
 }
 
+/// What an attempt starts from, whatever brought it: its input (none when settling a parked
+/// attempt), the journal record it is kept under, its task and ids, its slot (a new task's),
+/// how it starts, and what the journal saved of it.
+struct Admitted {
+    input: Option<jetstream::Message>,
+    record_seq: u64,
+    task: TaskSpec,
+    delegator: AgentId,
+    attempt_id: AttemptId,
+    slot: Option<OwnedSemaphorePermit>,
+    start: Start,
+    saved: Option<SavedResult>,
+    answers: Vec<Answer>,
+}
+
+impl Attempt {
+    /// What `args` start the attempt from (a new task's answers and saved result are read from
+    /// its journal record).
+    fn admitted(&self, args: AttemptArgs) -> Admitted {
+        match args {
+            AttemptArgs::Task {
+                msg,
+                seq,
+                task,
+                delegator,
+                attempt_id,
+                admission,
+                slot,
+            } => {
+                let answers = {
+                    let journal = self.journal.lock().unwrap_or_else(|e| e.into_inner());
+                    journal
+                        .lookup(seq, task.task_id.as_str())
+                        .map(journal_ops::answers_of)
+                        .unwrap_or_default()
+                };
+                let saved = admission
+                    .result
+                    .as_ref()
+                    .and_then(|v| serde_json::from_value(v.clone()).ok());
+                Admitted {
+                    input: Some(msg),
+                    record_seq: seq,
+                    task,
+                    delegator,
+                    attempt_id,
+                    slot: Some(slot),
+                    start: Start::Task { new: admission.new },
+                    saved,
+                    answers,
+                }
+            }
+            AttemptArgs::Resume {
+                msg,
+                parked,
+                answer,
+            } => Admitted {
+                input: Some(msg),
+                record_seq: parked.record_seq,
+                task: parked.task,
+                delegator: parked.delegator,
+                attempt_id: parked.attempt_id,
+                slot: None,
+                start: Start::Resume(answer),
+                saved: parked.saved,
+                answers: parked.answers,
+            },
+            AttemptArgs::Settle { parked, cancel } => Admitted {
+                input: None,
+                record_seq: parked.record_seq,
+                task: parked.task,
+                delegator: parked.delegator,
+                attempt_id: parked.attempt_id,
+                slot: None,
+                start: Start::Settle { cancel },
+                saved: parked.saved,
+                answers: parked.answers,
+            },
+        }
+    }
+}
+
 #[ractor::async_trait]
 impl Actor for Attempt {
     type Msg = AttemptMsg;
@@ -330,67 +412,17 @@ impl Actor for Attempt {
         args: AttemptArgs,
     ) -> Result<AttemptState, ActorProcessingErr> {
         fault::check(&self.name, FaultPoint::PreStart)?;
-        let (input, record_seq, task, delegator, attempt_id, slot, start, saved, answers) =
-            match args {
-                AttemptArgs::Task {
-                    msg,
-                    seq,
-                    task,
-                    delegator,
-                    attempt_id,
-                    admission,
-                    slot,
-                } => {
-                    let answers = {
-                        let journal = self.journal.lock().unwrap_or_else(|e| e.into_inner());
-                        journal
-                            .lookup(seq, task.task_id.as_str())
-                            .map(journal_ops::answers_of)
-                            .unwrap_or_default()
-                    };
-                    let saved = admission
-                        .result
-                        .as_ref()
-                        .and_then(|v| serde_json::from_value(v.clone()).ok());
-                    (
-                        Some(msg),
-                        seq,
-                        task,
-                        delegator,
-                        attempt_id,
-                        Some(slot),
-                        Start::Task { new: admission.new },
-                        saved,
-                        answers,
-                    )
-                }
-                AttemptArgs::Resume {
-                    msg,
-                    parked,
-                    answer,
-                } => (
-                    Some(msg),
-                    parked.record_seq,
-                    parked.task,
-                    parked.delegator,
-                    parked.attempt_id,
-                    None,
-                    Start::Resume(answer),
-                    parked.saved,
-                    parked.answers,
-                ),
-                AttemptArgs::Settle { parked, cancel } => (
-                    None,
-                    parked.record_seq,
-                    parked.task,
-                    parked.delegator,
-                    parked.attempt_id,
-                    None,
-                    Start::Settle { cancel },
-                    parked.saved,
-                    parked.answers,
-                ),
-            };
+        let Admitted {
+            input,
+            record_seq,
+            task,
+            delegator,
+            attempt_id,
+            slot,
+            start,
+            saved,
+            answers,
+        } = self.admitted(args);
         // (2) heartbeat from admission on.
         let heartbeat = input
             .clone()

@@ -223,3 +223,13 @@ pub async fn listen(args: ListenArgs) -> Result<(), SystemError> {
     }
     system.shutdown(Duration::from_secs(1)).await
 }
+
+/// `runtime send`, printing its receipt as JSON.
+///
+/// # Errors
+/// As [`send`].
+pub async fn print_send(args: SendArgs) -> anyhow::Result<()> {
+    let receipt = send(args).await?;
+    println!("{}", serde_json::to_string(&receipt)?);
+    Ok(())
+}

@@ -308,3 +308,14 @@ fn env_file(
     }
     out
 }
+
+/// `runtime render-config`, printing each file written (never a secret).
+///
+/// # Errors
+/// As [`render`].
+pub fn print_render(args: &RenderConfigArgs) -> anyhow::Result<()> {
+    for path in render(args)? {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -309,3 +309,23 @@ pub async fn answer(args: AnswerArgs) -> Result<protocol::task::Answer, SystemEr
     let _ = system.shutdown(Duration::from_secs(5)).await;
     answer
 }
+
+/// `runtime task status|cancel`, printing the worker's reply.
+///
+/// # Errors
+/// As [`task`].
+pub async fn print_task(args: super::TaskArgs) -> anyhow::Result<()> {
+    let reply = task(args).await?;
+    println!("{reply}");
+    Ok(())
+}
+
+/// `runtime answer`, printing the answer sent as JSON.
+///
+/// # Errors
+/// As [`answer`].
+pub async fn print_answer(args: super::AnswerArgs) -> anyhow::Result<()> {
+    let answer = answer(args).await?;
+    println!("{}", serde_json::to_string(&answer)?);
+    Ok(())
+}

@@ -40,6 +40,7 @@ mod attempt;
 mod compat;
 mod control;
 mod counters;
+mod error;
 mod exec;
 mod fetch;
 pub mod handler;
@@ -60,7 +61,7 @@ use async_nats::jetstream;
 use async_nats::Client;
 use futures::StreamExt;
 use protocol::subjects::{self, ControlKind};
-use protocol::{QueueName, WireError, WorkerId};
+use protocol::{QueueName, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, OwnedSemaphorePermit};
@@ -70,6 +71,7 @@ pub use attempt::SavedResult;
 use attempt::{AttemptMsg, Streams};
 pub use compat::{IncompatibleConsumer, MIN_ACK_WAIT};
 pub use counters::{WorkerCounters, WorkerCountersSnapshot};
+pub use error::{JoinError, WorkerError};
 pub use exec::{ExecHandler, RunAs, RunAsError};
 pub use fetch::FETCH_WAIT;
 use fetch::{FetchError, Fetcher};
@@ -82,7 +84,7 @@ use startup::Bound;
 use crate::background::Owned;
 use crate::epoch::{Baseline, WorkMark, WORK_MARK_AGE};
 use crate::fault::{self, FaultPoint};
-use crate::journal::{Journal, JournalError};
+use crate::journal::Journal;
 
 /// Default number of attempts run at once.
 pub const DEFAULT_CONCURRENCY: usize = 4;
@@ -269,76 +271,6 @@ pub struct WorkerState {
     /// Where its audit events go, and their flusher.
     audit: crate::audit::Auditor,
     audit_flusher: Option<Owned>,
-}
-
-/// Why a join failed.
-#[derive(Debug, thiserror::Error)]
-pub enum JoinError {
-    /// No router answered in time.
-    #[error("no reply within {0:?}")]
-    Timeout(Duration),
-    /// No router listens (a core hub, or none running).
-    #[error("no responders (is a durable router running?)")]
-    NoResponders,
-    /// The request failed.
-    #[error("request failed: {0}")]
-    Request(#[source] async_nats::RequestError),
-    /// The router refused.
-    #[error("refused: {}: {}", .0.kind.as_str(), .0.detail)]
-    Refused(WireError),
-    /// The reply does not decode.
-    #[error("unreadable join reply: {0}")]
-    Unreadable(#[source] serde_json::Error),
-}
-
-/// Worker failures.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkerError {
-    /// The configuration is invalid.
-    #[error("invalid worker configuration: {0}")]
-    Config(String),
-    /// The journal could not be opened (e.g. locked by another process).
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    /// The join request failed or was refused.
-    #[error("join of queue {queue} failed: {source}")]
-    Join {
-        /// The queue.
-        queue: String,
-        /// Why.
-        #[source]
-        source: JoinError,
-    },
-    /// A consumer could not be bound.
-    #[error("consumer {consumer}: {source}")]
-    Consumer {
-        /// Its name.
-        consumer: String,
-        /// Why.
-        #[source]
-        source: async_nats::Error,
-    },
-    /// A consumer has settings the worker refuses.
-    #[error("consumer {consumer}: {source}")]
-    Incompatible {
-        /// Its name.
-        consumer: String,
-        /// The refused setting.
-        #[source]
-        source: compat::IncompatibleConsumer,
-    },
-    /// A control subscription could not be made.
-    #[error("cannot subscribe to {subject}: {source}")]
-    Subscribe {
-        /// The subject.
-        subject: String,
-        /// Why.
-        #[source]
-        source: async_nats::SubscribeError,
-    },
-    /// The fetch loop failed.
-    #[error("worker fetch loop failed: {0}")]
-    Pump(#[source] crate::background::PumpFailure),
 }
 
 #[ractor::async_trait]

@@ -256,7 +256,7 @@ impl NatsSettings {
         // Retry refused connections until the timeout: a router started just before its
         // server (a supervisor starting both) waits instead of failing at once.
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let mut pause = Duration::from_millis(50);
+        let mut failures = 0;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let last = match tokio::time::timeout(left, options.clone().connect(&self.url)).await {
@@ -274,6 +274,8 @@ impl NatsSettings {
                 }
                 Err(_) => ConnectFailure::TimedOut(self.connect_timeout),
             };
+            failures += 1;
+            let pause = CONNECT_BACKOFF.delay(failures);
             if tokio::time::Instant::now() + pause >= deadline {
                 return Err(ConnectError::Unreachable {
                     url: redact_url(&self.url),
@@ -281,10 +283,17 @@ impl NatsSettings {
                 });
             }
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 }
+
+/// The pause after the `n`-th refused connection in a row: 50 ms, doubling, at most 1 s.
+const CONNECT_BACKOFF: actors::supervision::Backoff = actors::supervision::Backoff {
+    initial: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+    factor: 2,
+    reset_after: None,
+};
 
 /// What replaces the hidden parts of a URL in [`redact_url`].
 const REDACTED: &str = "<redacted>";

@@ -23,6 +23,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 use super::counters::WorkerCounters;
 use super::slots::Slots;
 use super::WorkerMsg;
+use crate::supervision::Backoff;
 
 /// How long a waiting pull on the queue (or answers) consumer stays open when nothing comes.
 pub const FETCH_WAIT: Duration = Duration::from_millis(500);
@@ -32,8 +33,13 @@ pub const FETCH_WAIT: Duration = Duration::from_millis(500);
 pub const PULL_MARGIN: Duration = Duration::from_secs(1);
 /// Answers pulled at once.
 const ANSWER_BATCH: usize = 16;
-/// First and longest pause after a failed pull.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// The pause after the `n`-th failed pull in a row: 100 ms, doubling, at most 5 s.
+const BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+    factor: 2,
+    reset_after: None,
+};
 /// How often a pull in flight checks whether the connection was replaced.
 const RECONNECT_CHECK: Duration = Duration::from_millis(50);
 
@@ -100,7 +106,7 @@ impl Fetcher {
         answers: PullConsumer,
         mut stop: watch::Receiver<bool>,
     ) -> Result<(), FetchError> {
-        let mut backoff = BACKOFF.0;
+        let mut failures = 0;
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -117,9 +123,9 @@ impl Fetcher {
                 .await;
             match pulled {
                 Ok(Pulled::Stopped) => return Ok(()),
-                Ok(Pulled::Done) => backoff = BACKOFF.0,
+                Ok(Pulled::Done) => failures = 0,
                 Err(error) => {
-                    self.failed(&answers, error, &mut backoff, &mut stop)
+                    self.failed(&answers, error, &mut failures, &mut stop)
                         .await?
                 }
             }
@@ -133,7 +139,7 @@ impl Fetcher {
     ) -> Result<(), FetchError> {
         // One backoff per consumer: a targeted pull that works does not hide a queue pull that
         // keeps failing.
-        let mut backoffs = [BACKOFF.0; 2];
+        let mut failures = [0; 2];
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -173,9 +179,9 @@ impl Fetcher {
                     .await;
                 match pulled {
                     Ok(Pulled::Stopped) => return Ok(()),
-                    Ok(Pulled::Done) => backoffs[i] = BACKOFF.0,
+                    Ok(Pulled::Done) => failures[i] = 0,
                     Err(error) => {
-                        self.failed(consumer, error, &mut backoffs[i], &mut stop)
+                        self.failed(consumer, error, &mut failures[i], &mut stop)
                             .await?;
                         break;
                     }
@@ -273,12 +279,12 @@ impl Fetcher {
     }
 
     /// After a failed pull: counts it, ends the loop when the consumer is gone, else waits out
-    /// the backoff (doubling it).
+    /// the backoff of the `failures`-th failure in a row.
     async fn failed(
         &self,
         consumer: &PullConsumer,
         error: async_nats::Error,
-        backoff: &mut Duration,
+        failures: &mut u32,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<(), FetchError> {
         self.counters.fetch_errors.bump();
@@ -292,12 +298,13 @@ impl Fetcher {
             tracing::warn!(consumer = %name, %error, "consumer gone; re-joining the queue");
             return Err(FetchError::ConsumerGone { consumer: name });
         }
-        tracing::warn!(consumer = %name, %error, pause = ?*backoff, "pull failed; pulling again after a pause");
+        *failures += 1;
+        let pause = BACKOFF.delay(*failures);
+        tracing::warn!(consumer = %name, %error, ?pause, "pull failed; pulling again after a pause");
         tokio::select! {
             _ = stop.changed() => {}
-            () = tokio::time::sleep(*backoff) => {}
+            () = tokio::time::sleep(pause) => {}
         }
-        *backoff = (*backoff * 2).min(BACKOFF.1);
         Ok(())
     }
 }

@@ -15,6 +15,7 @@ use super::fetch::Consumers;
 use super::{JoinError, Worker, WorkerError, WorkerMsg, JOURNAL_LOCK_RETRY};
 use crate::background::Owned;
 use crate::journal::{Journal, JournalError};
+use crate::supervision::Backoff;
 
 /// The consumers a worker bound, with the streams the join named.
 #[derive(Clone)]
@@ -27,8 +28,13 @@ pub struct Bound {
     pub(super) work_stream: String,
 }
 
-/// First and longest pause between two re-join tries.
-const REJOIN_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(10));
+/// The pause after the `n`-th failed re-join in a row: 0.5 s, doubling, at most 10 s.
+const REJOIN_BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(500),
+    max: Duration::from_secs(10),
+    factor: 2,
+    reset_after: None,
+};
 
 impl Worker {
     /// Opens the journal. A lock held by this very process is retried for up to
@@ -125,7 +131,7 @@ impl Worker {
     pub(super) fn spawn_rejoin(&self, me: ActorRef<WorkerMsg>) -> Owned {
         let worker = self.clone();
         Owned::spawn(async move {
-            let mut pause = REJOIN_BACKOFF.0;
+            let mut failures = 0;
             loop {
                 match worker.join_and_bind().await {
                     Ok(bound) => {
@@ -133,9 +139,10 @@ impl Worker {
                         return;
                     }
                     Err(e) => {
+                        failures += 1;
+                        let pause = REJOIN_BACKOFF.delay(failures);
                         tracing::warn!(worker = %worker.worker_id, error = %e, ?pause, "re-join failed; trying again");
                         tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(REJOIN_BACKOFF.1);
                     }
                 }
             }

@@ -21,6 +21,13 @@ use crate::background::Owned;
 /// How many times a parked attempt's settle publish is tried (it has no input to come back
 /// with: a worker restart tries again, see the worker's start-up sweep).
 const SETTLE_TRIES: u32 = 5;
+/// The pause after the `n`-th failed settling try: 0.5 s, doubling.
+const SETTLE_BACKOFF: crate::supervision::Backoff = crate::supervision::Backoff {
+    initial: Duration::from_millis(500),
+    max: Duration::from_secs(8),
+    factor: 2,
+    reset_after: None,
+};
 
 impl Attempt {
     /// (3) for a task input: a saved result is republished; otherwise the task's record is
@@ -238,7 +245,7 @@ impl Attempt {
         };
         match settled {
             Err(e) if state.settle_tries < SETTLE_TRIES => {
-                let pause = Duration::from_millis(500) * 2u32.pow(state.settle_tries - 1);
+                let pause = SETTLE_BACKOFF.delay(state.settle_tries);
                 tracing::warn!(task_id = %state.task.task_id, error = %e, ?pause, "settling a parked attempt failed; trying again");
                 let me = myself.clone();
                 state.pending = Some(Owned::spawn(async move {

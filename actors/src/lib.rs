@@ -36,6 +36,7 @@ pub mod expiry;
 pub mod fault;
 mod header_names;
 pub mod inbox;
+pub mod ingress_seal;
 pub mod journal;
 pub mod removed;
 mod reply;

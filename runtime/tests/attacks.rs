@@ -531,3 +531,64 @@ async fn control_bob_receives_alices_broadcast_and_cannot_forge_one() {
     assert_eq!(envelope["meta"]["from"], "alice", "{line}");
     assert_eq!(envelope["body"], "hello all", "{line}");
 }
+
+/// The ingress dedupes `Nats-Msg-Id`s across every identity. Were alice's ids ones bob can
+/// guess (`alice:<meta.id>`, `alice:task:<task id>`, both chosen by alice and seen by those
+/// she writes to), bob could publish first under them on his own ingress: alice's DM and task
+/// would then be acked as duplicates and dropped. Every ingress id ends with a part only its
+/// publishing process can compute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attack_27_bob_cannot_pre_empt_alices_dm_or_task_by_guessing_its_msg_id() {
+    let hub = Hub::start().await;
+    let bob_ingress =
+        protocol::subjects::ingress(&support::agent("bob"), &protocol::Channel::Inbox);
+    for (n, guessed) in ["alice:m-27", "alice:task:t-27"].into_iter().enumerate() {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", guessed);
+        let decoy =
+            serde_json::json!({"meta": {"id": format!("decoy-{n}"), "to": "bob"}, "body": "x"});
+        let ack = jetstream::new(hub.bob.client.clone())
+            .publish_with_headers(bob_ingress.clone(), headers, decoy.to_string().into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(!ack.duplicate);
+    }
+    hub.wait_inbox("bob", 2).await;
+
+    let alice = runtime::ActorSystem::builder()
+        .nats(hub.rendered.settings("alice"))
+        .durable(true)
+        .build()
+        .await
+        .unwrap();
+    let from = support::agent("alice");
+    let mut meta = protocol::Meta::new(protocol::MessageId::new("m-27").unwrap());
+    meta.to = Some(support::agent("bob"));
+    let dm = protocol::Envelope {
+        meta,
+        body: serde_json::json!("from alice"),
+        extra: Default::default(),
+    };
+    let receipt = alice
+        .send_envelope(&from, &protocol::Channel::Inbox, &dm)
+        .await
+        .unwrap();
+    assert!(
+        !receipt.duplicate,
+        "alice's DM was taken for bob's: {receipt:?}"
+    );
+    hub.wait_inbox("bob", 3).await;
+
+    let queue = protocol::QueueName::new("q").unwrap();
+    let mut spec = runtime::system::tasks::new_task("alice's task", vec![]);
+    spec.task_id = protocol::TaskId::new("t-27").unwrap();
+    alice.delegate(&from, &queue, None, &spec).await.unwrap();
+    let work = protocol::subjects::work(&queue, None);
+    harness::wait_until_async("alice's task stored", support::DEADLINE, || async {
+        support::count_on(&hub.admin, "HUB_WORK", &work).await == 1
+    })
+    .await
+    .unwrap();
+}

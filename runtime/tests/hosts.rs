@@ -16,7 +16,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use protocol::attach::DurableInboxMode;
 use protocol::{AgentId, Envelope, MessageId, Meta};
-use runtime::{ActorSystem, NatsSettings};
+use runtime::ActorSystem;
 use support::rendered::Rendered;
 
 const AGENTS: usize = 1_000;
@@ -55,15 +55,6 @@ fn dm(n: u64, i: usize) -> Vec<u8> {
     protocol::encode(&envelope, protocol::Codec::Json).unwrap()
 }
 
-/// The settings of `identity`'s rendered `.env` file, on `rendered`'s server.
-fn settings_of(rendered: &Rendered, identity: &str) -> NatsSettings {
-    let env = rendered.env(identity);
-    let mut settings = NatsSettings::new(rendered.server.url());
-    settings.nkey_seed = Some(env["NATS_NKEY_SEED"].clone());
-    settings.inbox_prefix = Some(env["NATS_INBOX_PREFIX"].clone());
-    settings
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_attaches_a_thousand_inboxes_on_the_rendered_config_and_acts_for_no_one_else() {
     let rendered = Rendered::start(&identities(), &["--durable"]).await;
@@ -77,7 +68,7 @@ async fn a_host_attaches_a_thousand_inboxes_on_the_rendered_config_and_acts_for_
     .unwrap_or_else(|e| panic!("{e}\n{}", router.log()));
 
     let host = ActorSystem::builder()
-        .nats(settings_of(&rendered, "gw"))
+        .nats(rendered.settings("gw"))
         .durable(true)
         .inbox_mode(DurableInboxMode::On)
         .build()

@@ -86,7 +86,7 @@ impl PendingReceipt {
         let payload = protocol::encode(receipt, protocol::Codec::Json)?;
         Ok(PendingReceipt {
             id: receipt.meta.id.to_string(),
-            msg_id: format!("{me}:{}", receipt.meta.id),
+            msg_id: crate::ingress_seal::ingress_msg_id(&format!("{me}:{}", receipt.meta.id)),
             payload: payload.into(),
             trail,
         })

@@ -163,7 +163,10 @@ async fn send(
     let me = AgentId::new(worker.as_str())?;
     let subject = subjects::ingress(&me, &Channel::Task(channel.clone()));
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(protocol::headers::NATS_MSG_ID, msg_id);
+    headers.insert(
+        protocol::headers::NATS_MSG_ID,
+        crate::ingress_seal::ingress_msg_id(msg_id),
+    );
     headers.insert(
         protocol::headers::CONTENT_TYPE,
         protocol::headers::CONTENT_TYPE_JSON,

@@ -19,3 +19,29 @@ pub const STATUS_MSG_ID_PREFIX: &str = "hub-status:";
 pub const REFUSAL_MSG_ID_PREFIX: &str = "hub-refusal:";
 /// Prefix of the id of a bundle (state change + result) a worker publishes.
 pub const BUNDLE_MSG_ID_PREFIX: &str = "hub-bundle:";
+
+/// Separates the logical id of an ingress `Nats-Msg-Id` from its seal
+/// ([`ingress_msg_id`]).
+pub const INGRESS_SEAL_SEPARATOR: char = '~';
+
+/// The `Nats-Msg-Id` an ingress publish carries: `<logical>~<seal, 16 hex digits>`.
+///
+/// The ingress stream dedupes its ids across every identity that writes into it, so an id
+/// another identity can guess (a `meta.id` or task id the sender chose, seen by whoever it
+/// writes to) would let that identity publish first under it: the rightful publish would be
+/// acked as a duplicate and dropped. The seal is a keyed hash of `logical` that only the
+/// publishing process can compute: the same logical id gets the same seal in one process (its
+/// retries are still deduplicated at the ingress), and the router's stores, whose ids derive
+/// from the sender and the logical id alone, deduplicate across processes.
+#[must_use]
+pub fn ingress_msg_id(logical: &str, seal: u64) -> String {
+    format!("{logical}{INGRESS_SEAL_SEPARATOR}{seal:016x}")
+}
+
+/// The logical id of an ingress `Nats-Msg-Id` made by [`ingress_msg_id`]: what precedes its
+/// last seal; `None` for an id without one.
+#[must_use]
+pub fn ingress_logical_id(msg_id: &str) -> Option<&str> {
+    let (logical, seal) = msg_id.rsplit_once(INGRESS_SEAL_SEPARATOR)?;
+    (seal.len() == 16 && seal.bytes().all(|b| b.is_ascii_hexdigit())).then_some(logical)
+}

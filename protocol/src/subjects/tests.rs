@@ -532,3 +532,12 @@ fn a_pull_reply_subject_round_trips_and_other_shapes_do_not_parse() {
         "$JS.API.CONSUMER.MSG.NEXT.HUB_INBOX.inbox-bob"
     );
 }
+
+proptest! {
+    #[test]
+    fn an_ingress_msg_id_gives_back_its_logical_id(logical in "[ -~]{0,80}", seal in any::<u64>()) {
+        let id = ingress_msg_id(&logical, seal);
+        prop_assert_eq!(ingress_logical_id(&id), Some(logical.as_str()));
+        prop_assert!(!is_router_msg_id(&id) || is_router_msg_id(&logical));
+    }
+}

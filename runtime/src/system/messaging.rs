@@ -23,8 +23,9 @@ pub struct Receipt {
     /// Sequence in the ingress stream (durable mode): the envelope is stored and will be
     /// routed even if no router runs now. `None` in core mode (fire and forget).
     pub ingress_seq: Option<u64>,
-    /// The ingress stream already had this `meta.id` from this sender within the duplicate
-    /// window (a retried send).
+    /// The ingress stream already had this `meta.id` from this sender, sent by this process,
+    /// within the duplicate window (a retried send). A retry from another process is not
+    /// flagged here; the router's store deduplicates it.
     pub duplicate: bool,
     /// For a DM on a durable hub: whether its recipient is online, from its presence record
     /// (read at most once per beat's fifth, at most 5 s; `unknown` when never seen or the
@@ -121,7 +122,7 @@ impl ActorSystem {
     ///
     /// # Cancel safety
     /// Not cancel safe: a cancelled send may or may not have been stored; send it again with
-    /// the same `meta.id` (the ingress dedupes it within the duplicate window).
+    /// the same `meta.id` (it is stored once within the duplicate window).
     pub async fn send_envelope(
         &self,
         from: &AgentId,
@@ -208,7 +209,10 @@ impl ActorSystem {
     ) -> Result<async_nats::jetstream::publish::PublishAck, SystemError> {
         let mut h = HeaderMap::new();
         actors::trace_context::inject_current(&mut h);
-        h.insert(headers::NATS_MSG_ID, msg_id);
+        h.insert(
+            headers::NATS_MSG_ID,
+            actors::ingress_seal::ingress_msg_id(msg_id),
+        );
         if retry == Retry::OutcomeUnknown {
             // It may have been stored (and run) already: the worker is to check first.
             h.insert(headers::HUB_CHECK, "retry");

@@ -58,6 +58,16 @@ impl Rendered {
         read_env(&self.env_file(identity))
     }
 
+    /// The connection settings of `identity`'s `.env` file, on this server: what an
+    /// [`runtime::ActorSystem`] of `identity` is built with.
+    pub fn settings(&self, identity: &str) -> runtime::NatsSettings {
+        let env = self.env(identity);
+        let mut settings = runtime::NatsSettings::new(self.server.url());
+        settings.nkey_seed = Some(env["NATS_NKEY_SEED"].clone());
+        settings.inbox_prefix = Some(env["NATS_INBOX_PREFIX"].clone());
+        settings
+    }
+
     /// The environment a `runtime` process of `identity` gets: its `.env` file, with the URL
     /// of this server.
     pub fn process_env(&self, identity: &str) -> Vec<(String, String)> {

@@ -11,8 +11,7 @@
 
 use std::time::Duration;
 
-use protocol::AgentId;
-use runtime::{ActorSystem, NatsSettings};
+use runtime::{ActorSystem, AgentId, NatsSettings};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -13,11 +13,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use actors::worker::{AttemptContext, Outcome, TaskHandler};
-use protocol::task::{Answer, TaskSpec};
-use protocol::{AgentId, QueueName, WorkerId};
-use runtime::system::worker::WorkerSettings;
-use runtime::{ActorSystem, NatsSettings};
+use runtime::{
+    ActorSystem, AgentId, Answer, AttemptContext, NatsSettings, Outcome, QueueName, TaskHandler,
+    TaskSpec, WorkerId, WorkerSettings,
+};
 
 struct Shout;
 
@@ -62,18 +61,19 @@ async fn main() -> anyhow::Result<()> {
     let queue = QueueName::new("shout")?;
     system
         .start_worker(WorkerSettings {
-            worker_id: WorkerId::new("shouter")?,
-            queue: queue.clone(),
             concurrency: 4,
-            journal_dir: std::env::temp_dir().join("embedded-worker-journal"),
-            handler: Arc::new(Shout),
-            shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
+            ..WorkerSettings::new(
+                WorkerId::new("shouter")?,
+                queue.clone(),
+                std::env::temp_dir().join("embedded-worker-journal"),
+                Arc::new(Shout),
+            )
         })
         .await?;
     tracing::info!("worker `shouter` joined queue `shout`; Ctrl-C stops it");
 
     if std::env::var_os("EMBEDDED_WORKER_ONESHOT").is_some() {
-        let spec = runtime::system::tasks::new_task("hello from an embedded worker", vec![]);
+        let spec = runtime::new_task("hello from an embedded worker", vec![]);
         let alice = AgentId::new("alice")?;
         let tracking = system.track(&alice, &spec.task_id).await?;
         system.delegate(&alice, &queue, None, &spec).await?;

@@ -31,7 +31,17 @@ pub mod shutdown;
 pub mod system;
 pub mod telemetry;
 
+/// What a host writes its inbox handlers and task handlers with.
+pub use actors::inbox::{Delivery, Handled};
+pub use actors::worker::{AttemptContext, Outcome, TaskHandler};
 pub use connect::{ConnectError, NatsSettings};
+/// The ids, envelopes and task types a host sends, receives and runs.
+pub use protocol::task::{Answer, TaskChannelBody, TaskResult, TaskSpec, TaskState};
+pub use protocol::{
+    AgentId, Channel, Codec, Envelope, MessageId, Meta, QueueName, TaskId, WorkerId,
+};
+pub use system::tasks::new_task;
+pub use system::worker::WorkerSettings;
 pub use system::{
     request_status, request_worker_status, ActorSystem, ActorSystemBuilder, SystemError,
     SystemSnapshot,

@@ -8,7 +8,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actors::inbox::{Delivery, Handled};
+use runtime::{Delivery, Handled};
 use protocol::attach::DurableInboxMode;
 use runtime::ActorSystem;
 

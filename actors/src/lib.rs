@@ -35,6 +35,7 @@ mod epoch;
 pub mod expiry;
 pub mod fault;
 mod header_names;
+pub mod history;
 pub mod inbox;
 pub mod ingress_seal;
 pub mod journal;

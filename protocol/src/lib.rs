@@ -60,6 +60,7 @@ pub mod dedupe;
 pub mod envelope;
 pub mod expiry;
 pub mod headers;
+pub mod history;
 pub mod ids;
 pub mod ordering;
 pub mod presence;

@@ -59,7 +59,10 @@ impl Refusals<'_> {
             StoreRefusal::SubjectFull => (
                 WireErrorKind::InboxFull,
                 format!("the inbox of {} holds as many messages as it may", dm.to),
-                Some(retry_after(&js, &self.delivery.inbox.name, &dm.to, max_age).await),
+                Some(match self.history_retry_after(&js, &dm.to).await {
+                    Some(secs) => secs,
+                    None => retry_after(&js, &self.delivery.inbox.name, &dm.to, max_age).await,
+                }),
             ),
             StoreRefusal::StreamFull => (
                 WireErrorKind::InboxFull,
@@ -74,6 +77,31 @@ impl Refusals<'_> {
         };
         let error = WireError::new(kind, detail);
         notify(&js, self.counters, self.audit, &dm, &error, retry_after).await
+    }
+
+    /// When `to`'s inbox is at its cap with DMs it has read among them: the seconds until a
+    /// trim round ([`crate::history`]) made room, from its consumer's backlog (one consumer
+    /// info). `None` when it holds as many unread DMs as its cap, trimming is off, or the
+    /// consumer cannot be read.
+    async fn history_retry_after(&self, js: &jetstream::Context, to: &AgentId) -> Option<u64> {
+        let inbox = &self.delivery.inbox;
+        let cap = inbox.max_msgs_per_subject_limit()?;
+        let interval = inbox.trim_interval().map(|d| d.as_secs());
+        let read = async {
+            let consumer: jetstream::consumer::PullConsumer = js
+                .get_consumer_from_stream(protocol::subjects::inbox_consumer(to), &inbox.name)
+                .await
+                .ok()?;
+            Some(consumer.cached_info().clone())
+        };
+        let info = tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, read)
+            .await
+            .ok()
+            .flatten()?;
+        let unread = info
+            .num_pending
+            .saturating_add(u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX));
+        protocol::history::history_retry_after(unread, cap, interval)
     }
 
     /// Refuses `dm` now, before any store, because its sender is over its rate.

@@ -121,6 +121,9 @@ pub struct InboxStreamConfig {
     pub replicas: usize,
     /// Storage backend.
     pub storage: StorageKind,
+    /// How often each router trims what the inboxes have read, so that the per-inbox cap
+    /// counts unread DMs ([`crate::history`]); `-1` never.
+    pub trim_interval_secs: i64,
 }
 
 /// The task channel stream.
@@ -215,6 +218,7 @@ impl Default for InboxStreamConfig {
             max_consumers: DEFAULT_MAX_INBOX_CONSUMERS,
             replicas: 1,
             storage: StorageKind::File,
+            trim_interval_secs: 60,
         }
     }
 }
@@ -301,6 +305,11 @@ impl InboxStreamConfig {
     /// [`Self::max_bytes`]; `None` is unlimited.
     pub fn max_bytes_limit(&self) -> Option<u64> {
         limit(self.max_bytes)
+    }
+
+    /// [`Self::trim_interval_secs`]; `None` is never.
+    pub fn trim_interval(&self) -> Option<Duration> {
+        seconds(self.trim_interval_secs)
     }
 
     /// [`Self::max_msgs`]; `None` is unlimited.

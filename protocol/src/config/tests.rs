@@ -37,6 +37,7 @@ fn default_matches_the_design() {
             max_consumers: 100_000,
             replicas: 1,
             storage: StorageKind::File,
+            trim_interval_secs: 60,
         },
         tasks: TasksStreamConfig {
             name: "HUB_TASKS".into(),
@@ -83,6 +84,7 @@ fn full_fixture_sets_every_key() {
             max_consumers: 20_000,
             replicas: 3,
             storage: StorageKind::Memory,
+            trim_interval_secs: 30,
         },
         tasks: TasksStreamConfig {
             name: "T1_TASKS".into(),

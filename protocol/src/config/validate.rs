@@ -51,6 +51,7 @@ impl DeliveryConfig {
             check_duration(key, value)?;
         }
         check_duration("inbox_inactive_secs", self.inbox_inactive_secs)?;
+        check_duration("inbox.trim_interval_secs", self.inbox.trim_interval_secs)?;
         for (key, value) in [
             ("duplicate_window_secs", self.duplicate_window_secs),
             ("ack_wait_secs", self.ack_wait_secs),

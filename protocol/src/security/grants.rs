@@ -279,6 +279,10 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 publish.extend(acks(stream, consumer));
             }
             publish.push(api(&format!("DIRECT.GET.{}", delivery.inbox.name)));
+            // What the inboxes have read, trimmed (below each consumer's ack floor, once the
+            // advisories consumer has caught up; `crate::history`). No more than its
+            // `STREAM.UPDATE` of the inbox stream's limits could already remove.
+            publish.push(api(&format!("STREAM.PURGE.{}", delivery.inbox.name)));
             // A task input whose deliveries ran out, an answer no worker took: read back,
             // copied, then removed.
             for stream in [subjects::WORK_STREAM, subjects::ANSWERS_STREAM] {
@@ -518,7 +522,8 @@ mod tests {
         for denied in [
             "$KV.HUB_REMOVED.bob",
             "$JS.API.CONSUMER.DELETE.HUB_INBOX.inbox-bob",
-            "$JS.API.STREAM.PURGE.HUB_INBOX",
+            "$JS.API.STREAM.PURGE.HUB_TASKS",
+            "$JS.API.STREAM.DELETE.HUB_INBOX",
         ] {
             assert!(
                 !may_publish(&router, denied),

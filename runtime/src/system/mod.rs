@@ -203,6 +203,11 @@ impl ActorSystem {
         format!("{}/expiry", self.id)
     }
 
+    /// The actor name of the history actor (durable mode).
+    pub fn history_name(&self) -> String {
+        format!("{}/history", self.id)
+    }
+
     /// The actor name of `id`'s inbox consumer.
     pub fn inbox_name(&self, id: &AgentId) -> String {
         format!("{}/inbox-{id}", self.id)
@@ -251,6 +256,12 @@ impl ActorSystem {
                 delivery: self.delivery.clone(),
             };
             spec = spec.child(ChildSpec::actor(self.expiry_name(), expiry, || ()));
+            let history = actors::history::History {
+                name: self.history_name(),
+                client: self.client.clone(),
+                delivery: self.delivery.clone(),
+            };
+            spec = spec.child(ChildSpec::actor(self.history_name(), history, || ()));
         }
         self.spawn_tree(format!("{}/router-sup", self.id), spec)
             .await?;

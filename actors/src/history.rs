@@ -1,0 +1,336 @@
+//! The history actor (router side, durable mode): trims what the inboxes have read, so that the
+//! per-inbox cap counts the DMs an agent has not handled yet ([`protocol::history`] holds the
+//! rules and why they are safe).
+//!
+//! A task owned by the actor's state runs a round every `inbox.trim_interval_secs`: it counts
+//! the DMs stored per inbox, reads the ack floor of every inbox holding at least half its cap,
+//! waits [`SETTLE`], reads the advisories stream's last sequence, waits (at most
+//! [`CATCH_UP`]) until the advisories consumer acked up to it, then purges each inbox's subject
+//! below its floor plus one. A round that fails is logged and counted, and the next one starts
+//! over: nothing is purged on a guess. Every router runs the rounds; purging twice removes
+//! nothing more.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull};
+use async_nats::Client;
+use futures::{StreamExt, TryStreamExt};
+use protocol::config::DeliveryConfig;
+use protocol::history::{
+    advisories_caught_up, keep_from, trim_threshold, AdvisoryProgress, CATCH_UP, SETTLE,
+};
+use protocol::{subjects, AgentId};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::watch;
+
+use crate::background::Owned;
+use crate::fault::{self, FaultPoint};
+
+/// How often the advisories consumer is looked at while the round waits for it.
+const CATCH_UP_POLL: Duration = Duration::from_millis(500);
+/// Inboxes whose consumers are read at once.
+const CONCURRENT_READS: usize = 16;
+
+/// History actor configuration.
+#[derive(Clone)]
+pub struct History {
+    /// Actor name, also the fault-injection key.
+    pub name: String,
+    /// The shared connection.
+    pub client: Client,
+    /// Stream names, the inbox cap and the trim interval.
+    pub delivery: Arc<DeliveryConfig>,
+}
+
+/// Messages of the history actor.
+pub enum HistoryMsg {
+    /// Snapshot for a local caller.
+    Snapshot(RpcReplyPort<HistorySnapshot>),
+}
+
+crate::counters! {
+    /// Counters of the history actor.
+    pub struct HistoryCounters => HistorySnapshot {
+        /// Rounds started.
+        rounds,
+        /// Inbox subjects purged of what they had read.
+        trimmed_inboxes,
+        /// DMs purged (read, below their inbox's ack floor).
+        trimmed,
+        /// Rounds given up because the advisories consumer did not catch up in time.
+        deferred,
+        /// Rounds that failed on a broker request (the next one starts over).
+        failures,
+    }
+}
+
+/// State of one incarnation.
+pub struct HistoryState {
+    counters: Arc<HistoryCounters>,
+    stop: watch::Sender<bool>,
+    /// The rounds, while inboxes are capped and trimming is on.
+    rounds: Option<Owned>,
+}
+
+/// Why a round stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// A broker request failed.
+    #[error("cannot {what}")]
+    Request {
+        /// What was asked.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: async_nats::Error,
+    },
+}
+
+/// A [`HistoryError::Request`] for `what`.
+fn failed(what: impl Into<String>, source: impl Into<async_nats::Error>) -> HistoryError {
+    HistoryError::Request {
+        what: what.into(),
+        source: source.into(),
+    }
+}
+
+#[ractor::async_trait]
+impl Actor for History {
+    type Msg = HistoryMsg;
+    type State = HistoryState;
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<HistoryMsg>,
+        _: (),
+    ) -> Result<HistoryState, ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::PreStart)?;
+        let counters = Arc::new(HistoryCounters::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let inbox = &self.delivery.inbox;
+        let rounds = match (
+            inbox.trim_interval(),
+            trim_threshold(inbox.max_msgs_per_subject_limit()),
+        ) {
+            (Some(interval), Some(threshold)) => {
+                let trimmer = Trimmer {
+                    js: jetstream::new(self.client.clone()),
+                    delivery: self.delivery.clone(),
+                    counters: counters.clone(),
+                    threshold,
+                };
+                Some(Owned::spawn(trimmer.run(interval, stop_rx)))
+            }
+            _ => None,
+        };
+        Ok(HistoryState {
+            counters,
+            stop,
+            rounds,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<HistoryMsg>,
+        state: &mut HistoryState,
+    ) -> Result<(), ActorProcessingErr> {
+        let _ = state.stop.send(true);
+        if let Some(rounds) = state.rounds.take() {
+            rounds.join_within(Duration::from_secs(2)).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<HistoryMsg>,
+        msg: HistoryMsg,
+        state: &mut HistoryState,
+    ) -> Result<(), ActorProcessingErr> {
+        fault::check(&self.name, FaultPoint::Handle)?;
+        match msg {
+            HistoryMsg::Snapshot(port) => {
+                let _ = port.send(state.counters.snapshot());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a round needs.
+struct Trimmer {
+    js: jetstream::Context,
+    delivery: Arc<DeliveryConfig>,
+    counters: Arc<HistoryCounters>,
+    /// DMs stored on an inbox from which it is trimmed.
+    threshold: u64,
+}
+
+/// What ended a wait.
+enum Waited {
+    Elapsed,
+    Stopped,
+}
+
+impl Trimmer {
+    /// A round every `interval` until `stop`.
+    async fn run(self, interval: Duration, mut stop: watch::Receiver<bool>) {
+        loop {
+            if let Waited::Stopped = wait(interval, &mut stop).await {
+                return;
+            }
+            self.counters.rounds.bump();
+            if let Err(e) = self.round(&mut stop).await {
+                self.counters.failures.bump();
+                tracing::warn!(error = %e, "trimming what the inboxes read failed; the next round starts over");
+            }
+        }
+    }
+
+    async fn round(&self, stop: &mut watch::Receiver<bool>) -> Result<(), HistoryError> {
+        let inbox_stream = &self.delivery.inbox.name;
+        let stream = self
+            .js
+            .get_stream_no_info(inbox_stream)
+            .await
+            .map_err(|e| failed(format!("open stream {inbox_stream}"), e))?;
+        let candidates = self.candidates(&stream).await?;
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let floors: Vec<(AgentId, u64)> = futures::stream::iter(candidates)
+            .map(|id| self.keep_from(id))
+            .buffer_unordered(CONCURRENT_READS)
+            .try_filter_map(|kept| std::future::ready(Ok(kept)))
+            .try_collect()
+            .await?;
+        if floors.is_empty() {
+            return Ok(());
+        }
+        // Every advisory of a DM at or below these floors is stored by then.
+        if let Waited::Stopped = wait(SETTLE, stop).await {
+            return Ok(());
+        }
+        if !self.advisories_caught_up(stop).await? {
+            return Ok(());
+        }
+        for (id, keep) in floors {
+            let subject = subjects::inbox(&id);
+            let purged = stream
+                .purge()
+                .filter(subject.clone())
+                .sequence(keep)
+                .await
+                .map_err(|e| failed(format!("purge {subject}"), e))?;
+            self.counters.trimmed_inboxes.bump();
+            self.counters.trimmed.add(purged.purged);
+            tracing::debug!(%id, keep, purged = purged.purged, "read DMs trimmed");
+        }
+        Ok(())
+    }
+
+    /// The inboxes holding at least [`Self::threshold`] DMs.
+    async fn candidates(
+        &self,
+        stream: &jetstream::stream::Stream<()>,
+    ) -> Result<Vec<AgentId>, HistoryError> {
+        const WHAT: &str = "count the DMs stored per inbox";
+        let mut counts = stream
+            .info_with_subjects(subjects::INBOX_FILTER)
+            .await
+            .map_err(|e| failed(WHAT, e))?;
+        let mut candidates = Vec::new();
+        while let Some(entry) = counts.next().await {
+            let (subject, stored) = entry.map_err(|e| failed(WHAT, e))?;
+            if u64::try_from(stored).unwrap_or(u64::MAX) < self.threshold {
+                continue;
+            }
+            if let Ok(id) = subjects::parse_inbox(&subject) {
+                candidates.push(id);
+            }
+        }
+        Ok(candidates)
+    }
+
+    /// Where `id`'s inbox keeps its DMs from: above its consumer's ack floor. `None` when it
+    /// has no consumer (an agent that never attached has read nothing) or handled nothing.
+    async fn keep_from(&self, id: AgentId) -> Result<Option<(AgentId, u64)>, HistoryError> {
+        let name = subjects::inbox_consumer(&id);
+        let consumer = self
+            .js
+            .get_consumer_from_stream::<pull::Config, _, _>(&name, &self.delivery.inbox.name)
+            .await;
+        match consumer {
+            Ok(consumer) => {
+                let floor = consumer.cached_info().ack_floor.stream_sequence;
+                Ok(keep_from(floor).map(|keep| (id, keep)))
+            }
+            Err(e) if crate::consumers::is_consumer_not_found(&e) => Ok(None),
+            Err(e) => Err(failed(format!("read consumer {name}"), e)),
+        }
+    }
+
+    /// Whether the advisories consumer acked everything the advisories stream holds now, within
+    /// [`CATCH_UP`] (`false`, counted `deferred`, when it did not, or the actor stops).
+    async fn advisories_caught_up(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<bool, HistoryError> {
+        let stream_name = subjects::ADVISORIES_STREAM;
+        let mut stream = self
+            .js
+            .get_stream(stream_name)
+            .await
+            .map_err(|e| failed(format!("read stream {stream_name}"), e))?;
+        let last_seq = stream
+            .info()
+            .await
+            .map_err(|e| failed(format!("read stream {stream_name}"), e))?
+            .state
+            .last_sequence;
+        let deadline = tokio::time::Instant::now() + CATCH_UP;
+        loop {
+            let name = subjects::ADVISORIES_CONSUMER;
+            let consumer = self
+                .js
+                .get_consumer_from_stream::<pull::Config, _, _>(name, stream_name)
+                .await
+                .map_err(|e| failed(format!("read consumer {name}"), e))?;
+            let info = consumer.cached_info();
+            let progress = AdvisoryProgress {
+                ack_floor: info.ack_floor.stream_sequence,
+                pending: info.num_pending,
+                ack_pending: u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
+            };
+            if advisories_caught_up(last_seq, progress) {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.counters.deferred.bump();
+                tracing::warn!(
+                    last_seq,
+                    ?progress,
+                    "the advisories consumer did not catch up; no inbox trimmed this round"
+                );
+                return Ok(false);
+            }
+            if let Waited::Stopped = wait(CATCH_UP_POLL, stop).await {
+                return Ok(false);
+            }
+        }
+    }
+}
+
+/// Waits `period`, or until `stop`.
+async fn wait(period: Duration, stop: &mut watch::Receiver<bool>) -> Waited {
+    if *stop.borrow() {
+        return Waited::Stopped;
+    }
+    tokio::select! {
+        _ = stop.changed() => Waited::Stopped,
+        () = tokio::time::sleep(period) => Waited::Elapsed,
+    }
+}

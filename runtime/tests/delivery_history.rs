@@ -1,0 +1,154 @@
+//! An inbox's cap counts what its agent has not read (issue 28, B5): the routers trim what the
+//! inboxes have read (`actors::history`), against a real nats-server. An agent that reads
+//! everything keeps taking DMs past its cap; a DM its handler rejected is dead-lettered before
+//! the history it sits in is trimmed.
+
+mod support;
+
+use std::time::Duration;
+
+use actors::fault::{self, Fault, FaultPoint};
+use protocol::attach::DurableInboxMode;
+use protocol::config::DeliveryConfig;
+use protocol::subjects::{self, Channel};
+use protocol::AgentId;
+use runtime::{ActorSystem, Handled};
+
+/// The cap of every inbox in these tests.
+const CAP: i64 = 3;
+
+async fn hub(server: &harness::NatsServer) -> ActorSystem {
+    let mut delivery = DeliveryConfig {
+        ..support::delivery()
+    };
+    delivery.inbox.max_msgs_per_subject = CAP;
+    delivery.inbox.trim_interval_secs = 1;
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    hub
+}
+
+async fn send(hub: &ActorSystem, from: &AgentId, to: &AgentId, id: &str) {
+    hub.send_envelope(from, &Channel::Inbox, &support::dm(to, id))
+        .await
+        .unwrap();
+}
+
+/// Waits until `to`'s inbox subject holds `n` DMs.
+async fn wait_stored(js: &async_nats::jetstream::Context, to: &AgentId, n: usize) {
+    let subject = subjects::inbox(to);
+    harness::wait_until_async(
+        &format!("{n} DMs on {subject}"),
+        support::DEADLINE,
+        || async { support::count_on(js, "HUB_INBOX", &subject).await == n },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_reads_everything_takes_dms_past_its_inbox_cap() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let js = support::js(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let bobs = support::attach_collect(&hub, &bob).await;
+    let mut sent = Vec::new();
+    // Three times the cap, a cap's worth at a time: each round is read, then trimmed.
+    for round in 0..3 {
+        for n in 0..CAP {
+            let id = format!("r{round}-{n}");
+            send(&hub, &alice, &bob, &id).await;
+            sent.push(serde_json::json!(id));
+        }
+        support::wait_for(&bobs, sent.len()).await;
+        support::wait_settled(&js, "inbox-bob").await;
+        wait_stored(&js, &bob, 0).await;
+    }
+    assert_eq!(support::bodies(&bobs), sent);
+    assert!(
+        alices.lock().unwrap().is_empty(),
+        "no refusal: {:?}",
+        support::bodies(&alices)
+    );
+    let counters = support::wait_router(&hub, "every DM stored", |c| c.stored == 9).await;
+    assert_eq!(counters.refused_full, 0);
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// Bob's handler rejects `m-bad`, which the broker terminates (bob's ack floor passes it), and
+/// the expiry actor fails to copy it five times: its advisory stays unacked for seconds, past the
+/// settling of a trim round. The round waits for the advisories consumer, so the DM is still
+/// there to be copied, and only then is it trimmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_dm_is_dead_lettered_before_the_history_it_sits_in_is_trimmed() {
+    let server = harness::run_server().await.unwrap();
+    let hub = hub(&server).await;
+    let js = support::js(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let _alices = support::attach_collect(&hub, &alice).await;
+    fault::arm(&hub.expiry_name(), FaultPoint::DeadLetter, Fault::Error, 5);
+    hub.attach_inbox(&bob, |d| {
+        let rejected = d.envelope.meta.id.as_str() == "m-bad";
+        async move {
+            if rejected {
+                Handled::Reject("not wanted".into())
+            } else {
+                Handled::Done
+            }
+        }
+    })
+    .await
+    .unwrap();
+    for id in ["m-bad", "m-2", "m-3"] {
+        send(&hub, &alice, &bob, id).await;
+    }
+    support::wait_settled(&js, "inbox-bob").await;
+    let dlq = format!("dlq.{bob}");
+    harness::wait_until_async("m-bad dead-lettered", support::DEADLINE, || async {
+        support::count_on(&js, "HUB_DLQ", &dlq).await == 1
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        fault::remaining(&hub.expiry_name(), FaultPoint::DeadLetter),
+        0
+    );
+    let copy = &support::stored_on(&js, "HUB_DLQ", &dlq).await[0];
+    let env = protocol::decode(&copy.payload, protocol::Codec::Json).unwrap();
+    assert_eq!(env.meta.id.as_str(), "m-bad");
+    wait_stored(&js, &bob, 0).await;
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// Bob read his three DMs, and the next round is half a minute away: alice's fourth DM is
+/// refused `inbox_full`, told to retry once a round has trimmed what bob read, not when his
+/// oldest DM ages out of the stream (a week by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_told_to_retry_after_the_next_trim() {
+    let server = harness::run_server().await.unwrap();
+    let mut delivery = support::delivery();
+    delivery.inbox.max_msgs_per_subject = CAP;
+    delivery.inbox.trim_interval_secs = 30;
+    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
+    hub.start_router().await.unwrap();
+    let js = support::js(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let alices = support::attach_collect(&hub, &alice).await;
+    let bobs = support::attach_collect(&hub, &bob).await;
+    for id in ["m1", "m2", "m3"] {
+        send(&hub, &alice, &bob, id).await;
+    }
+    support::wait_for(&bobs, 3).await;
+    support::wait_settled(&js, "inbox-bob").await;
+    send(&hub, &alice, &bob, "m4").await;
+    support::wait_for(&alices, 1).await;
+    let refused = protocol::rejection::parse_rejection(&alices.lock().unwrap()[0].envelope)
+        .expect("a refusal");
+    assert_eq!(refused.error.kind, protocol::WireErrorKind::InboxFull);
+    assert_eq!(refused.rejected_id.as_ref().unwrap().as_str(), "m4");
+    // The interval, the settling and a second of margin.
+    assert_eq!(refused.retry_after_secs, Some(36));
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}

@@ -6,16 +6,20 @@
 //! the DMs stored per inbox, reads the ack floor of every inbox holding at least half its cap,
 //! waits [`SETTLE`], reads the advisories stream's last sequence, waits (at most
 //! [`CATCH_UP`]) until the advisories consumer acked up to it, then purges each inbox's subject
-//! below its floor plus one. A round that fails is logged and counted, and the next one starts
-//! over: nothing is purged on a guess. Every router runs the rounds; purging twice removes
-//! nothing more.
+//! below its floor plus one (16 reads, then 16 purges, at a time). What fails of one inbox is
+//! logged and counted and left to the next round; a failure that concerns every inbox (the
+//! counts, the advisories) ends the round: nothing is purged on a guess. An inbox whose floor
+//! has not moved since its last purge is not purged again. The router nudges the actor
+//! ([`Nudge`]) for a round at once when it refuses a DM for an inbox's read history. Every
+//! router runs the rounds; purging twice removes nothing more.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull};
 use async_nats::Client;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use protocol::config::DeliveryConfig;
 use protocol::history::{
     advisories_caught_up, keep_from, trim_threshold, AdvisoryProgress, CATCH_UP, SETTLE,
@@ -41,6 +45,27 @@ pub struct History {
     pub client: Client,
     /// Stream names, the inbox cap and the trim interval.
     pub delivery: Arc<DeliveryConfig>,
+    /// Starts a round before the interval is up (the router's, when it refused a DM for an
+    /// inbox's read history).
+    pub nudge: Nudge,
+}
+
+/// Asks the history actor of the same system for a round now rather than at the end of the
+/// interval: the router refused a DM to an inbox at its cap that holds DMs it has read.
+/// Nudges while a round runs are folded into one more round.
+#[derive(Clone, Default)]
+pub struct Nudge(Arc<tokio::sync::Notify>);
+
+impl Nudge {
+    /// A round soon: the one running, if it has not read the floors yet, or the next.
+    pub fn trim_soon(&self) {
+        self.0.notify_one();
+    }
+
+    /// Resolves at the next [`Self::trim_soon`] (or at once, for one made since the last).
+    async fn wanted(&self) {
+        self.0.notified().await;
+    }
 }
 
 /// Messages of the history actor.
@@ -60,7 +85,8 @@ crate::counters! {
         trimmed,
         /// Rounds given up because the advisories consumer did not catch up in time.
         deferred,
-        /// Rounds that failed on a broker request (the next one starts over).
+        /// Broker requests that failed: an inbox's (its trim waits for the next round) or a
+        /// round's (the next one starts over).
         failures,
     }
 }
@@ -120,6 +146,8 @@ impl Actor for History {
                     delivery: self.delivery.clone(),
                     counters: counters.clone(),
                     threshold,
+                    nudge: self.nudge.clone(),
+                    kept: HashMap::new(),
                 };
                 Some(Owned::spawn(trimmer.run(interval, stop_rx)))
             }
@@ -167,6 +195,10 @@ struct Trimmer {
     counters: Arc<HistoryCounters>,
     /// DMs stored on an inbox from which it is trimmed.
     threshold: u64,
+    nudge: Nudge,
+    /// Where each inbox was last purged from: a floor that has not moved since is not purged
+    /// again.
+    kept: HashMap<AgentId, u64>,
 }
 
 /// What ended a wait.
@@ -176,10 +208,14 @@ enum Waited {
 }
 
 impl Trimmer {
-    /// A round every `interval` until `stop`.
-    async fn run(self, interval: Duration, mut stop: watch::Receiver<bool>) {
+    /// A round every `interval`, or at a nudge, until `stop`.
+    async fn run(mut self, interval: Duration, mut stop: watch::Receiver<bool>) {
         loop {
-            if let Waited::Stopped = wait(interval, &mut stop).await {
+            let waited = tokio::select! {
+                waited = wait(interval, &mut stop) => waited,
+                () = self.nudge.wanted() => Waited::Elapsed,
+            };
+            if let Waited::Stopped = waited {
                 return;
             }
             self.counters.rounds.bump();
@@ -190,7 +226,9 @@ impl Trimmer {
         }
     }
 
-    async fn round(&self, stop: &mut watch::Receiver<bool>) -> Result<(), HistoryError> {
+    /// One round: what it could not read or purge of one inbox is logged, counted and left to
+    /// the next round; a failure that concerns them all ends the round.
+    async fn round(&mut self, stop: &mut watch::Receiver<bool>) -> Result<(), HistoryError> {
         let inbox_stream = &self.delivery.inbox.name;
         let stream = self
             .js
@@ -198,15 +236,23 @@ impl Trimmer {
             .await
             .map_err(|e| failed(format!("open stream {inbox_stream}"), e))?;
         let candidates = self.candidates(&stream).await?;
-        if candidates.is_empty() {
-            return Ok(());
-        }
-        let floors: Vec<(AgentId, u64)> = futures::stream::iter(candidates)
+        // Inboxes under the threshold are forgotten (they are read again when back over it).
+        self.kept.retain(|id, _| candidates.contains(id));
+        let read: Vec<_> = futures::stream::iter(candidates)
             .map(|id| self.keep_from(id))
             .buffer_unordered(CONCURRENT_READS)
-            .try_filter_map(|kept| std::future::ready(Ok(kept)))
-            .try_collect()
-            .await?;
+            .collect()
+            .await;
+        let mut floors = Vec::new();
+        for kept in read {
+            match kept {
+                Ok(Some((id, keep))) if self.kept.get(&id) != Some(&keep) => {
+                    floors.push((id, keep))
+                }
+                Ok(_) => {}
+                Err(e) => self.failed(&e),
+            }
+        }
         if floors.is_empty() {
             return Ok(());
         }
@@ -217,19 +263,40 @@ impl Trimmer {
         if !self.advisories_caught_up(stop).await? {
             return Ok(());
         }
-        for (id, keep) in floors {
-            let subject = subjects::inbox(&id);
-            let purged = stream
-                .purge()
-                .filter(subject.clone())
-                .sequence(keep)
-                .await
-                .map_err(|e| failed(format!("purge {subject}"), e))?;
-            self.counters.trimmed_inboxes.bump();
-            self.counters.trimmed.add(purged.purged);
-            tracing::debug!(%id, keep, purged = purged.purged, "read DMs trimmed");
+        let purged: Vec<_> = futures::stream::iter(floors)
+            .map(|(id, keep)| {
+                let stream = &stream;
+                async move {
+                    let subject = subjects::inbox(&id);
+                    let purged = stream.purge().filter(subject.clone()).sequence(keep).await;
+                    (
+                        id,
+                        keep,
+                        purged.map_err(|e| failed(format!("purge {subject}"), e)),
+                    )
+                }
+            })
+            .buffer_unordered(CONCURRENT_READS)
+            .collect()
+            .await;
+        for (id, keep, purged) in purged {
+            match purged {
+                Ok(purged) => {
+                    self.counters.trimmed_inboxes.bump();
+                    self.counters.trimmed.add(purged.purged);
+                    tracing::debug!(%id, keep, purged = purged.purged, "read DMs trimmed");
+                    self.kept.insert(id, keep);
+                }
+                Err(e) => self.failed(&e),
+            }
         }
         Ok(())
+    }
+
+    /// Counts and logs what failed of one inbox (tried again next round).
+    fn failed(&self, e: &HistoryError) {
+        self.counters.failures.bump();
+        tracing::warn!(error = %e, "an inbox's read DMs were not trimmed; tried again next round");
     }
 
     /// The inboxes holding at least [`Self::threshold`] DMs.
@@ -280,15 +347,12 @@ impl Trimmer {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<bool, HistoryError> {
         let stream_name = subjects::ADVISORIES_STREAM;
-        let mut stream = self
+        let last_seq = self
             .js
             .get_stream(stream_name)
             .await
-            .map_err(|e| failed(format!("read stream {stream_name}"), e))?;
-        let last_seq = stream
-            .info()
-            .await
             .map_err(|e| failed(format!("read stream {stream_name}"), e))?
+            .cached_info()
             .state
             .last_sequence;
         let deadline = tokio::time::Instant::now() + CATCH_UP;

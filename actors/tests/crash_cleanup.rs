@@ -122,6 +122,7 @@ async fn a_crashed_router_leaves_no_pump_behind() {
         durable: true,
         delivery: delivery(),
         reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
+        history: Default::default(),
     };
     let spec =
         SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, router, || ()));
@@ -176,6 +177,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
                 durable: true,
                 delivery: delivery.clone(),
                 reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
+                history: Default::default(),
             },
             || (),
         ))

@@ -57,14 +57,19 @@ pub fn advisories_caught_up(last_seq: u64, progress: AdvisoryProgress) -> bool {
     progress.ack_floor >= last_seq || (progress.pending == 0 && progress.ack_pending == 0)
 }
 
-/// The `retry_after_secs` of a DM refused because its recipient's inbox is at its `cap` while
-/// holding only `unread` DMs not yet handled: its read history will be trimmed within a round
-/// (`trim_interval_secs` and the settling). `None` when the inbox is full of unread DMs (room
-/// comes back as they age out).
+/// The `retry_after_secs` of a DM refused for read history: the router asks for a round at
+/// once, which may have to follow one already settling; each takes [`SETTLE`] and a little.
+pub const HISTORY_RETRY_AFTER_SECS: u64 = 2 * SETTLE.as_secs() + 1;
+
+/// Whether a DM refused because its recipient's inbox is at its cap was refused for read
+/// history: the inbox's oldest DM (`oldest_seq`) is at or below its consumer's `ack_floor`, so
+/// a round (asked for at once, when `trimming`) frees room. Then its `retry_after_secs`,
+/// [`HISTORY_RETRY_AFTER_SECS`]. `None` when the oldest DM is not handled yet (a trim frees
+/// nothing: room comes back as DMs are handled or age out), the floor is unknown, or nothing
+/// trims.
 #[must_use]
-pub fn history_retry_after(unread: u64, cap: u64, trim_interval_secs: Option<u64>) -> Option<u64> {
-    let interval = trim_interval_secs?;
-    (unread < cap).then(|| interval.saturating_add(SETTLE.as_secs()).saturating_add(1))
+pub fn history_retry_after(oldest_seq: u64, ack_floor: Option<u64>, trimming: bool) -> Option<u64> {
+    (trimming && ack_floor? >= oldest_seq).then_some(HISTORY_RETRY_AFTER_SECS)
 }
 
 #[cfg(test)]
@@ -89,9 +94,12 @@ mod tests {
 
     #[test]
     fn a_full_inbox_of_unread_dms_is_not_retried_soon() {
-        assert_eq!(history_retry_after(3, 3, Some(60)), None);
-        assert_eq!(history_retry_after(0, 3, Some(60)), Some(66));
-        assert_eq!(history_retry_after(0, 3, None), None);
+        // The oldest DM (seq 7) not handled yet: a DM handled out of order above a stuck floor
+        // is not room a trim frees.
+        assert_eq!(history_retry_after(7, Some(6), true), None);
+        assert_eq!(history_retry_after(7, None, true), None);
+        assert_eq!(history_retry_after(7, Some(7), true), Some(11));
+        assert_eq!(history_retry_after(7, Some(9), false), None);
     }
 
     proptest! {

@@ -122,15 +122,17 @@ async fn a_rejected_dm_is_dead_lettered_before_the_history_it_sits_in_is_trimmed
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }
 
-/// Bob read his three DMs, and the next round is half a minute away: alice's fourth DM is
-/// refused `inbox_full`, told to retry once a round has trimmed what bob read, not when his
-/// oldest DM ages out of the stream (a week by default).
+/// Bob read his three DMs, and the next round is a minute away: alice's fourth DM is refused
+/// `inbox_full`, told to retry in 11 s, not when bob's oldest DM ages out of the stream (a week
+/// by default); the refusal asks for a round at once, which trims what bob read, and the DM
+/// sent again is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_told_to_retry_after_the_next_trim() {
+async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_delivered_when_sent_again_after_its_retry_after(
+) {
     let server = harness::run_server().await.unwrap();
     let mut delivery = support::delivery();
     delivery.inbox.max_msgs_per_subject = CAP;
-    delivery.inbox.trim_interval_secs = 30;
+    delivery.inbox.trim_interval_secs = 60;
     let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
     hub.start_router().await.unwrap();
     let js = support::js(&server).await;
@@ -142,13 +144,32 @@ async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_told_to_retry_after_the_ne
     }
     support::wait_for(&bobs, 3).await;
     support::wait_settled(&js, "inbox-bob").await;
+    let asked = tokio::time::Instant::now();
     send(&hub, &alice, &bob, "m4").await;
     support::wait_for(&alices, 1).await;
     let refused = protocol::rejection::parse_rejection(&alices.lock().unwrap()[0].envelope)
         .expect("a refusal");
     assert_eq!(refused.error.kind, protocol::WireErrorKind::InboxFull);
     assert_eq!(refused.rejected_id.as_ref().unwrap().as_str(), "m4");
-    // The interval, the settling and a second of margin.
-    assert_eq!(refused.retry_after_secs, Some(36));
+    let retry_after = refused.retry_after_secs.expect("a retry-after");
+    assert_eq!(retry_after, protocol::history::HISTORY_RETRY_AFTER_SECS);
+    // Trimmed within the retry-after, long before the minute's round.
+    wait_stored(&js, &bob, 0).await;
+    assert!(asked.elapsed() < Duration::from_secs(retry_after));
+    let mut again = support::dm(&bob, "m4");
+    again.meta.id = protocol::MessageId::new("m4-again").unwrap();
+    // Alice's system holds her DMs to bob until the retry-after is over; then it is sent.
+    harness::wait_until_async("alice's hold over", support::DEADLINE, || async {
+        match hub.send_envelope(&alice, &Channel::Inbox, &again).await {
+            Ok(_) => true,
+            Err(runtime::SystemError::Held { .. }) => false,
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(asked.elapsed() >= Duration::from_secs(retry_after - 1));
+    support::wait_for(&bobs, 4).await;
+    assert_eq!(support::bodies(&bobs)[3], serde_json::json!("m4"));
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

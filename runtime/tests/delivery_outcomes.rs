@@ -8,9 +8,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runtime::{Delivery, Handled};
 use protocol::attach::DurableInboxMode;
 use runtime::ActorSystem;
+use runtime::{Delivery, Handled};
 
 /// A hub whose inbox consumers deliver a DM at most 3 times, with no backoff.
 async fn hub_with_max_deliver(server: &harness::NatsServer) -> ActorSystem {

@@ -7,7 +7,7 @@
 //! ([`ReceiptOutbox`]) sends the oldest one again and again, with backoff, until the
 //! ingress stored it, then the next, and ends once the outbox is empty (an inbox with no
 //! receipt waiting has no such task; the next receipt queued starts one). Every try publishes the same bytes under the same
-//! `Nats-Msg-Id` (`<me>:<receipt id>`), so a try whose first attempt did land after all is
+//! `Nats-Msg-Id` (`<me>:<receipt id>~<seal>`, [`crate::ingress_seal`]), so a try whose first attempt did land after all is
 //! deduplicated by the ingress stream (within its duplicate window). While the client is not
 //! connected nothing is published (a publish would only wait in the client's buffer); the
 //! task looks again every [`CONNECTION_POLL`].
@@ -65,7 +65,7 @@ pub enum ReceiptError {
 pub struct PendingReceipt {
     /// The receipt's `meta.id` (`read:<sender>:<DM id>`).
     pub id: String,
-    /// Its `Nats-Msg-Id` at the ingress: `<me>:<receipt id>`.
+    /// Its `Nats-Msg-Id` at the ingress: `<me>:<receipt id>~<seal>`.
     pub msg_id: String,
     /// The encoded envelope (JSON).
     pub payload: Bytes,

@@ -435,7 +435,7 @@ impl InboxPump {
     }
 
     /// Sends a read receipt through this identity's ingress (`hub.pub.<me>.inbox`, dedupe id
-    /// `<me>:<receipt id>`), and waits for the ingress to store it. One that cannot be sent at
+    /// `<me>:<receipt id>~<seal>`), and waits for the ingress to store it. One that cannot be sent at
     /// once (or that older receipts still wait before) goes to the outbox, which tries it
     /// again until it is stored ([`super::outbox`]): the DM was handled and acked.
     async fn send_receipt(&self, receipt: &protocol::Envelope, trail: Option<Trail>) {

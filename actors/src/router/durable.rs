@@ -65,6 +65,8 @@ pub struct DurablePump {
     pub audit: crate::audit::Auditor,
     /// The removed agents (kept current by the router's watch): a DM to one is refused.
     pub removed: crate::removed::RemovedAgents,
+    /// Asks for a trim round when a DM is refused for an inbox's read history.
+    pub history: crate::history::Nudge,
 }
 
 impl DurablePump {
@@ -75,6 +77,7 @@ impl DurablePump {
             delivery: &self.delivery,
             counters: &self.counters,
             audit: &self.audit,
+            history: &self.history,
         }
     }
 

@@ -54,6 +54,9 @@ pub struct Router {
     /// inbox prefix; [`subjects::DEFAULT_REPLY_PREFIX`], `_INBOX`, by default). A request with
     /// a reply elsewhere is counted and ignored.
     pub reply_prefix: String,
+    /// Asks the system's history actor for a round when a DM is refused for an inbox's read
+    /// history ([`crate::history`]).
+    pub history: crate::history::Nudge,
 }
 
 /// Router messages.
@@ -225,6 +228,7 @@ impl Actor for Router {
                 fault_name: self.name.clone(),
                 known_queues: Default::default(),
                 audit,
+                history: self.history.clone(),
             };
             spawn_pump(pump.run(stop_rx), move |e| {
                 let _ = myself.cast(RouterMsg::PumpFailed(e));

@@ -13,6 +13,7 @@ use async_nats::jetstream;
 use protocol::backpressure::{
     hold_of, inbox_full_retry_after, Hold, StoreRefusal, DEFAULT_RETRY_AFTER_SECS,
 };
+use protocol::history::history_retry_after;
 use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
 
@@ -43,6 +44,8 @@ pub(super) struct Refusals<'a> {
     pub counters: &'a std::sync::Arc<RouterCounters>,
     /// Where a refusal's `rejected` event goes.
     pub audit: &'a crate::audit::Auditor,
+    /// Asks for a trim round when the refusal is for read history.
+    pub history: &'a crate::history::Nudge,
 }
 
 impl Refusals<'_> {
@@ -53,16 +56,12 @@ impl Refusals<'_> {
         let js = jetstream::ContextBuilder::new()
             .timeout(crate::PUBLISH_ACK_TIMEOUT)
             .build(self.client.clone());
-        let max_age = self.delivery.inbox.max_age().map(|d| d.as_secs());
         self.counters.refused_full.bump();
         let (kind, detail, retry_after) = match what {
             StoreRefusal::SubjectFull => (
                 WireErrorKind::InboxFull,
                 format!("the inbox of {} holds as many messages as it may", dm.to),
-                Some(match self.history_retry_after(&js, &dm.to).await {
-                    Some(secs) => secs,
-                    None => retry_after(&js, &self.delivery.inbox.name, &dm.to, max_age).await,
-                }),
+                Some(self.subject_full_retry_after(&js, &dm.to).await),
             ),
             StoreRefusal::StreamFull => (
                 WireErrorKind::InboxFull,
@@ -79,29 +78,35 @@ impl Refusals<'_> {
         notify(&js, self.counters, self.audit, &dm, &error, retry_after).await
     }
 
-    /// When `to`'s inbox is at its cap with DMs it has read among them: the seconds until a
-    /// trim round ([`crate::history`]) made room, from its consumer's backlog (one consumer
-    /// info). `None` when it holds as many unread DMs as its cap, trimming is off, or the
-    /// consumer cannot be read.
-    async fn history_retry_after(&self, js: &jetstream::Context, to: &AgentId) -> Option<u64> {
+    /// When `to`'s inbox, at its cap, has room again. Its oldest DM (one direct get) at or below
+    /// its consumer's ack floor (one consumer info, beside it) was read: a trim round
+    /// ([`crate::history`]), asked for now, makes room within
+    /// [`HISTORY_RETRY_AFTER_SECS`](protocol::history::HISTORY_RETRY_AFTER_SECS). Otherwise when
+    /// that DM leaves the stream, from its age and TTL; [`DEFAULT_RETRY_AFTER_SECS`] when it
+    /// cannot be read. Each read waits at most [`READ_TIMEOUT`]: the pump waits for this.
+    async fn subject_full_retry_after(&self, js: &jetstream::Context, to: &AgentId) -> u64 {
         let inbox = &self.delivery.inbox;
-        let cap = inbox.max_msgs_per_subject_limit()?;
-        let interval = inbox.trim_interval().map(|d| d.as_secs());
-        let read = async {
-            let consumer: jetstream::consumer::PullConsumer = js
-                .get_consumer_from_stream(protocol::subjects::inbox_consumer(to), &inbox.name)
-                .await
-                .ok()?;
-            Some(consumer.cached_info().clone())
+        let (oldest, floor) = tokio::join!(
+            bounded(oldest_dm(js, &inbox.name, to)),
+            bounded(ack_floor(js, &inbox.name, to)),
+        );
+        let Some(oldest) = oldest else {
+            return DEFAULT_RETRY_AFTER_SECS;
         };
-        let info = tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, read)
-            .await
-            .ok()
-            .flatten()?;
-        let unread = info
-            .num_pending
-            .saturating_add(u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX));
-        protocol::history::history_retry_after(unread, cap, interval)
+        let trimming = inbox.trim_interval().is_some();
+        if let Some(secs) = history_retry_after(oldest.sequence, floor, trimming) {
+            self.history.trim_soon();
+            return secs;
+        }
+        let now = i64::try_from(protocol::expiry::now_ms() / 1000).unwrap_or(i64::MAX);
+        let age = u64::try_from(now.saturating_sub(oldest.time.unix_timestamp())).unwrap_or(0);
+        // The router stores a TTL as whole seconds; another form counts as none (max age
+        // decides).
+        let ttl = oldest
+            .headers
+            .get(protocol::headers::NATS_TTL)
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        inbox_full_retry_after(age, inbox.max_age().map(|d| d.as_secs()), ttl)
     }
 
     /// Refuses `dm` now, before any store, because its sender is over its rate.
@@ -194,32 +199,37 @@ async fn notify(
     }
 }
 
-/// When `to`'s full inbox has room again: from its oldest DM's age and TTL (one direct get), or
-/// [`DEFAULT_RETRY_AFTER_SECS`] when it cannot be read.
-async fn retry_after(
+/// How long each read of a refusal's retry-after may take (the pump's pipeline waits for it).
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `read`, or `None` past [`READ_TIMEOUT`].
+async fn bounded<T>(read: impl std::future::Future<Output = Option<T>>) -> Option<T> {
+    tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The oldest DM stored for `to` (one direct get).
+async fn oldest_dm(
     js: &jetstream::Context,
     stream: &str,
     to: &AgentId,
-    max_age: Option<u64>,
-) -> u64 {
-    let read = async {
-        let stream = js.get_stream_no_info(stream).await.ok()?;
-        stream
-            .direct_get_first_for_subject(protocol::subjects::inbox(to))
-            .await
-            .ok()
-    };
-    let Ok(Some(oldest)) = tokio::time::timeout(crate::PUBLISH_ACK_TIMEOUT, read).await else {
-        return DEFAULT_RETRY_AFTER_SECS;
-    };
-    let now = i64::try_from(protocol::expiry::now_ms() / 1000).unwrap_or(i64::MAX);
-    let age = u64::try_from(now.saturating_sub(oldest.time.unix_timestamp())).unwrap_or(0);
-    // The router stores a TTL as whole seconds; another form counts as none (max age decides).
-    let ttl = oldest
-        .headers
-        .get(protocol::headers::NATS_TTL)
-        .and_then(|v| v.as_str().parse::<u64>().ok());
-    inbox_full_retry_after(age, max_age, ttl)
+) -> Option<jetstream::message::StreamMessage> {
+    let stream = js.get_stream_no_info(stream).await.ok()?;
+    stream
+        .direct_get_first_for_subject(protocol::subjects::inbox(to))
+        .await
+        .ok()
+}
+
+/// The ack floor (stream sequence) of `to`'s inbox consumer (one consumer info).
+async fn ack_floor(js: &jetstream::Context, stream: &str, to: &AgentId) -> Option<u64> {
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_consumer_from_stream(protocol::subjects::inbox_consumer(to), stream)
+        .await
+        .ok()?;
+    Some(consumer.cached_info().ack_floor.stream_sequence)
 }
 
 /// Stores `hold` under `key` in the holds bucket, for a one-shot client to read. Best effort:

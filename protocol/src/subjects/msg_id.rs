@@ -37,11 +37,3 @@ pub const INGRESS_SEAL_SEPARATOR: char = '~';
 pub fn ingress_msg_id(logical: &str, seal: u64) -> String {
     format!("{logical}{INGRESS_SEAL_SEPARATOR}{seal:016x}")
 }
-
-/// The logical id of an ingress `Nats-Msg-Id` made by [`ingress_msg_id`]: what precedes its
-/// last seal; `None` for an id without one.
-#[must_use]
-pub fn ingress_logical_id(msg_id: &str) -> Option<&str> {
-    let (logical, seal) = msg_id.rsplit_once(INGRESS_SEAL_SEPARATOR)?;
-    (seal.len() == 16 && seal.bytes().all(|b| b.is_ascii_hexdigit())).then_some(logical)
-}

@@ -106,7 +106,8 @@ impl ActorSystem {
 
     /// Publishes `envelope` to `hub.pub.<from>.<channel>` with the current span's trace
     /// context. In durable mode it is a JetStream publish to the ingress stream with
-    /// `Nats-Msg-Id: <from>:<meta.id>` (a retried send is stored once), and the receipt carries
+    /// `Nats-Msg-Id: <from>:<meta.id>~<seal>` (a retried send is stored once;
+    /// [`protocol::subjects::ingress_msg_id`]), and the receipt carries
     /// the ingress sequence; in core mode it is a core publish.
     ///
     /// A DM is not published while a refusal for a limit holds it back: after an `inbox_full`

@@ -230,12 +230,15 @@ impl ActorSystem {
             let js = async_nats::jetstream::new(self.client.clone());
             actors::streams::ensure_streams(&js, &self.delivery).await?;
         }
+        // The router asks the history actor for a round when it refuses a DM for read history.
+        let nudge = actors::history::Nudge::default();
         let router = Router {
             name: self.router_name(),
             client: self.client.clone(),
             durable: self.durable,
             delivery: self.delivery.clone(),
             reply_prefix: self.reply_prefix.clone(),
+            history: nudge.clone(),
         };
         let mut spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             self.router_name(),
@@ -260,6 +263,7 @@ impl ActorSystem {
                 name: self.history_name(),
                 client: self.client.clone(),
                 delivery: self.delivery.clone(),
+                nudge,
             };
             spec = spec.child(ChildSpec::actor(self.history_name(), history, || ()));
         }

@@ -183,6 +183,7 @@ pub(super) async fn env_with(name: &str, hub: Hub) -> Env {
             durable: true,
             delivery: delivery.clone(),
             reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
+            history: Default::default(),
         };
         let (router, _) = Actor::spawn(Some(router.name.clone()), router, ())
             .await

@@ -17,15 +17,27 @@ use runtime::{ActorSystem, Handled};
 /// The cap of every inbox in these tests.
 const CAP: i64 = 3;
 
-async fn hub(server: &harness::NatsServer) -> ActorSystem {
+/// A hub whose inboxes are capped at [`CAP`] and trimmed every `trim_interval_secs`, what they
+/// read being kept for the dedupe `duplicate_window_secs` (and the 5 s clock margin).
+async fn hub_with(
+    server: &harness::NatsServer,
+    trim_interval_secs: i64,
+    duplicate_window_secs: u64,
+) -> ActorSystem {
     let mut delivery = DeliveryConfig {
+        duplicate_window_secs,
         ..support::delivery()
     };
     delivery.inbox.max_msgs_per_subject = CAP;
-    delivery.inbox.trim_interval_secs = 1;
+    delivery.inbox.trim_interval_secs = trim_interval_secs;
     let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
     hub.start_router().await.unwrap();
     hub
+}
+
+/// Rounds every second; what was read is trimmed once 6 s old.
+async fn hub(server: &harness::NatsServer) -> ActorSystem {
+    hub_with(server, 1, 1).await
 }
 
 async fn send(hub: &ActorSystem, from: &AgentId, to: &AgentId, id: &str) {
@@ -123,18 +135,15 @@ async fn a_rejected_dm_is_dead_lettered_before_the_history_it_sits_in_is_trimmed
 }
 
 /// Bob read his three DMs, and the next round is a minute away: alice's fourth DM is refused
-/// `inbox_full`, told to retry in 11 s, not when bob's oldest DM ages out of the stream (a week
-/// by default); the refusal asks for a round at once, which trims what bob read, and the DM
-/// sent again is delivered.
+/// `inbox_full`, told to retry once what bob read is out of the duplicate window and trimmed
+/// (6 s, then a round), not when bob's oldest DM ages out of the stream (a week by default);
+/// the refusal asks for that round, which trims what bob read, and the DM sent again is
+/// delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_delivered_when_sent_again_after_its_retry_after(
 ) {
     let server = harness::run_server().await.unwrap();
-    let mut delivery = support::delivery();
-    delivery.inbox.max_msgs_per_subject = CAP;
-    delivery.inbox.trim_interval_secs = 60;
-    let hub = support::system_with(server.url(), true, DurableInboxMode::On, delivery).await;
-    hub.start_router().await.unwrap();
+    let hub = hub_with(&server, 60, 1).await;
     let js = support::js(&server).await;
     let (alice, bob) = (support::agent("alice"), support::agent("bob"));
     let alices = support::attach_collect(&hub, &alice).await;
@@ -152,7 +161,12 @@ async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_delivered_when_sent_again_
     assert_eq!(refused.error.kind, protocol::WireErrorKind::InboxFull);
     assert_eq!(refused.rejected_id.as_ref().unwrap().as_str(), "m4");
     let retry_after = refused.retry_after_secs.expect("a retry-after");
-    assert_eq!(retry_after, protocol::history::HISTORY_RETRY_AFTER_SECS);
+    // m1, stored a moment ago, is out of the window and the margin within 6 s; then two rounds
+    // at most (5 s of settling each) and a second.
+    assert!(
+        (11..=17).contains(&retry_after),
+        "retry after {retry_after} s"
+    );
     // Trimmed within the retry-after, long before the minute's round.
     wait_stored(&js, &bob, 0).await;
     assert!(asked.elapsed() < Duration::from_secs(retry_after));
@@ -171,5 +185,58 @@ async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_delivered_when_sent_again_
     assert!(asked.elapsed() >= Duration::from_secs(retry_after - 1));
     support::wait_for(&bobs, 4).await;
     assert_eq!(support::bodies(&bobs)[3], serde_json::json!("m4"));
+    hub.shutdown(Duration::from_secs(10)).await.unwrap();
+}
+
+/// The broker rebuilds its dedupe ids from what it stores within the duplicate window when it
+/// restarts, so what an inbox read within the window is kept: bob read his three DMs, rounds
+/// ran, the broker restarted, and a router's retry of alice's first DM (its stored id) is still
+/// a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_inbox_read_within_the_duplicate_window_still_dedupes_a_retry_after_a_broker_restart(
+) {
+    let mut server = harness::run_server().await.unwrap();
+    let hub = hub_with(&server, 1, 30).await;
+    let js = support::js(&server).await;
+    let (alice, bob) = (support::agent("alice"), support::agent("bob"));
+    let bobs = support::attach_collect(&hub, &bob).await;
+    for id in ["m1", "m2", "m3"] {
+        send(&hub, &alice, &bob, id).await;
+    }
+    support::wait_for(&bobs, 3).await;
+    support::wait_settled(&js, "inbox-bob").await;
+    let start = hub
+        .history_snapshot()
+        .await
+        .expect("a history actor")
+        .rounds;
+    // Two whole rounds after bob read them (each settles 5 s before it purges).
+    harness::wait_until_async("three more rounds", support::DEADLINE, || async {
+        hub.history_snapshot()
+            .await
+            .is_some_and(|s| s.rounds >= start + 3)
+    })
+    .await
+    .unwrap();
+    wait_stored(&js, &bob, 3).await;
+    server.restart().await.unwrap();
+    let js = support::js(&server).await;
+    let retry = protocol::encode(&support::dm(&bob, "m1"), protocol::Codec::Json).unwrap();
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        protocol::headers::NATS_MSG_ID,
+        subjects::router_msg_id(&alice, &protocol::MessageId::new("m1").unwrap()).as_str(),
+    );
+    let ack = js
+        .publish_with_headers(subjects::inbox(&bob), headers, retry.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(ack.duplicate, "{ack:?}");
+    assert_eq!(
+        support::count_on(&js, "HUB_INBOX", &subjects::inbox(&bob)).await,
+        3
+    );
     hub.shutdown(Duration::from_secs(10)).await.unwrap();
 }

@@ -13,7 +13,7 @@ use async_nats::jetstream;
 use protocol::backpressure::{
     hold_of, inbox_full_retry_after, Hold, StoreRefusal, DEFAULT_RETRY_AFTER_SECS,
 };
-use protocol::history::history_retry_after;
+use protocol::history::history_retry;
 use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
 
@@ -80,8 +80,8 @@ impl Refusals<'_> {
 
     /// When `to`'s inbox, at its cap, has room again. Its oldest DM (one direct get) at or below
     /// its consumer's ack floor (one consumer info, beside it) was read: a trim round
-    /// ([`crate::history`]), asked for now, makes room within
-    /// [`HISTORY_RETRY_AFTER_SECS`](protocol::history::HISTORY_RETRY_AFTER_SECS). Otherwise when
+    /// ([`crate::history`]), asked for as soon as that DM is out of the duplicate window, makes
+    /// room ([`history_retry`]). Otherwise when
     /// that DM leaves the stream, from its age and TTL; [`DEFAULT_RETRY_AFTER_SECS`] when it
     /// cannot be read. Each read waits at most [`READ_TIMEOUT`]: the pump waits for this.
     async fn subject_full_retry_after(&self, js: &jetstream::Context, to: &AgentId) -> u64 {
@@ -93,13 +93,14 @@ impl Refusals<'_> {
         let Some(oldest) = oldest else {
             return DEFAULT_RETRY_AFTER_SECS;
         };
-        let trimming = inbox.trim_interval().is_some();
-        if let Some(secs) = history_retry_after(oldest.sequence, floor, trimming) {
-            self.history.trim_soon();
-            return secs;
-        }
         let now = i64::try_from(protocol::expiry::now_ms() / 1000).unwrap_or(i64::MAX);
         let age = u64::try_from(now.saturating_sub(oldest.time.unix_timestamp())).unwrap_or(0);
+        let trimming = inbox.trim_interval().is_some();
+        let window = self.delivery.duplicate_window();
+        if let Some(retry) = history_retry(oldest.sequence, age, floor, trimming, window) {
+            self.history.trim_in(retry.trim_in);
+            return retry.retry_after_secs;
+        }
         // The router stores a TTL as whole seconds; another form counts as none (max age
         // decides).
         let ttl = oldest

@@ -318,6 +318,19 @@ impl ActorSystem {
         .ok()
     }
 
+    /// The history actor's counters (trim rounds, inboxes and DMs trimmed), when this system
+    /// runs a durable router.
+    pub async fn history_snapshot(&self) -> Option<actors::history::HistorySnapshot> {
+        let cell = ractor::registry::where_is(self.history_name())?;
+        let history: ActorRef<actors::history::HistoryMsg> = cell.into();
+        ractor::call_t!(
+            history,
+            actors::history::HistoryMsg::Snapshot,
+            SNAPSHOT_TIMEOUT.as_millis() as u64
+        )
+        .ok()
+    }
+
     /// A snapshot of every actor: the router's counters and each supervisor's restart counts.
     ///
     /// # Errors

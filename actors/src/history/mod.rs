@@ -3,14 +3,16 @@
 //! rules and why they are safe).
 //!
 //! A task owned by the actor's state runs a round every `inbox.trim_interval_secs`: it counts
-//! the DMs stored per inbox, reads the ack floor of every inbox holding at least half its cap,
-//! waits [`SETTLE`], reads the advisories stream's last sequence, waits (at most
-//! [`CATCH_UP`]) until the advisories consumer acked up to it, then purges each inbox's subject
-//! below its floor plus one (16 reads, then 16 purges, at a time). What fails of one inbox is
+//! the DMs stored per inbox, reads the ack floor of every inbox holding at least half its cap
+//! and its first DM stored within the duplicate window, waits [`SETTLE`], reads the advisories
+//! stream's last sequence, waits (at most [`CATCH_UP`]) until the advisories consumer acked up
+//! to it, then purges each inbox's subject below the lower of its floor plus one and that first
+//! DM (16 reads, then 16 purges, at a time). What fails of one inbox is
 //! logged and counted and left to the next round; a failure that concerns every inbox (the
 //! counts, the advisories) ends the round: nothing is purged on a guess. An inbox whose floor
 //! has not moved since its last purge is not purged again. The router nudges the actor
-//! ([`Nudge`]) for a round at once when it refuses a DM for an inbox's read history. Every
+//! ([`Nudge`]) for a round when it refuses a DM for an inbox's read history, as soon as that
+//! history is out of the duplicate window. Every
 //! router runs the rounds; purging twice removes nothing more.
 
 use std::collections::HashMap;
@@ -22,7 +24,8 @@ use async_nats::Client;
 use futures::StreamExt;
 use protocol::config::DeliveryConfig;
 use protocol::history::{
-    advisories_caught_up, keep_from, trim_threshold, AdvisoryProgress, CATCH_UP, SETTLE,
+    advisories_caught_up, first_since_request, keep_from, trim_threshold, window_start_ms,
+    AdvisoryProgress, CATCH_UP, SETTLE,
 };
 use protocol::{subjects, AgentId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -30,6 +33,11 @@ use tokio::sync::watch;
 
 use crate::background::Owned;
 use crate::fault::{self, FaultPoint};
+
+mod nudge;
+
+pub use nudge::Nudge;
+use nudge::Waited;
 
 /// How often the advisories consumer is looked at while the round waits for it.
 const CATCH_UP_POLL: Duration = Duration::from_millis(500);
@@ -48,24 +56,6 @@ pub struct History {
     /// Starts a round before the interval is up (the router's, when it refused a DM for an
     /// inbox's read history).
     pub nudge: Nudge,
-}
-
-/// Asks the history actor of the same system for a round now rather than at the end of the
-/// interval: the router refused a DM to an inbox at its cap that holds DMs it has read.
-/// Nudges while a round runs are folded into one more round.
-#[derive(Clone, Default)]
-pub struct Nudge(Arc<tokio::sync::Notify>);
-
-impl Nudge {
-    /// A round soon: the one running, if it has not read the floors yet, or the next.
-    pub fn trim_soon(&self) {
-        self.0.notify_one();
-    }
-
-    /// Resolves at the next [`Self::trim_soon`] (or at once, for one made since the last).
-    async fn wanted(&self) {
-        self.0.notified().await;
-    }
 }
 
 /// Messages of the history actor.
@@ -201,21 +191,11 @@ struct Trimmer {
     kept: HashMap<AgentId, u64>,
 }
 
-/// What ended a wait.
-enum Waited {
-    Elapsed,
-    Stopped,
-}
-
 impl Trimmer {
     /// A round every `interval`, or at a nudge, until `stop`.
     async fn run(mut self, interval: Duration, mut stop: watch::Receiver<bool>) {
         loop {
-            let waited = tokio::select! {
-                waited = wait(interval, &mut stop) => waited,
-                () = self.nudge.wanted() => Waited::Elapsed,
-            };
-            if let Waited::Stopped = waited {
+            if let Waited::Stopped = self.nudge.wait(interval, &mut stop).await {
                 return;
             }
             self.counters.rounds.bump();
@@ -257,7 +237,7 @@ impl Trimmer {
             return Ok(());
         }
         // Every advisory of a DM at or below these floors is stored by then.
-        if let Waited::Stopped = wait(SETTLE, stop).await {
+        if !pause(SETTLE, stop).await {
             return Ok(());
         }
         if !self.advisories_caught_up(stop).await? {
@@ -322,21 +302,57 @@ impl Trimmer {
         Ok(candidates)
     }
 
-    /// Where `id`'s inbox keeps its DMs from: above its consumer's ack floor. `None` when it
-    /// has no consumer (an agent that never attached has read nothing) or handled nothing.
+    /// Where `id`'s inbox keeps its DMs from: above its consumer's ack floor, and from its
+    /// first DM stored within the duplicate window ([`keep_from`]). `None` when it has no
+    /// consumer (an agent that never attached has read nothing) or nothing is to be trimmed.
     async fn keep_from(&self, id: AgentId) -> Result<Option<(AgentId, u64)>, HistoryError> {
         let name = subjects::inbox_consumer(&id);
         let consumer = self
             .js
             .get_consumer_from_stream::<pull::Config, _, _>(&name, &self.delivery.inbox.name)
             .await;
-        match consumer {
-            Ok(consumer) => {
-                let floor = consumer.cached_info().ack_floor.stream_sequence;
-                Ok(keep_from(floor).map(|keep| (id, keep)))
-            }
-            Err(e) if crate::consumers::is_consumer_not_found(&e) => Ok(None),
-            Err(e) => Err(failed(format!("read consumer {name}"), e)),
+        let floor = match consumer {
+            Ok(consumer) => consumer.cached_info().ack_floor.stream_sequence,
+            Err(e) if crate::consumers::is_consumer_not_found(&e) => return Ok(None),
+            Err(e) => return Err(failed(format!("read consumer {name}"), e)),
+        };
+        if keep_from(floor, None).is_none() {
+            return Ok(None);
+        }
+        let first_in_window = self.first_in_window(&id).await?;
+        Ok(keep_from(floor, first_in_window).map(|keep| (id, keep)))
+    }
+
+    /// The sequence of `id`'s first DM stored within the duplicate window (one direct get by
+    /// time); `None` when there is none.
+    async fn first_in_window(&self, id: &AgentId) -> Result<Option<u64>, HistoryError> {
+        let since = window_start_ms(protocol::expiry::now_ms(), self.delivery.duplicate_window());
+        let subject = subjects::inbox(id);
+        let what = || format!("read the first DM of {subject} within the duplicate window");
+        let request = format!("$JS.API.DIRECT.GET.{}", self.delivery.inbox.name);
+        let reply = self
+            .js
+            .client()
+            .request(request, first_since_request(&subject, since).into())
+            .await
+            .map_err(|e| failed(what(), e))?;
+        if reply.status == Some(async_nats::StatusCode::NOT_FOUND) {
+            return Ok(None);
+        }
+        let seq = reply
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_SEQUENCE))
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        match seq {
+            Some(seq) => Ok(Some(seq)),
+            None => Err(failed(
+                what(),
+                format!(
+                    "no sequence in the reply (status {:?}: {:?})",
+                    reply.status, reply.description
+                ),
+            )),
         }
     }
 
@@ -381,20 +397,20 @@ impl Trimmer {
                 );
                 return Ok(false);
             }
-            if let Waited::Stopped = wait(CATCH_UP_POLL, stop).await {
+            if !pause(CATCH_UP_POLL, stop).await {
                 return Ok(false);
             }
         }
     }
 }
 
-/// Waits `period`, or until `stop`.
-async fn wait(period: Duration, stop: &mut watch::Receiver<bool>) -> Waited {
+/// Waits `period`, or until `stop` (`false`).
+async fn pause(period: Duration, stop: &mut watch::Receiver<bool>) -> bool {
     if *stop.borrow() {
-        return Waited::Stopped;
+        return false;
     }
     tokio::select! {
-        _ = stop.changed() => Waited::Stopped,
-        () = tokio::time::sleep(period) => Waited::Elapsed,
+        _ = stop.changed() => false,
+        () = tokio::time::sleep(period) => true,
     }
 }

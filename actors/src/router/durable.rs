@@ -15,7 +15,7 @@ use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use protocol::config::DeliveryConfig;
 use protocol::rejection::rejection;
-use protocol::routing::{route, RouteDecision};
+use protocol::routing::{route, Dest, RouteDecision};
 use protocol::Codec;
 use tokio::sync::watch;
 use tracing::Instrument;
@@ -26,7 +26,7 @@ use super::outcome::{ready, store_notice, Done, Pending, Pulled};
 use super::rate::RateLimiter;
 use super::refusal::Refusable;
 use super::schedule::Planned;
-use super::store_acks::{send_piped, StoreAcks};
+use super::store_acks::{store_all, Outgoing, StoreAcks};
 use super::trail::Trail;
 use super::RouterError;
 use crate::background::Owned;
@@ -249,89 +249,53 @@ impl DurablePump {
         let pending = async move {
             match decision {
                 RouteDecision::Store {
+                    dest,
                     subject,
                     msg_id,
                     payload,
                     codec,
-                    ttl_secs,
-                    expires_at,
                     from,
                     id,
                 } => {
-                    // A task (a work subject; parsed only then, DMs pay one prefix test).
-                    let task = protocol::subjects::is_work(&subject)
-                        .then(|| protocol::subjects::parse_work(&subject).ok())
-                        .flatten();
-                    if let Some((queue, None)) = &task {
-                        if let Err(e) = self.ensure_queue_consumer(js, queue).await {
-                            return ready(Done::Failed(e));
-                        }
-                    }
-                    let mut headers = routed_headers(Some(&msg_id), codec);
-                    if let Some(ttl) = ttl_secs {
-                        // The broker frees it after its deadline (`meta.expires_at`) and the
-                        // grace that lets an inbox which terminates it have its sender told.
-                        let ttl = ttl.saturating_add(self.delivery.expiry_grace_secs);
-                        headers.insert(protocol::headers::NATS_TTL, ttl.to_string().as_str());
-                    }
-                    // A DM: a limit the broker refuses it for is told to its sender.
-                    let dm = protocol::subjects::is_inbox(&subject)
-                        .then(|| protocol::subjects::parse_inbox(&subject).ok())
-                        .flatten()
-                        .map(|to| Refusable { from, to, id, seq });
-                    // To a removed agent: refused before it is stored, and before it takes a
-                    // token (a lookup in memory: the set is fed by a watch).
-                    if let Some(dm) = dm.as_ref().filter(|dm| self.removed.contains(&dm.to)) {
-                        return self.refusals().recipient_deleted(js, dm.clone());
-                    }
-                    // Over its sender's rate: refused before it is stored (awaited here, so the
-                    // store order stays the pull order).
-                    if let (Some(rate), Some(dm)) = (rate, dm.as_ref()) {
-                        match rate.take(&dm.from).await {
-                            Ok(None) => {}
-                            Ok(Some(secs)) => {
-                                let dm = dm.clone();
-                                return self.refusals().rate_limited(js, dm, secs);
-                            }
-                            Err(reason) => return ready(Done::Failed(reason)),
-                        }
-                    }
-                    let dm = match (expires_at, dm) {
-                        (Some(expires_at), Some(dm)) => {
-                            let check = Planned::Expiry {
-                                from: dm.from.clone(),
-                                to: dm.to.clone(),
-                                id: dm.id.clone(),
+                    let out = Outgoing {
+                        subject,
+                        headers: routed_headers(Some(&msg_id), codec),
+                        payload,
+                    };
+                    match dest {
+                        Dest::Inbox {
+                            to,
+                            ttl_secs,
+                            expires_at,
+                        } => {
+                            let dm = Refusable { from, to, id, seq };
+                            self.store_dm(
+                                js,
+                                acks,
+                                out.ttl(ttl_secs, &self.delivery),
+                                dm,
                                 expires_at,
-                            };
-                            let stored = send_piped(acks, subject, headers, payload, Some(dm)).await;
-                            return match stored {
-                                Ok(ack) => check.once_stored(js, &self.counters, ack),
-                                Err(reason) => ready(Done::Failed(reason)),
-                            };
+                                rate,
+                            )
+                            .await
                         }
-                        (_, dm) => dm,
-                    };
-                    if task.is_some() && self.flags_check(msg, pulled, broker) {
-                        self.counters.flagged.bump();
-                        headers.insert(protocol::headers::HUB_CHECK, "1");
-                    }
-                    // An answer: checked after `answer_max_wait_secs`, dead-lettered if no worker
-                    // took it by then.
-                    let answer = match dm {
-                        None if protocol::subjects::is_answer(&subject) => {
-                            protocol::subjects::parse_answer(&subject)
-                                .ok()
-                                .and_then(|worker| self.plan_answer(worker, &payload, codec))
+                        Dest::Work { queue, worker, .. } => {
+                            let check = self.flags_check(msg, pulled, broker);
+                            self.store_task(js, acks, out, (queue, worker), check).await
                         }
-                        _ => None,
-                    };
-                    let pending = send_piped(acks, subject, headers, payload, dm)
-                        .await
-                        .unwrap_or_else(|reason| ready(Done::Failed(reason)));
-                    match answer {
-                        Some(planned) => planned.once_stored(js, &self.counters, pending),
-                        None => pending,
+                        Dest::Answer { worker, task_id } => {
+                            let wait_ms = self.delivery.answer_max_wait_secs.saturating_mul(1000);
+                            let check = Planned::Answer {
+                                from,
+                                worker,
+                                id,
+                                task_id,
+                                at_ms: protocol::expiry::now_ms().saturating_add(wait_ms),
+                            };
+                            let pending = out.send(acks, None).await;
+                            check.once_stored(js, &self.counters, pending)
+                        }
+                        Dest::TaskChannel(_) => out.send(acks, None).await,
                     }
                 }
                 RouteDecision::StoreAll {
@@ -339,72 +303,20 @@ impl DurablePump {
                     items,
                     codec,
                     ..
-                } => {
-                    // Every item is sent now, in order; the ingress message is acked once all
-                    // are stored (a failed item naks it: the retry dedupes the stored ones).
-                    let mut stores = Vec::with_capacity(items.len());
-                    for item in items {
-                        let headers = routed_headers(Some(&item.msg_id), codec);
-                        match send_piped(acks, subject.clone(), headers, item.payload, None).await {
-                            Ok(ack) => stores.push(ack),
-                            Err(reason) => {
-                                // A send that failed stops the bundle here: no later item is
-                                // stored before it (the nak'd retry stores them all, in order).
-                                stores.push(ready(Done::Failed(reason)));
-                                break;
-                            }
-                        }
-                    }
-                    Box::pin(async move {
-                        let (mut stored, mut duplicates) = (0, 0);
-                        for ack in stores {
-                            match ack.await {
-                                Done::Stored { duplicate, .. } => {
-                                    stored += 1;
-                                    duplicates += u64::from(duplicate);
-                                }
-                                Done::Failed(reason) => return Done::Failed(reason),
-                                other => return other,
-                            }
-                        }
-                        Done::StoredAll { stored, duplicates }
-                    })
-                }
+                } => store_all(acks, subject, items, codec).await,
                 RouteDecision::Broadcast {
                     subject,
                     payload,
                     codec,
                     ..
-                } => {
-                    let headers = routed_headers(None, codec);
-                    match self
-                        .client
-                        .publish_with_headers(subject, headers, payload.into())
-                        .await
-                    {
-                        Ok(()) => {
-                            self.counters.broadcast.bump();
-                            ready(Done::Immediate { terminate: false })
-                        }
-                        Err(e) => ready(Done::Failed(e.to_string())),
-                    }
-                }
+                } => self.broadcast(subject, payload, codec).await,
                 RouteDecision::Reject {
                     sender,
                     rejected_id,
                     error,
                 } => {
-                    self.counters.malformed.bump();
-                    tracing::warn!(%sender, kind = error.kind.as_str(), detail = %error.detail, "malformed envelope refused");
-                    let (subject, msg_id, notice) =
-                        rejection(&sender, rejected_id.as_ref(), &error, seq);
-                    match protocol::encode(&notice, Codec::Json) {
-                        Ok(payload) => {
-                            let headers = routed_headers(Some(&msg_id), Codec::Json);
-                            store_notice(js, subject, headers, payload).await
-                        }
-                        Err(_) => ready(Done::Immediate { terminate: true }),
-                    }
+                    self.reject(js, &sender, rejected_id.as_ref(), &error, seq)
+                        .await
                 }
                 RouteDecision::Drop { reason } => {
                     self.counters.dropped_by_guard.bump();
@@ -416,6 +328,106 @@ impl DurablePump {
         .instrument(span)
         .await;
         (pending, trail.map(Trail::sent_now))
+    }
+
+    /// Publishes a broadcast live (core NATS: nothing is stored).
+    async fn broadcast(&self, subject: String, payload: Vec<u8>, codec: Codec) -> Pending {
+        let headers = routed_headers(None, codec);
+        match self
+            .client
+            .publish_with_headers(subject, headers, payload.into())
+            .await
+        {
+            Ok(()) => {
+                self.counters.broadcast.bump();
+                ready(Done::Immediate { terminate: false })
+            }
+            Err(e) => ready(Done::Failed(e.to_string())),
+        }
+    }
+
+    /// Stores the rejection notice of a malformed envelope in its sender's inbox
+    /// ([`rejection`]); the ingress message is terminated once it is stored.
+    async fn reject(
+        &self,
+        js: &jetstream::Context,
+        sender: &protocol::AgentId,
+        rejected_id: Option<&protocol::MessageId>,
+        error: &protocol::WireError,
+        seq: u64,
+    ) -> Pending {
+        self.counters.malformed.bump();
+        tracing::warn!(%sender, kind = error.kind.as_str(), detail = %error.detail, "malformed envelope refused");
+        let (subject, msg_id, notice) = rejection(sender, rejected_id, error, seq);
+        match protocol::encode(&notice, Codec::Json) {
+            Ok(payload) => {
+                let headers = routed_headers(Some(&msg_id), Codec::Json);
+                store_notice(js, subject, headers, payload).await
+            }
+            Err(_) => ready(Done::Immediate { terminate: true }),
+        }
+    }
+
+    /// Stores a DM, unless its recipient was removed or its sender is over its rate (both
+    /// refused before it is stored and told to the sender); one with a deadline has its check
+    /// scheduled once stored. A limit the broker refuses it for is told to its sender too.
+    async fn store_dm(
+        &self,
+        js: &jetstream::Context,
+        acks: &StoreAcks,
+        out: Outgoing,
+        dm: Refusable,
+        expires_at: Option<u64>,
+        rate: Option<&RateLimiter>,
+    ) -> Pending {
+        // To a removed agent: refused before it takes a token (a lookup in memory: the set is
+        // fed by a watch).
+        if self.removed.contains(&dm.to) {
+            return self.refusals().recipient_deleted(js, dm);
+        }
+        // Over its sender's rate (awaited here, so the store order stays the pull order).
+        if let Some(rate) = rate {
+            match rate.take(&dm.from).await {
+                Ok(None) => {}
+                Ok(Some(secs)) => return self.refusals().rate_limited(js, dm, secs),
+                Err(reason) => return ready(Done::Failed(reason)),
+            }
+        }
+        let Some(expires_at) = expires_at else {
+            return out.send(acks, Some(dm)).await;
+        };
+        let check = Planned::Expiry {
+            from: dm.from.clone(),
+            to: dm.to.clone(),
+            id: dm.id.clone(),
+            expires_at,
+        };
+        match out.sent(acks, Some(dm)).await {
+            Ok(ack) => check.once_stored(js, &self.counters, ack),
+            Err(reason) => ready(Done::Failed(reason)),
+        }
+    }
+
+    /// Stores a task input (`Hub-Check` when `check`); the first one for a queue makes sure
+    /// of the queue's shared consumer.
+    async fn store_task(
+        &self,
+        js: &jetstream::Context,
+        acks: &StoreAcks,
+        mut out: Outgoing,
+        (queue, worker): (protocol::QueueName, Option<protocol::WorkerId>),
+        check: bool,
+    ) -> Pending {
+        if worker.is_none() {
+            if let Err(e) = self.ensure_queue_consumer(js, &queue).await {
+                return ready(Done::Failed(e));
+            }
+        }
+        if check {
+            self.counters.flagged.bump();
+            out.headers.insert(protocol::headers::HUB_CHECK, "1");
+        }
+        out.send(acks, None).await
     }
 
     /// Whether a task stored from `msg` is flagged (`Hub-Check`) for the worker to read its
@@ -479,25 +491,6 @@ impl DurablePump {
             Ok(Err(e)) => Err(format!("cannot create the consumer of queue {queue}: {e}")),
             Err(_) => Err(format!("no answer creating the consumer of queue {queue}")),
         }
-    }
-
-    /// The wait check of an answer to `worker` (its routed `payload`, already validated).
-    fn plan_answer(
-        &self,
-        worker: protocol::WorkerId,
-        payload: &[u8],
-        codec: Codec,
-    ) -> Option<Planned> {
-        let env = protocol::decode(payload, codec).ok()?;
-        let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
-        let wait_ms = self.delivery.answer_max_wait_secs.saturating_mul(1000);
-        Some(Planned::Answer {
-            from: env.meta.from?,
-            worker,
-            id: env.meta.id,
-            task_id: answer.task_id,
-            at_ms: protocol::expiry::now_ms().saturating_add(wait_ms),
-        })
     }
 
     async fn finish(&self, msg: Message, trail: Option<Trail>, done: Done) {

@@ -25,9 +25,10 @@ use async_nats::{Client, HeaderMap, StatusCode, Subscriber};
 use protocol::store_ack::{parse_store_ack, StoreAck};
 use tokio::sync::oneshot;
 
-use super::outcome::{Done, Pending};
+use super::outcome::{ready, Done, Pending};
 use super::refusal::Refusable;
 use crate::PUBLISH_ACK_TIMEOUT;
+use protocol::config::DeliveryConfig;
 
 /// The pump's stores waiting for their acks.
 pub(super) struct StoreAcks {
@@ -174,40 +175,111 @@ impl StoreAcks {
     }
 }
 
-/// Publishes a store of the pipeline, whose ack the pump's loop reads ([`StoreAcks`]), and
-/// returns the future of its outcome; `Err` when the publish could not even be sent. A
-/// refusal for a limit names `dm`, the DM stored, when it is one.
-pub(super) async fn send_piped(
+/// One store of the pipeline, whose ack the pump's loop reads ([`StoreAcks`]).
+pub(super) struct Outgoing {
+    /// The stored subject.
+    pub subject: String,
+    /// Its headers ([`super::outbound::routed_headers`]).
+    pub headers: async_nats::HeaderMap,
+    /// The routed envelope.
+    pub payload: Vec<u8>,
+}
+
+impl Outgoing {
+    /// With the `Nats-TTL` of a DM that has a deadline: the broker frees it after its
+    /// deadline (`meta.expires_at`, `ttl_secs` away) and the grace that lets an inbox which
+    /// terminates it have its sender told.
+    pub(super) fn ttl(mut self, ttl_secs: Option<u64>, delivery: &DeliveryConfig) -> Outgoing {
+        if let Some(ttl) = ttl_secs {
+            let ttl = ttl.saturating_add(delivery.expiry_grace_secs);
+            self.headers
+                .insert(protocol::headers::NATS_TTL, ttl.to_string().as_str());
+        }
+        self
+    }
+
+    /// Publishes it and returns the future of its outcome; `Err` when the publish could not
+    /// even be sent. A refusal for a limit names `dm`, the DM stored, when it is one.
+    pub(super) async fn sent(
+        self,
+        acks: &StoreAcks,
+        dm: Option<Refusable>,
+    ) -> Result<Pending, String> {
+        let ack = acks
+            .publish(self.subject, self.headers, self.payload)
+            .await?;
+        Ok(Box::pin(async move {
+            match ack.await {
+                Ok(StoreAck::Stored { seq, duplicate }) => Done::Stored {
+                    duplicate,
+                    terminate: false,
+                    seq,
+                },
+                Ok(StoreAck::Refused {
+                    code,
+                    err_code,
+                    description,
+                }) => {
+                    let description = description.unwrap_or_default();
+                    match protocol::backpressure::store_refusal(err_code, &description) {
+                        Some(what) => Done::Refused(what, dm.map(Box::new)),
+                        None => Done::Failed(format!(
+                            "store refused: {description} (code {code}, error code {err_code})"
+                        )),
+                    }
+                }
+                Err(reason) => Done::Failed(reason),
+            }
+        }))
+    }
+
+    /// [`Outgoing::sent`], a publish that could not be sent resolving at once as failed.
+    pub(super) async fn send(self, acks: &StoreAcks, dm: Option<Refusable>) -> Pending {
+        self.sent(acks, dm)
+            .await
+            .unwrap_or_else(|reason| ready(Done::Failed(reason)))
+    }
+}
+
+/// Stores every item of a bundle on `subject` now, in order; resolves once all are stored (a
+/// failed item fails the whole: the nak'd retry dedupes the stored ones).
+pub(super) async fn store_all(
     acks: &StoreAcks,
     subject: String,
-    headers: async_nats::HeaderMap,
-    payload: Vec<u8>,
-    dm: Option<Refusable>,
-) -> Result<Pending, String> {
-    let ack = acks.publish(subject, headers, payload).await?;
-    Ok(Box::pin(async move {
-        match ack.await {
-            Ok(StoreAck::Stored { seq, duplicate }) => Done::Stored {
-                duplicate,
-                terminate: false,
-                seq,
-            },
-            Ok(StoreAck::Refused {
-                code,
-                err_code,
-                description,
-            }) => {
-                let description = description.unwrap_or_default();
-                match protocol::backpressure::store_refusal(err_code, &description) {
-                    Some(what) => Done::Refused(what, dm.map(Box::new)),
-                    None => Done::Failed(format!(
-                        "store refused: {description} (code {code}, error code {err_code})"
-                    )),
-                }
+    items: Vec<protocol::routing::StoredItem>,
+    codec: protocol::Codec,
+) -> Pending {
+    let mut stores = Vec::with_capacity(items.len());
+    for item in items {
+        let out = Outgoing {
+            subject: subject.clone(),
+            headers: super::outbound::routed_headers(Some(&item.msg_id), codec),
+            payload: item.payload,
+        };
+        match out.sent(acks, None).await {
+            Ok(ack) => stores.push(ack),
+            Err(reason) => {
+                // A send that failed stops the bundle here: no later item is stored before
+                // it (the nak'd retry stores them all, in order).
+                stores.push(ready(Done::Failed(reason)));
+                break;
             }
-            Err(reason) => Done::Failed(reason),
         }
-    }))
+    }
+    Box::pin(async move {
+        let (mut stored, mut duplicates) = (0, 0);
+        for ack in stores {
+            match ack.await {
+                Done::Stored { duplicate, .. } => {
+                    stored += 1;
+                    duplicates += u64::from(duplicate);
+                }
+                Done::Failed(reason) => return Done::Failed(reason),
+                other => return other,
+            }
+        }
+        Done::StoredAll { stored, duplicates }
+    })
 }
 
 #[cfg(test)]

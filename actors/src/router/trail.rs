@@ -9,8 +9,8 @@
 //! future wraps the store ack to emit them.
 
 use async_nats::jetstream::Message;
-use protocol::audit::{subject_of, About, AuditEvent, Details, EventRef};
-use protocol::routing::RouteDecision;
+use protocol::audit::{About, AuditEvent, Details, EventRef};
+use protocol::routing::{Dest, RouteDecision};
 
 use super::outcome::Done;
 
@@ -106,13 +106,12 @@ pub(super) fn accepted(
     let mut channel = Vec::new();
     let about = match decision {
         RouteDecision::Store {
-            subject,
-            msg_id,
+            dest,
             id,
             payload,
             codec,
             ..
-        } => match subject_of(subject, msg_id, id.as_str()) {
+        } => match dest.about(id) {
             Some(about) => {
                 if matches!(about, About::Task { channel: true, .. }) {
                     channel = channel_events(payload, *codec);
@@ -121,31 +120,30 @@ pub(super) fn accepted(
             }
             None => {
                 // An answer to a worker: `answered`, once stored.
-                if !protocol::subjects::is_answer(subject) {
+                let Dest::Answer { task_id, .. } = dest else {
                     return None;
-                }
-                let env = protocol::decode(payload, *codec).ok()?;
-                let answer: protocol::task::Answer = serde_json::from_value(env.body).ok()?;
+                };
                 channel.push(("answered", None));
                 let about = About::Task {
-                    task_id: answer.task_id.to_string(),
+                    task_id: task_id.to_string(),
                     channel: true,
                 };
                 return trail(about, trace, channel, None);
             }
         },
         RouteDecision::StoreAll {
-            subject,
-            id,
+            channel: task,
             items,
             codec,
             ..
         } => {
-            let about = subject_of(subject, "", id.as_str())?;
             for item in items {
                 channel.extend(channel_events(&item.payload, *codec));
             }
-            about
+            About::Task {
+                task_id: task.key.to_string(),
+                channel: true,
+            }
         }
         RouteDecision::Reject {
             rejected_id: Some(id),

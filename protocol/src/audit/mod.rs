@@ -282,9 +282,10 @@ pub fn trace_id_of(traceparent: Option<&str>) -> Option<String> {
         .map(|t| t.trace_id_hex())
 }
 
-/// What a stored message's events are about, from where the router stores it: a DM (its
-/// `meta.id`), a task (its id: a task input's, from its `Nats-Msg-Id`, or a task channel's
-/// key), or nothing the trail follows (`None`: broadcasts, answers, notices).
+/// What a stored message's events are about, from where the router stores it
+/// ([`Dest::about`](crate::routing::Dest::about)): a DM (its `meta.id`), a task (its id: a task
+/// input's, or a task channel's key), or nothing the trail follows (`None`: broadcasts,
+/// answers, notices).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum About {
     /// A DM to an inbox.
@@ -322,29 +323,6 @@ pub fn channel_events(
         }
         TaskChannelBody::AnswerRefused(_) => Vec::new(),
     }
-}
-
-/// [`About`] of a message the router stores on `subject` under `msg_id`, with `meta.id` `id`.
-pub fn subject_of(subject: &str, msg_id: &str, id: &str) -> Option<About> {
-    if subject.starts_with(crate::subjects::INBOX_PREFIX) {
-        return Some(About::Msg(id.to_owned()));
-    }
-    if crate::subjects::is_work(subject) {
-        let rest = msg_id.strip_prefix(crate::task::TASK_MSG_ID_PREFIX)?;
-        let (_, task_id) = rest.split_once(':')?;
-        return Some(About::Task {
-            task_id: task_id.to_owned(),
-            channel: false,
-        });
-    }
-    if !subject.starts_with(crate::subjects::TASK_PREFIX) {
-        return None;
-    }
-    let channel = crate::subjects::parse_task(subject).ok()?;
-    Some(About::Task {
-        task_id: channel.key.to_string(),
-        channel: true,
-    })
 }
 
 /// One row of a timeline: the event and how long after the first one it came.
@@ -502,30 +480,6 @@ mod tests {
                 ("cancelled", None)
             ]
         );
-    }
-
-    #[test]
-    fn the_router_knows_what_a_stored_message_is_about() {
-        assert_eq!(
-            subject_of("channel.inbox.bob", "hub-router:alice:m1", "m1"),
-            Some(About::Msg("m1".into()))
-        );
-        assert_eq!(
-            subject_of("work.q", "hub-task:alice:t1", "e1"),
-            Some(About::Task {
-                task_id: "t1".into(),
-                channel: false
-            })
-        );
-        assert_eq!(
-            subject_of("channel.task.alice.t1", "hub-router:w1:r1", "r1"),
-            Some(About::Task {
-                task_id: "t1".into(),
-                channel: true
-            })
-        );
-        assert_eq!(subject_of("answer.w1", "hub-router:alice:a1", "a1"), None);
-        assert_eq!(subject_of("channel.news", "", "b1"), None);
     }
 
     proptest! {

@@ -113,6 +113,7 @@ mod tests {
             item("r1", of_w1("result", json!(2))),
         ]));
         let RouteDecision::StoreAll {
+            channel,
             subject,
             items,
             codec,
@@ -123,6 +124,7 @@ mod tests {
             panic!("not stored as a bundle: {decision:?}");
         };
         assert_eq!(subject, "channel.task.alice.t1");
+        assert_eq!(channel.subject(), subject);
         assert_eq!(
             (codec, from.as_str(), id.as_str()),
             (Codec::Json, "w1", "b1")

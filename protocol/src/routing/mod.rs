@@ -12,8 +12,9 @@
 //!    through the unchecked reply subject of a request or publish) gives
 //!    [`RouteDecision::Drop`], no notice;
 //! 5. `meta.from` := the identity in the subject (it is authoritative);
-//! 6. the destination: `meta.to`'s inbox, the task channel (a [bundle](bundle_items) there
-//!    is stored as its items, [`RouteDecision::StoreAll`]), or a broadcast;
+//! 6. the destination, typed ([`Dest`]): `meta.to`'s inbox, the task channel (a
+//!    [bundle](bundle_items) there is stored as its items, [`RouteDecision::StoreAll`]), the
+//!    work stream, a worker's answers, or a broadcast (not stored, [`RouteDecision::Broadcast`]);
 //! 7. re-encoding with the same codec.
 //!
 //! A failure in steps 3 to 7 is the sender's fault and gives
@@ -44,12 +45,14 @@ use crate::envelope::{encode, Codec, Decoded, EnvelopeError, MAX_ENVELOPE_BYTES}
 use crate::expiry::{expiry, Expiry};
 use crate::headers::{self, CONTENT_TYPE, NATS_MSG_ID};
 use crate::ids::{AgentId, MessageId, QueueName, WorkerId};
-use crate::subjects::{self, Channel};
+use crate::subjects::{self, Channel, TaskChannel};
 use crate::task;
 use crate::wire_error::{WireError, WireErrorKind};
 
 mod bundle;
+mod dest;
 pub use bundle::{bundle_body, bundle_items, StoredItem, BUNDLE_KEY, MAX_BUNDLE_ITEMS};
+pub use dest::Dest;
 
 /// Detail of the rejection of a direct message without `meta.to`.
 pub const MISSING_RECIPIENT_DETAIL: &str = "a direct message needs meta.to";
@@ -83,12 +86,15 @@ pub struct IngressView<'a> {
 /// What the router does with one ingress message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteDecision {
-    /// Store in a stream (inbox or task channel) with a JetStream publish
-    /// carrying `Nats-Msg-Id` = `msg_id`.
+    /// Store in a stream ([`Dest`]: an inbox, a task channel, the work stream or an answer)
+    /// with a JetStream publish carrying `Nats-Msg-Id` = `msg_id`.
     Store {
-        /// `channel.inbox.<to>` or `channel.task.<delegator>.<key>`.
+        /// Where it goes, typed.
+        dest: Dest,
+        /// The stored subject, [`Dest::subject`] (built once).
         subject: String,
-        /// `hub-router:<from>:<meta.id>`.
+        /// `hub-router:<from>:<meta.id>`, or a task input's
+        /// [`task_msg_id`](crate::task::task_msg_id).
         msg_id: String,
         /// The re-encoded envelope, with `meta.from` set to the sender.
         payload: Vec<u8>,
@@ -98,15 +104,12 @@ pub enum RouteDecision {
         from: AgentId,
         /// `meta.id` of the envelope.
         id: MessageId,
-        /// The `Nats-TTL` to store it with: the seconds left before its `meta.expires_at`
-        /// (DMs only; the router adds its grace, `expiry_grace_secs`).
-        ttl_secs: Option<u64>,
-        /// Its `meta.expires_at` (DMs only): the router schedules its deadline check.
-        expires_at: Option<u64>,
     },
     /// Store several messages, in order, on one task channel (a [bundle](bundle_items)); the
     /// ingress message is acked once all are stored.
     StoreAll {
+        /// The task channel.
+        channel: TaskChannel,
         /// `channel.task.<delegator>.<key>`.
         subject: String,
         /// The items, in bundle order.
@@ -284,12 +287,15 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
         _ => None,
     };
     let expires_at = ttl_secs.and(env.meta().expires_at());
-    // (destination subject, stored?, stable Nats-Msg-Id)
-    let (subject, stored, msg_id) = match &target {
+    // (destination, stable Nats-Msg-Id); a broadcast is not stored.
+    let (dest, msg_id) = match target {
         Target::Channel(Channel::Inbox) => match &env.meta().to {
             Some(to) => (
-                subjects::inbox(to),
-                true,
+                Dest::Inbox {
+                    to: to.clone(),
+                    ttl_secs,
+                    expires_at,
+                },
                 subjects::router_msg_id(&from, &id),
             ),
             None => {
@@ -299,7 +305,7 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
                 ))
             }
         },
-        Target::Channel(Channel::Task(key)) => {
+        Target::Channel(Channel::Task(channel)) => {
             let body = env.body();
             if let Some(items) = bundle_items(&body) {
                 let items = match items {
@@ -323,7 +329,8 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
                     });
                 }
                 return RouteDecision::StoreAll {
-                    subject: subjects::task(key),
+                    subject: channel.subject(),
+                    channel,
                     items: stored,
                     codec,
                     from,
@@ -333,30 +340,41 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             if let Err(error) = from_its_worker(&body, &from) {
                 return refuse(error);
             }
-            (
-                subjects::task(key),
-                true,
-                subjects::router_msg_id(&from, &id),
-            )
+            let msg_id = subjects::router_msg_id(&from, &id);
+            (Dest::TaskChannel(channel), msg_id)
         }
         Target::Channel(Channel::Broadcast(name)) => {
-            (subjects::broadcast(name), false, String::new())
+            return match env.encode(codec) {
+                Ok(payload) => RouteDecision::Broadcast {
+                    subject: subjects::broadcast(&name),
+                    payload,
+                    codec,
+                    from,
+                    id,
+                },
+                Err(err) => reject(from, Some(id), &err),
+            };
         }
         // A task is validated strictly here; its Nats-Msg-Id is derived from the task id, so
         // the same task submitted twice within the duplicate window is stored once.
         Target::Work { queue, worker } => match task::decode_task(&env.body()) {
             Ok(spec) => (
-                subjects::work(queue, worker.as_ref()),
-                true,
+                Dest::Work {
+                    queue,
+                    worker,
+                    task_id: spec.task_id.clone(),
+                },
                 task::task_msg_id(&from, &spec.task_id),
             ),
             Err(err) => return refuse(err.to_wire()),
         },
         Target::Answer { worker } => {
             match serde_json::from_value::<task::Answer>(env.body().into_owned()) {
-                Ok(answer) if &answer.worker_id == worker => (
-                    subjects::answer(worker),
-                    true,
+                Ok(answer) if answer.worker_id == worker => (
+                    Dest::Answer {
+                        worker,
+                        task_id: answer.task_id,
+                    },
                     subjects::router_msg_id(&from, &id),
                 ),
                 Ok(_) => {
@@ -369,29 +387,17 @@ pub fn route(view: &IngressView<'_>) -> RouteDecision {
             }
         }
     };
-    let payload = match env.encode(codec) {
-        Ok(payload) => payload,
-        Err(err) => return reject(from, Some(id), &err),
-    };
-    if stored {
-        RouteDecision::Store {
-            subject,
+    match env.encode(codec) {
+        Ok(payload) => RouteDecision::Store {
+            subject: dest.subject(),
+            dest,
             msg_id,
             payload,
             codec,
             from,
             id,
-            ttl_secs,
-            expires_at,
-        }
-    } else {
-        RouteDecision::Broadcast {
-            subject,
-            payload,
-            codec,
-            from,
-            id,
-        }
+        },
+        Err(err) => reject(from, Some(id), &err),
     }
 }
 

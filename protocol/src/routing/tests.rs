@@ -48,19 +48,23 @@ fn plain_json_dm_is_stored_in_the_recipient_inbox() {
     let forged = r#"{"meta":{"id":"m1","to":"bob","from":"mallory"},"body":"hi"}"#;
     for payload in [PLAIN_DM, forged] {
         let RouteDecision::Store {
+            dest:
+                Dest::Inbox {
+                    to,
+                    ttl_secs: None,
+                    expires_at: None,
+                },
             subject,
             msg_id,
             payload,
             codec,
             from,
             id,
-            ttl_secs: None,
-            expires_at: None,
         } = run("hub.pub.alice.inbox", &[], payload.as_bytes())
         else {
             panic!("not stored: {payload}");
         };
-        assert_eq!(subject, "channel.inbox.bob");
+        assert_eq!((subject.as_str(), to), ("channel.inbox.bob", agent("bob")));
         assert_eq!(msg_id, "hub-router:alice:m1");
         assert_eq!((codec, from, id), (Codec::Json, agent("alice"), mid("m1")));
         let env = decoded(&payload, Codec::Json);
@@ -94,9 +98,17 @@ fn task_channel_is_stored_under_its_key() {
     let decision = run("hub.pub.worker-1.task.alice.01JABC", &[], payload);
     assert_eq!(decision.subject(), Some("channel.task.alice.01JABC"));
     assert_eq!(decision.msg_id(), Some("hub-router:worker-1:r1"));
-    let RouteDecision::Store { payload, from, .. } = decision else {
+    let RouteDecision::Store {
+        dest,
+        payload,
+        from,
+        ..
+    } = decision
+    else {
         panic!()
     };
+    let channel = crate::subjects::parse_task("channel.task.alice.01JABC").unwrap();
+    assert_eq!(dest, Dest::TaskChannel(channel));
     assert_eq!(from, agent("worker-1"));
     assert_eq!(decoded(&payload, Codec::Json).meta.from, Some(from));
 }
@@ -361,9 +373,9 @@ fn drop_reason_names_are_snake_case() {
 #[test]
 fn a_valid_task_is_stored_in_the_work_stream_under_its_task_id() {
     let body = r#"{"meta":{"id":"m-task"},"body":{"version":1,"task_id":"t-1","text":"do it"}}"#;
-    for (subject, stored) in [
-        ("hub.pub.alice.work.builds", "work.builds"),
-        ("hub.pub.alice.work.builds.w1", "work.builds.w1"),
+    for (subject, stored, target) in [
+        ("hub.pub.alice.work.builds", "work.builds", None),
+        ("hub.pub.alice.work.builds.w1", "work.builds.w1", Some("w1")),
     ] {
         let decision = route(&IngressView {
             subject,
@@ -375,11 +387,23 @@ fn a_valid_task_is_stored_in_the_work_stream_under_its_task_id() {
         });
         match decision {
             RouteDecision::Store {
+                dest,
                 subject,
                 msg_id,
                 from,
                 ..
             } => {
+                let worker = target.map(|w| WorkerId::new(w).unwrap());
+                let task_id = "t-1".parse().unwrap();
+                let queue = QueueName::new("builds").unwrap();
+                assert_eq!(
+                    dest,
+                    Dest::Work {
+                        queue,
+                        worker,
+                        task_id
+                    }
+                );
                 assert_eq!(subject, stored);
                 assert_eq!(msg_id, "hub-task:alice:t-1");
                 assert_eq!(from.as_str(), "alice");
@@ -423,6 +447,11 @@ fn an_answer_is_stored_for_its_worker_only() {
         now_ms: 0,
     });
     assert_eq!(decision.subject(), Some("answer.w1"));
+    let RouteDecision::Store { dest, .. } = decision else {
+        panic!("{decision:?}")
+    };
+    let (worker, task_id) = (WorkerId::new("w1").unwrap(), "t".parse().unwrap());
+    assert_eq!(dest, Dest::Answer { worker, task_id });
     let wrong = answer("w2");
     let decision = route(&IngressView {
         subject: "hub.pub.alice.answer.w1",
@@ -637,8 +666,11 @@ fn a_dm_or_broadcast_past_its_deadline_is_refused_as_expired() {
 fn a_live_dm_is_stored_with_the_seconds_it_has_left() {
     let dm = r#"{"meta":{"id":"m1","to":"bob","expires_at":5000},"body":"hi"}"#;
     let RouteDecision::Store {
-        ttl_secs,
-        expires_at,
+        dest: Dest::Inbox {
+            ttl_secs,
+            expires_at,
+            ..
+        },
         payload,
         ..
     } = run_at("hub.pub.alice.inbox", dm, 1_500)
@@ -651,7 +683,10 @@ fn a_live_dm_is_stored_with_the_seconds_it_has_left() {
         decoded(&payload, Codec::Json).meta.expires_at(),
         Some(5_000)
     );
-    let RouteDecision::Store { ttl_secs, .. } = run_at("hub.pub.alice.inbox", PLAIN_DM, 1_500)
+    let RouteDecision::Store {
+        dest: Dest::Inbox { ttl_secs, .. },
+        ..
+    } = run_at("hub.pub.alice.inbox", PLAIN_DM, 1_500)
     else {
         panic!("not stored")
     };

@@ -118,7 +118,7 @@ impl Actor for Attach {
                 .queue_subscribe(filter, subjects::ATTACH_QUEUE_GROUP.to_string())
                 .await?;
             let me = myself.clone();
-            listeners.push(Owned::spawn(async move {
+            listeners.push(crate::background::spawn(async move {
                 while let Some(msg) = sub.next().await {
                     if me.cast(wrap(msg)).is_err() {
                         break;
@@ -140,7 +140,7 @@ impl Actor for Attach {
             reply_prefix: self.reply_prefix.clone(),
             counters: counters.clone(),
         };
-        listeners.push(Owned::spawn(async move {
+        listeners.push(crate::background::spawn(async move {
             while let Some(msg) = reads.next().await {
                 server.serve(msg).await;
             }
@@ -160,7 +160,7 @@ impl Actor for Attach {
         // Wait until the listeners (and their subscriptions) are gone, so that "no
         // responders" is true as soon as the actor has stopped.
         for listener in state.listeners.drain(..) {
-            listener.abort().await;
+            crate::background::abort(listener).await;
         }
         let _ = self.client.flush().await;
         Ok(())

@@ -115,7 +115,8 @@ impl Auditor {
         let shared = Arc::new(Shared::default());
         let subject = protocol::subjects::audit(role, name);
         let actor: Arc<str> = Arc::from(format!("{role}:{name}"));
-        let flusher = Owned::spawn(flush(client, subject, actor.clone(), shared.clone()));
+        let flusher =
+            crate::background::spawn(flush(client, subject, actor.clone(), shared.clone()));
         let auditor = Auditor {
             shared: Some(Arc::new(Handles(shared))),
             actor,
@@ -226,7 +227,7 @@ impl AuditHub {
             publishing: tokio::sync::Mutex::new(Payloads::default()),
             spare: Mutex::new(Vec::new()),
         });
-        let task = Owned::spawn(hub_flush(hub.clone()));
+        let task = crate::background::spawn(hub_flush(hub.clone()));
         AuditHub(Arc::new(HubOwner { hub, _task: task }))
     }
 
@@ -491,7 +492,7 @@ mod tests {
             .unwrap();
         let last = AuditBatch::decode(&msg.payload).unwrap().into_events();
         assert_eq!(last[0].msg_id.as_deref(), Some("m-last"));
-        flusher.join_within(Duration::from_secs(1)).await;
+        crate::background::join_within(flusher, Duration::from_secs(1)).await;
         let off = Auditor::off();
         off.emit(off.msg("x", "y"));
         assert!(!off.is_on());
@@ -518,7 +519,7 @@ mod tests {
         drop((auditor, clone));
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            flusher.join_within(Duration::from_secs(30)).await;
+            crate::background::join_within(flusher, Duration::from_secs(30)).await;
             let _ = done_tx.send(());
         });
         tokio::time::timeout(Duration::from_secs(2), done_rx)

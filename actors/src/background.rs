@@ -1,6 +1,6 @@
 //! The background tasks an actor owns: pull pipelines, subscription loops, timers, requests in
-//! flight. Each is held by the actor's state as an [`Owned`] handle, which aborts the task
-//! when it is dropped: ractor skips `post_stop` when an actor panics or its `handle` returns an
+//! flight. Each is held by the actor's state as an [`Owned`] handle
+//! (`tokio_util`'s `AbortOnDropHandle`), which aborts the task when it is dropped: ractor skips `post_stop` when an actor panics or its `handle` returns an
 //! error, but it always drops the state, so no task outlives its actor, however it ends.
 //!
 //! A pump (a loop whose failure must fail its actor so that the supervisor restarts it) is
@@ -9,41 +9,27 @@
 use std::future::Future;
 
 use futures::FutureExt;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 
 /// A task owned by an actor's state: aborted when dropped.
-#[derive(Debug)]
-pub struct Owned(JoinHandle<()>);
+pub type Owned = AbortOnDropHandle<()>;
 
-impl Owned {
-    /// Spawns `task`, owned by the returned handle.
-    pub fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Owned {
-        Owned(tokio::spawn(task))
-    }
-
-    /// Aborts the task and waits until it is gone (what it held, e.g. a subscription, is
-    /// dropped when this returns).
-    pub async fn abort(mut self) {
-        self.0.abort();
-        let _ = (&mut self.0).await;
-    }
-
-    /// Whether the task has ended.
-    pub fn is_finished(&self) -> bool {
-        self.0.is_finished()
-    }
-
-    /// Waits at most `within` for the task to end by itself, then aborts it.
-    pub async fn join_within(mut self, within: std::time::Duration) {
-        if tokio::time::timeout(within, &mut self.0).await.is_err() {
-            self.0.abort();
-        }
-    }
+/// Spawns `task`, owned by the returned handle.
+pub fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Owned {
+    AbortOnDropHandle::new(tokio::spawn(task))
 }
 
-impl Drop for Owned {
-    fn drop(&mut self) {
-        self.0.abort();
+/// Aborts `task` and waits until it is gone (what it held, e.g. a subscription, is dropped
+/// when this returns).
+pub async fn abort(mut task: Owned) {
+    task.abort();
+    let _ = (&mut task).await;
+}
+
+/// Waits at most `within` for `task` to end by itself, then aborts it.
+pub async fn join_within(mut task: Owned, within: std::time::Duration) {
+    if tokio::time::timeout(within, &mut task).await.is_err() {
+        task.abort();
     }
 }
 
@@ -67,7 +53,7 @@ where
 {
     // Boxed once: the task holds a pointer, not the pump's future and a moved copy of it.
     let pump = Box::pin(pump);
-    Owned::spawn(async move {
+    spawn(async move {
         let outcome = match std::panic::AssertUnwindSafe(pump).catch_unwind().await {
             Ok(result) => result.map_err(|e| PumpFailure::Error(Box::new(e))),
             Err(_) => Err(PumpFailure::Panicked),
@@ -92,25 +78,22 @@ mod tests {
             }
         };
         let wait = std::time::Duration::from_secs(5);
-        spawn_pump(
+        let failing = spawn_pump(
             async { Err::<(), _>(std::io::Error::other("boom")) },
             report(tx.clone()),
-        )
-        .join_within(wait)
-        .await;
-        spawn_pump(
+        );
+        join_within(failing, wait).await;
+        let panicking = spawn_pump(
             async {
                 panic!("in the pump");
                 #[allow(unreachable_code)]
                 Ok::<(), std::io::Error>(())
             },
             report(tx.clone()),
-        )
-        .join_within(wait)
-        .await;
-        spawn_pump(async { Ok::<(), std::io::Error>(()) }, report(tx))
-            .join_within(wait)
-            .await;
+        );
+        join_within(panicking, wait).await;
+        let fine = spawn_pump(async { Ok::<(), std::io::Error>(()) }, report(tx));
+        join_within(fine, wait).await;
         assert_eq!(rx.recv().await.as_deref(), Some("boom"));
         assert_eq!(rx.recv().await.as_deref(), Some("the pump panicked"));
         assert_eq!(
@@ -123,7 +106,7 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_handle_aborts_its_task() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let owned = Owned::spawn(async move {
+        let owned = spawn(async move {
             let _tx = tx;
             std::future::pending::<()>().await;
         });

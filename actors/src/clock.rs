@@ -318,7 +318,7 @@ mod tests {
             "$JS.API.CONSUMER.INFO.CLK.missing".to_owned(),
         ));
         let clock = ServerClock::new("clock-retry");
-        let _refresh = crate::background::Owned::spawn(clock.clone().refresh(client, {
+        let _refresh = crate::background::spawn(clock.clone().refresh(client, {
             let subject = subject.clone();
             move || Some(subject.lock().unwrap().clone())
         }));

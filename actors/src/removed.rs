@@ -95,7 +95,7 @@ pub async fn watch(client: Client) -> Result<(RemovedAgents, Owned), WatchError>
     let removed = RemovedAgents::default();
     removed.update(|s| *s = set);
     tracing::info!(removed = removed.len(), "removed agents read");
-    let task = Owned::spawn(keep(client, js, removed.clone(), messages, connects));
+    let task = crate::background::spawn(keep(client, js, removed.clone(), messages, connects));
     Ok((removed, task))
 }
 

@@ -216,10 +216,10 @@ impl Actor for Expiry {
     ) -> Result<(), ActorProcessingErr> {
         let _ = state.stop.send(true);
         for pump in state.pumps.drain(..) {
-            pump.join_within(Duration::from_secs(2)).await;
+            crate::background::join_within(pump, Duration::from_secs(2)).await;
         }
         if let Some(flusher) = state.audit_flusher.take() {
-            flusher.join_within(Duration::from_secs(1)).await;
+            crate::background::join_within(flusher, Duration::from_secs(1)).await;
         }
         Ok(())
     }

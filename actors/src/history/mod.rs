@@ -139,7 +139,7 @@ impl Actor for History {
                     nudge: self.nudge.clone(),
                     kept: HashMap::new(),
                 };
-                Some(Owned::spawn(trimmer.run(interval, stop_rx)))
+                Some(crate::background::spawn(trimmer.run(interval, stop_rx)))
             }
             _ => None,
         };
@@ -157,7 +157,7 @@ impl Actor for History {
     ) -> Result<(), ActorProcessingErr> {
         let _ = state.stop.send(true);
         if let Some(rounds) = state.rounds.take() {
-            rounds.join_within(Duration::from_secs(2)).await;
+            crate::background::join_within(rounds, Duration::from_secs(2)).await;
         }
         Ok(())
     }

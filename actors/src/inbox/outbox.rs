@@ -375,7 +375,8 @@ impl ReceiptOutbox {
             move |r| super::pump::emit(&audit, r.trail.as_ref(), "read", Default::default()),
         );
         // A task that ended (its claim given back) is replaced.
-        *self.retry.lock().unwrap_or_else(PoisonError::into_inner) = Some(Owned::spawn(task));
+        *self.retry.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(crate::background::spawn(task));
     }
 
     /// A clean stop: ends the retry task, then tries once to flush the outbox within
@@ -387,7 +388,7 @@ impl ReceiptOutbox {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         if let Some(task) = task {
-            task.abort().await;
+            crate::background::abort(task).await;
         }
         if self.outbox.is_empty() {
             return;
@@ -479,7 +480,7 @@ mod tests {
         let stored: Arc<Mutex<Vec<String>>> = Arc::default();
         let task = {
             let (tries, calls, stored) = (tries.clone(), calls.clone(), stored.clone());
-            Owned::spawn(retry(
+            crate::background::spawn(retry(
                 outbox.clone(),
                 retry_backoff(),
                 move |r| {

@@ -139,7 +139,7 @@ impl PresenceBeats {
     fn ensure_running(&self) {
         let mut task = self.0.task.lock().unwrap_or_else(|e| e.into_inner());
         if task.as_ref().is_none_or(Owned::is_finished) {
-            *task = Some(Owned::spawn(run(self.0.beats.clone())));
+            *task = Some(crate::background::spawn(run(self.0.beats.clone())));
         }
     }
 }

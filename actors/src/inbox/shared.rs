@@ -103,7 +103,7 @@ impl InboxShared {
             .unwrap_or_else(|e| e.into_inner());
         if refresh.as_ref().is_none_or(Owned::is_finished) {
             let subject = self.0.clock_subject.clone();
-            *refresh = Some(Owned::spawn(
+            *refresh = Some(crate::background::spawn(
                 self.0
                     .clock
                     .clone()

@@ -29,7 +29,6 @@ use super::schedule::Planned;
 use super::store_acks::{store_all, Outgoing, StoreAcks};
 use super::trail::Trail;
 use super::RouterError;
-use crate::background::Owned;
 use crate::epoch::{broker_mark, Baseline, BrokerMark};
 use crate::PUBLISH_ACK_TIMEOUT;
 
@@ -140,7 +139,7 @@ impl DurablePump {
         if let Err(e) = broker.refresh(&read).await {
             tracing::warn!(error = %e, "no broker baseline yet; every routed task is flagged for a check");
         }
-        let _refresher = Owned::spawn(broker.clone().keep_fresh(read));
+        let _refresher = crate::background::spawn(broker.clone().keep_fresh(read));
         let rate = match self.delivery.sender_rate() {
             Some(per_min) => Some(
                 RateLimiter::open(&js, per_min)

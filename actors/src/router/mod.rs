@@ -180,7 +180,7 @@ impl Actor for Router {
         let counters = Arc::new(RouterCounters::default());
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let mut status_stop = stop_rx.clone();
-        let status_task = Owned::spawn(async move {
+        let status_task = crate::background::spawn(async move {
             loop {
                 tokio::select! {
                     _ = status_stop.changed() => {
@@ -266,16 +266,16 @@ impl Actor for Router {
         let _ = state.stop.send(true);
         if let Some(pump) = state.pump.take() {
             let grace = durable::DRAIN_TIMEOUT + std::time::Duration::from_secs(1);
-            pump.join_within(grace).await;
+            crate::background::join_within(pump, grace).await;
         }
         // Its last audit events out (the pump's handle is gone with it).
         if let Some(flusher) = state.audit_flusher.take() {
-            flusher.join_within(std::time::Duration::from_secs(1)).await;
+            crate::background::join_within(flusher, std::time::Duration::from_secs(1)).await;
         }
         // The status subscription is gone (and the server told) before the actor is: a status
         // request after a shutdown finds no responders instead of a dead subscriber.
         if let Some(task) = state.status_task.take() {
-            task.join_within(std::time::Duration::from_secs(2)).await;
+            crate::background::join_within(task, std::time::Duration::from_secs(2)).await;
         }
         let _ = self.client.flush().await;
         Ok(())

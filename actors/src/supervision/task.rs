@@ -165,7 +165,7 @@ impl TaskRun {
         let stop = StopSignal::new();
         let run = (spec.start)(stop.clone());
         let id = spec.id.clone();
-        let task = Owned::spawn(async move {
+        let task = crate::background::spawn(async move {
             let failed = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
                 Ok(Ok(())) => false,
                 Ok(Err(error)) => {
@@ -189,7 +189,7 @@ impl TaskRun {
     /// Asks it to stop, waits at most `grace` for it to end, and aborts it past that.
     pub async fn stop_within(self, grace: Duration) {
         self.stop.stop();
-        self.task.join_within(grace).await;
+        crate::background::join_within(self.task, grace).await;
     }
 
     /// Asks it to stop without waiting.

@@ -399,10 +399,10 @@ impl Actor for Trackers {
         let _ = state.stop.send(true);
         if let Some(reader) = state.reader.take() {
             // Reads in progress end with it (each bounded by its timeout); be brief.
-            reader.join_within(Duration::from_secs(2)).await;
+            crate::background::join_within(reader, Duration::from_secs(2)).await;
         }
         for (_, pump) in state.live.drain() {
-            pump.join_within(Duration::from_secs(2)).await;
+            crate::background::join_within(pump, Duration::from_secs(2)).await;
         }
         Ok(())
     }

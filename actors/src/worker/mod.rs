@@ -380,7 +380,7 @@ impl Actor for Worker {
         // Its last audit events out (the state's handle was the only one).
         state.audit = crate::audit::Auditor::off();
         if let Some(flusher) = state.audit_flusher.take() {
-            flusher.join_within(Duration::from_secs(1)).await;
+            crate::background::join_within(flusher, Duration::from_secs(1)).await;
         }
         // Running attempts get the grace to finish; the rest hand their inputs back.
         let attempts = state.running.actors();
@@ -543,7 +543,7 @@ impl Worker {
                 source,
             })?;
         let me = myself.clone();
-        Ok(Owned::spawn(async move {
+        Ok(crate::background::spawn(async move {
             while let Some(msg) = sub.next().await {
                 if me.cast(wrap(msg)).is_err() {
                     break;
@@ -580,7 +580,9 @@ impl Worker {
         if let Err(e) = state.baseline.refresh(&read).await {
             tracing::warn!(error = %e, "no work stream baseline yet; every input's task channel is read");
         }
-        state.baseline_task = Some(Owned::spawn(state.baseline.clone().keep_fresh(read)));
+        state.baseline_task = Some(crate::background::spawn(
+            state.baseline.clone().keep_fresh(read),
+        ));
     }
 
     /// Starts the fetch loops on `bound`'s consumers.

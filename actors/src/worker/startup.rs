@@ -130,7 +130,7 @@ impl Worker {
     /// hands the new consumers to the worker as [`WorkerMsg::Rejoined`].
     pub(super) fn spawn_rejoin(&self, me: ActorRef<WorkerMsg>) -> Owned {
         let worker = self.clone();
-        Owned::spawn(async move {
+        crate::background::spawn(async move {
             let mut failures = 0;
             loop {
                 match worker.join_and_bind().await {

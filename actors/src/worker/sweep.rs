@@ -52,7 +52,7 @@ impl Worker {
             .open_attempts();
         let js = jetstream::new(self.client.clone());
         let streams = state.streams.clone();
-        Owned::spawn(async move {
+        crate::background::spawn(async move {
             for record in records {
                 if let Some(found) = judge(&js, &streams, &record).await {
                     if me.cast(WorkerMsg::Swept(found)).is_err() {

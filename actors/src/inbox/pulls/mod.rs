@@ -207,13 +207,13 @@ impl InboxPulls {
             .subscribe(subject.clone())
             .await
             .map_err(|source| PullsError::Subscribe { subject, source })?;
-        let demux = Owned::spawn(demux(
+        let demux = crate::background::spawn(demux(
             subscriber,
             self.0.client.clone(),
             self.0.prefix.len(),
             self.0.slots.clone(),
         ));
-        let watchdog = Owned::spawn(watchdog(
+        let watchdog = crate::background::spawn(watchdog(
             self.0.client.clone(),
             self.0.slots.clone(),
             self.0.expires,

@@ -172,7 +172,7 @@ impl Attempt {
         let _ = state.cancel.send(true);
         state.pending = None;
         if let Some(run) = state.run.take() {
-            run.join_within(grace).await;
+            crate::background::join_within(run, grace).await;
         }
         state.heartbeat = None;
         if let Some(input) = state.input.take() {

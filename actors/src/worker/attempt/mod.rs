@@ -429,7 +429,7 @@ impl Actor for Attempt {
             .zip(self.ack_wait.clone())
             .map(|(msg, ack_wait)| {
                 let counters = self.counters.clone();
-                Owned::spawn(super::ack_waits::heartbeat(ack_wait, move || {
+                crate::background::spawn(super::ack_waits::heartbeat(ack_wait, move || {
                     let (msg, counters) = (msg.clone(), counters.clone());
                     async move {
                         match msg.ack_with(AckKind::Progress).await {
@@ -653,7 +653,7 @@ impl Attempt {
         let me = myself.clone();
         state.state = TaskState::Running;
         state.phase = Phase::Running;
-        state.run = Some(Owned::spawn(async move {
+        state.run = Some(crate::background::spawn(async move {
             let run = async {
                 if answers.is_empty() {
                     handler.run(task, ctx).await

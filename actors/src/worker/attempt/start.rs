@@ -16,7 +16,6 @@ use super::{
     journal_ops, now_ms, seq_before_result, Attempt, AttemptError, AttemptMsg, AttemptState, Phase,
     Streams, RETRY_DELAY,
 };
-use crate::background::Owned;
 
 /// How many times a parked attempt's settle publish is tried (it has no input to come back
 /// with: a worker restart tries again, see the worker's start-up sweep).
@@ -74,7 +73,7 @@ impl Attempt {
         let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
         let delegator = state.channel.delegator.clone();
         let me = myself.clone();
-        state.pending = Some(Owned::spawn(async move {
+        state.pending = Some(crate::background::spawn(async move {
             let channel =
                 read_record(&js, &streams, &delegator, &task_id, &mine, redelivered).await;
             let _ = me.cast(AttemptMsg::Planned(channel));
@@ -212,7 +211,7 @@ impl Attempt {
         state.suspend = None;
         state.state = TaskState::Running;
         let (slots, me) = (self.slots.clone(), myself.clone());
-        state.pending = Some(Owned::spawn(async move {
+        state.pending = Some(crate::background::spawn(async move {
             if let Ok(slot) = slots.for_resume().await {
                 let _ = me.cast(AttemptMsg::SlotReady(slot));
             }
@@ -248,7 +247,7 @@ impl Attempt {
                 let pause = SETTLE_BACKOFF.delay(state.settle_tries);
                 tracing::warn!(task_id = %state.task.task_id, error = %e, ?pause, "settling a parked attempt failed; trying again");
                 let me = myself.clone();
-                state.pending = Some(Owned::spawn(async move {
+                state.pending = Some(crate::background::spawn(async move {
                     tokio::time::sleep(pause).await;
                     let _ = me.cast(AttemptMsg::Settle { cancel });
                 }));

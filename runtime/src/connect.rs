@@ -298,41 +298,39 @@ const CONNECT_BACKOFF: actors::supervision::Backoff = actors::supervision::Backo
 /// What replaces the hidden parts of a URL in [`redact_url`].
 const REDACTED: &str = "<redacted>";
 
-/// `url` with whatever may carry credentials hidden: everything between the scheme and the last
-/// `@` (userinfo, whatever characters it holds), and a query or fragment after the host.
-/// The scheme, host, port and path stay, so an error still names the server.
+/// `url` with whatever may carry credentials hidden: its userinfo, query and fragment
+/// (parsed with the `url` crate). The scheme, host, port and path stay, so an error still
+/// names the server; what does not parse as `scheme://host…` is hidden whole (`u:p@h:1`
+/// parses as scheme `u` with a path that holds the password).
 ///
 /// ```
 /// use runtime::connect::redact_url;
 /// assert_eq!(redact_url("nats://u:secret@h:4222"), "nats://<redacted>@h:4222");
 /// assert_eq!(redact_url("nats://h:4222?token=secret"), "nats://h:4222?<redacted>");
 /// assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+/// assert_eq!(redact_url("u:secret@h:4222"), "<redacted>");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => url.split_at(i + 3),
-        None => ("", url),
+    let Some(parsed) = url::Url::parse(url).ok().filter(url::Url::has_host) else {
+        return REDACTED.to_owned();
     };
-    let (userinfo, rest) = match rest.rfind('@') {
-        Some(i) => (true, &rest[i + 1..]),
-        None => (false, rest),
-    };
-    let (location, hidden_tail) = match rest.find(['?', '#']) {
-        Some(i) => (&rest[..i], Some(&rest[i..i + 1])),
-        None => (rest, None),
-    };
-    let mut out = String::with_capacity(url.len());
-    out.push_str(scheme);
-    if userinfo {
-        out.push_str(REDACTED);
-        out.push('@');
+    let mut shown = format!("{}://", parsed.scheme());
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        shown.push_str(REDACTED);
+        shown.push('@');
     }
-    out.push_str(location);
-    if let Some(mark) = hidden_tail {
-        out.push_str(mark);
-        out.push_str(REDACTED);
+    shown.push_str(parsed.host_str().unwrap_or_default());
+    if let Some(port) = parsed.port() {
+        shown.push_str(&format!(":{port}"));
     }
-    out
+    shown.push_str(parsed.path());
+    for (mark, part) in [('?', parsed.query()), ('#', parsed.fragment())] {
+        if part.is_some() {
+            shown.push(mark);
+            shown.push_str(REDACTED);
+        }
+    }
+    shown
 }
 
 fn validate_url(url: &str) -> Result<(), ConnectError> {
@@ -340,23 +338,24 @@ fn validate_url(url: &str) -> Result<(), ConnectError> {
         url: redact_url(url),
         reason,
     };
-    let Some((scheme, rest)) = url.split_once("://") else {
+    if !url.contains("://") {
         return Err(invalid("expected scheme://host[:port]"));
-    };
-    if !matches!(scheme, "nats" | "tls" | "ws" | "wss") {
+    }
+    let parsed = url::Url::parse(url).map_err(|_| invalid("expected scheme://host[:port]"))?;
+    if !matches!(parsed.scheme(), "nats" | "tls" | "ws" | "wss") {
         return Err(invalid("the scheme must be nats, tls, ws or wss"));
     }
-    let authority = rest.trim_end_matches('/');
-    if authority.is_empty() {
-        return Err(invalid("no host"));
-    }
-    if authority.contains(['/', '?', '#']) {
-        return Err(invalid("no path, query or fragment allowed"));
-    }
-    if authority.contains('@') {
+    if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err(invalid(
             "credentials in the url are not allowed; use one of the auth options",
         ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("no host"));
+    }
+    if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() || parsed.fragment().is_some()
+    {
+        return Err(invalid("no path, query or fragment allowed"));
     }
     Ok(())
 }
@@ -402,11 +401,16 @@ mod tests {
             ("nats://u:p@h:1", "nats://<redacted>@h:1"),
             ("nats://tok@h:1", "nats://<redacted>@h:1"),
             ("nats://u:p@ss@h:1/", "nats://<redacted>@h:1/"),
-            ("nats://u:a/b@h:1", "nats://<redacted>@h:1"),
-            ("ws://h:1/ws?token=t#f", "ws://h:1/ws?<redacted>"),
+            ("nats://u:a/b@h:1", "<redacted>"),
+            ("ws://h:1/ws?token=t#f", "ws://h:1/ws?<redacted>#<redacted>"),
             ("nats://h:1#frag", "nats://h:1#<redacted>"),
-            ("u:p@h:1", "<redacted>@h:1"),
-            ("", ""),
+            (
+                "nats://u@h:1?x#y",
+                "nats://<redacted>@h:1?<redacted>#<redacted>",
+            ),
+            ("u:p@h:1", "<redacted>"),
+            ("nats://u:p@[::1", "<redacted>"),
+            ("", "<redacted>"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }
@@ -427,6 +431,9 @@ mod tests {
             "nats://",
             "nats://h/path",
             "nats://u:p@h",
+            "nats://h?token=t",
+            "nats://h#f",
+            "nats://h:port",
         ] {
             assert!(
                 matches!(
@@ -507,8 +514,13 @@ mod tests {
                         "{what}: {err}"
                     );
                     assert_no_secret(&err, &secrets, &what);
-                    // The rest of the URL stays, so the operator knows which one is wrong.
-                    assert!(err.to_string().contains("127.0.0.1:4222"), "{what}: {err}");
+                    // The rest of a URL that parses stays, so the operator knows which one is
+                    // wrong; one that does not (`alice:a/<secret>@…` ends its authority at the
+                    // `/`) is hidden whole.
+                    let parses = url::Url::parse(&url).is_ok_and(|u| u.has_host());
+                    let shown = err.to_string();
+                    assert_eq!(shown.contains("127.0.0.1:4222"), parses, "{what}: {err}");
+                    assert!(shown.contains(REDACTED), "{what}: {err}");
                     let err = settings.connect("test").await.expect_err(&what);
                     assert_no_secret(&err, &secrets, &what);
                 }

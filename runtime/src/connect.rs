@@ -300,21 +300,32 @@ const REDACTED: &str = "<redacted>";
 
 /// `url` with whatever may carry credentials hidden: its userinfo, query and fragment
 /// (parsed with the `url` crate). The scheme, host, port and path stay, so an error still
-/// names the server; what does not parse as `scheme://host…` is hidden whole (`u:p@h:1`
-/// parses as scheme `u` with a path that holds the password).
+/// names the server. A URL without a scheme (`u:p@h:1`, which would parse as scheme `u` with
+/// the password in its path) is read as a `nats://` one and shown without that scheme; what
+/// does not parse as `scheme://host…` is hidden whole.
 ///
 /// ```
 /// use runtime::connect::redact_url;
 /// assert_eq!(redact_url("nats://u:secret@h:4222"), "nats://<redacted>@h:4222");
 /// assert_eq!(redact_url("nats://h:4222?token=secret"), "nats://h:4222?<redacted>");
 /// assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
-/// assert_eq!(redact_url("u:secret@h:4222"), "<redacted>");
+/// assert_eq!(redact_url("u:secret@h:4222"), "<redacted>@h:4222");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let Some(parsed) = url::Url::parse(url).ok().filter(url::Url::has_host) else {
+    let scheme_given = url.contains("://");
+    let parsed = if scheme_given {
+        url::Url::parse(url)
+    } else {
+        url::Url::parse(&format!("nats://{url}"))
+    };
+    let Some(parsed) = parsed.ok().filter(url::Url::has_host) else {
         return REDACTED.to_owned();
     };
-    let mut shown = format!("{}://", parsed.scheme());
+    let mut shown = String::with_capacity(url.len());
+    if scheme_given {
+        shown.push_str(parsed.scheme());
+        shown.push_str("://");
+    }
     if !parsed.username().is_empty() || parsed.password().is_some() {
         shown.push_str(REDACTED);
         shown.push('@');
@@ -408,7 +419,8 @@ mod tests {
                 "nats://u@h:1?x#y",
                 "nats://<redacted>@h:1?<redacted>#<redacted>",
             ),
-            ("u:p@h:1", "<redacted>"),
+            ("u:p@h:1", "<redacted>@h:1"),
+            ("h:1", "h:1"),
             ("nats://u:p@[::1", "<redacted>"),
             ("", "<redacted>"),
         ] {
@@ -515,11 +527,11 @@ mod tests {
                     );
                     assert_no_secret(&err, &secrets, &what);
                     // The rest of a URL that parses stays, so the operator knows which one is
-                    // wrong; one that does not (`alice:a/<secret>@…` ends its authority at the
-                    // `/`) is hidden whole.
-                    let parses = url::Url::parse(&url).is_ok_and(|u| u.has_host());
+                    // wrong; one that does not (`nats://alice:a/<secret>@…` ends its authority
+                    // at the `/`) is hidden whole.
+                    let whole = url.starts_with("nats://alice:a/");
                     let shown = err.to_string();
-                    assert_eq!(shown.contains("127.0.0.1:4222"), parses, "{what}: {err}");
+                    assert_eq!(shown.contains("127.0.0.1:4222"), !whole, "{what}: {err}");
                     assert!(shown.contains(REDACTED), "{what}: {err}");
                     let err = settings.connect("test").await.expect_err(&what);
                     assert_no_secret(&err, &secrets, &what);

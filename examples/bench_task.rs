@@ -60,14 +60,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actors::worker::{AttemptContext, Outcome, TaskHandler};
 use async_nats::jetstream::{self, stream};
 use futures::StreamExt;
 use protocol::task::{TaskChannelBody, TaskSpec};
 use protocol::{AgentId, Codec, QueueName, WorkerId};
 use runtime::system::tasks::new_task;
-use runtime::system::worker::WorkerSettings;
-use runtime::{ActorSystem, NatsSettings};
+use runtime::{ActorSystem, AttemptContext, NatsSettings, Outcome, TaskHandler, WorkerSettings};
 use tokio::sync::Semaphore;
 
 const CONCURRENCY: usize = 16;
@@ -214,12 +212,13 @@ async fn hub(
     for k in 0..workers {
         system
             .start_worker(WorkerSettings {
-                worker_id: WorkerId::new(format!("w{k}-{tag}")).unwrap(),
-                queue: queue.clone(),
                 concurrency: CONCURRENCY,
-                journal_dir: journal_dir.clone(),
-                handler: Arc::new(Noop),
-                shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
+                ..WorkerSettings::new(
+                    WorkerId::new(format!("w{k}-{tag}")).unwrap(),
+                    queue.clone(),
+                    journal_dir.clone(),
+                    Arc::new(Noop),
+                )
             })
             .await
             .unwrap();
@@ -379,12 +378,13 @@ async fn split(url: &str, tag: &str, n: u64, journal_root: &std::path::Path) -> 
     let route = n as f64 / start.elapsed().as_secs_f64();
     system
         .start_worker(WorkerSettings {
-            worker_id: WorkerId::new(format!("w-{tag}")).unwrap(),
-            queue: queue.clone(),
             concurrency: CONCURRENCY,
-            journal_dir,
-            handler: Arc::new(Noop),
-            shutdown_grace: actors::worker::DEFAULT_SHUTDOWN_GRACE,
+            ..WorkerSettings::new(
+                WorkerId::new(format!("w-{tag}")).unwrap(),
+                queue.clone(),
+                journal_dir,
+                Arc::new(Noop),
+            )
         })
         .await
         .unwrap();

@@ -27,6 +27,7 @@ use async_nats::Client;
 use futures::StreamExt;
 use protocol::attach::{AttachReply, AttachResponse};
 use protocol::config::DeliveryConfig;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects;
 use protocol::task::{JoinReply, JoinRequest, JoinResponse};
 use protocol::{WireError, WireErrorKind};
@@ -194,7 +195,7 @@ impl Actor for Attach {
                     .bump();
                     let body = serde_json::to_vec(&response).unwrap_or_default();
                     if let Err(e) = me.client.publish(reply, body.into()).await {
-                        tracing::warn!(error = %e, "cannot answer an attach request");
+                        tracing::warn!(error = %ErrorChain(&e), "cannot answer an attach request");
                     }
                 });
             }
@@ -210,7 +211,7 @@ impl Actor for Attach {
                 .bump();
                 let body = serde_json::to_vec(&response)?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {
-                    tracing::warn!(error = %e, "cannot answer a join request");
+                    tracing::warn!(error = %ErrorChain(&e), "cannot answer a join request");
                 }
             }
             AttachMsg::Info(msg) => {
@@ -225,7 +226,7 @@ impl Actor for Attach {
                 state.counters.infos.bump();
                 let body = serde_json::to_vec(&info)?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {
-                    tracing::warn!(error = %e, "cannot answer a hub info request");
+                    tracing::warn!(error = %ErrorChain(&e), "cannot answer a hub info request");
                 }
             }
             AttachMsg::Snapshot(port) => {
@@ -262,7 +263,9 @@ impl TaskReads {
             return;
         };
         let read = subjects::parse_task_read_request(msg.subject.as_str())
-            .map_err(|e| WireError::new(WireErrorKind::InvalidRecipient, e.to_string()))
+            .map_err(|e| {
+                WireError::new(WireErrorKind::InvalidRecipient, ErrorChain(&e).to_string())
+            })
             .and_then(|requester| {
                 serde_json::from_slice::<protocol::attach::TaskRead>(&msg.payload)
                     .map(|read| (requester, read))
@@ -308,7 +311,7 @@ impl TaskReads {
             }
         };
         if let Err(e) = sent {
-            tracing::warn!(error = %e, "cannot serve a task channel read");
+            tracing::warn!(error = %ErrorChain(&e), "cannot serve a task channel read");
         }
     }
 }
@@ -333,7 +336,7 @@ impl Attach {
         };
         let (queue, worker) = match subjects::parse_join_request(subject) {
             Ok(parts) => parts,
-            Err(e) => return refuse(WireErrorKind::Malformed, e.to_string()),
+            Err(e) => return refuse(WireErrorKind::Malformed, ErrorChain(&e).to_string()),
         };
         let request: JoinRequest = match serde_json::from_slice(body) {
             Ok(request) => request,
@@ -389,7 +392,7 @@ impl Attach {
                         .publish(subjects::queue_changed(&queue), "{}".into())
                         .await
                     {
-                        tracing::warn!(error = %e, %queue, "cannot tell the queue's workers");
+                        tracing::warn!(error = %ErrorChain(&e), %queue, "cannot tell the queue's workers");
                     }
                 }
                 tracing::info!(%queue, %worker, "worker joined");
@@ -463,7 +466,7 @@ async fn is_removed(js: &jetstream::Context, id: &protocol::AgentId) -> bool {
     crate::removed::is_removed(js, id)
         .await
         .unwrap_or_else(|e| {
-            tracing::warn!(error = %e, %id, "cannot read whether the agent was removed; attaching");
+            tracing::warn!(error = %ErrorChain(&*e), %id, "cannot read whether the agent was removed; attaching");
             false
         })
 }

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use protocol::audit::{AuditBatch, AuditEvent, EncodedEvents, EventRef, MAX_BATCH};
+use protocol::error_chain::ErrorChain;
 
 use crate::background::Owned;
 
@@ -295,7 +296,7 @@ impl Hub {
             for mut batch in batches {
                 let payload = out.write(&batch, &link.actor);
                 if let Err(e) = self.client.publish(link.subject.clone(), payload).await {
-                    tracing::debug!(error = %e, "audit batch not published");
+                    tracing::debug!(error = %ErrorChain(&e), "audit batch not published");
                 }
                 batch.clear();
                 let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
@@ -347,7 +348,7 @@ pub async fn emit_one(client: &async_nats::Client, role: &str, name: &str, event
         AuditBatch::encode_events(&format!("{role}:{name}"), std::slice::from_ref(&event));
     let subject = protocol::subjects::audit(role, name);
     if let Err(e) = client.publish(subject, payload.into()).await {
-        tracing::debug!(error = %e, "audit event not published");
+        tracing::debug!(error = %ErrorChain(&e), "audit event not published");
     }
     let _ = client.flush().await;
 }
@@ -409,7 +410,7 @@ async fn flush(client: async_nats::Client, subject: String, actor: Arc<str>, sha
             let payload = out.write(batch, &actor);
             batch.clear();
             if let Err(e) = client.publish(subject.clone(), payload).await {
-                tracing::debug!(error = %e, "audit batch not published");
+                tracing::debug!(error = %ErrorChain(&e), "audit batch not published");
             }
         }
         if last {

@@ -9,6 +9,7 @@
 use std::future::Future;
 
 use futures::FutureExt;
+use protocol::error_chain::ErrorChain;
 use tokio_util::task::AbortOnDropHandle;
 
 /// A task owned by an actor's state: aborted when dropped.
@@ -59,7 +60,7 @@ where
             Err(_) => Err(PumpFailure::Panicked),
         };
         if let Err(failure) = outcome {
-            tracing::error!(error = %failure, "pump failed");
+            tracing::error!(error = %ErrorChain(&failure), "pump failed");
             on_fail(failure);
         }
     })

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::clock::{measure, ClockError, Measured};
+use protocol::error_chain::ErrorChain;
 
 /// How often the offset is measured again.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(300);
@@ -158,7 +159,7 @@ impl ServerClock {
                     tracing::warn!(offset_ms = m.offset_ms, "this process's clock is off the server's; deadlines are judged in server time");
                 }
                 Ok(_) => {}
-                Err(e) => tracing::debug!(error = %e, "server time not measured"),
+                Err(e) => tracing::debug!(error = %ErrorChain(&e), "server time not measured"),
             }
             self.tried.store(true, Ordering::Release);
             self.settled.notify_waiters();

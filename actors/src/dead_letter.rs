@@ -10,6 +10,7 @@
 //! retry after a crash stores each once within the duplicate window.
 
 use async_nats::jetstream::{self, message::StreamMessage, publish::PublishAck};
+use protocol::error_chain::ErrorChain;
 use protocol::{headers, subjects, AgentId};
 
 use crate::streams::{publish_acked, AckedError};
@@ -106,7 +107,7 @@ pub async fn store_notice(
     match publish_acked(js, subject, map, payload.into(), crate::PUBLISH_ACK_TIMEOUT).await {
         Ok(_) => NoticeStored::Stored,
         Err(AckedError::Publish(e)) if crate::streams::store_refusal(&e).is_some() => {
-            tracing::warn!(error = %e, "the sender's inbox refused its notice; dropped");
+            tracing::warn!(error = %ErrorChain(&e), "the sender's inbox refused its notice; dropped");
             NoticeStored::Dropped
         }
         Err(_) => NoticeStored::Failed,

@@ -18,6 +18,7 @@ use async_nats::jetstream::consumer::{pull, DeliverPolicy};
 use async_nats::jetstream::{self, Message};
 use async_nats::Client;
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::removal::{change_of, Change, RemovedSet};
 use protocol::subjects::{kv_stream, kv_subject, REMOVED_BUCKET};
 use protocol::AgentId;
@@ -34,7 +35,7 @@ const RETRY: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     /// The bucket's stream could not be read.
-    #[error("cannot watch the removed agents ({REMOVED_BUCKET}): {0}")]
+    #[error("cannot watch the removed agents ({REMOVED_BUCKET})")]
     Watch(#[source] async_nats::Error),
     /// It did not answer in time.
     #[error("the removed agents ({REMOVED_BUCKET}) were not read within {0:?}")]
@@ -196,7 +197,7 @@ async fn keep(
                     false
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "the watch of the removed agents failed; reading them again");
+                    tracing::warn!(error = %ErrorChain(&e), "the watch of the removed agents failed; reading them again");
                     true
                 }
                 None => true,
@@ -216,7 +217,7 @@ async fn keep(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the removed agents; trying again");
+                    tracing::warn!(error = %ErrorChain(&e), "cannot read the removed agents; trying again");
                     tokio::time::sleep(RETRY).await;
                 }
             }

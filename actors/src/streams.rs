@@ -36,7 +36,7 @@ pub enum StreamError {
         wanted: RetentionPolicy,
     },
     /// A JetStream API request failed (server down, JetStream disabled, subjects overlap...).
-    #[error("cannot {action} stream {stream}: {source}")]
+    #[error("cannot {action} stream {stream}")]
     Api {
         /// create, update or look up.
         action: &'static str,
@@ -224,7 +224,7 @@ pub fn stream_configs(cfg: &DeliveryConfig) -> [Config; 9] {
 #[derive(Debug, thiserror::Error)]
 pub enum AckedError {
     /// The publish could not be sent, or the broker refused it.
-    #[error("not stored: {0}")]
+    #[error("not stored")]
     Publish(#[from] async_nats::jetstream::context::PublishError),
     /// No ack within the limit.
     #[error("no store ack within {0:?}")]

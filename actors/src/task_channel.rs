@@ -59,7 +59,7 @@ pub enum Reader {
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// The stream could not be looked up.
-    #[error("task channel stream {stream}: {source}")]
+    #[error("cannot look up task channel stream {stream}")]
     Stream {
         /// The stream.
         stream: String,
@@ -68,7 +68,7 @@ pub enum ReadError {
         source: async_nats::jetstream::context::GetStreamError,
     },
     /// A direct get failed (the stream does not exist, or allows no direct gets...).
-    #[error("reading {subject} from stream {stream}: {source}")]
+    #[error("cannot read {subject} from stream {stream}")]
     Get {
         /// The stream.
         stream: String,

@@ -58,6 +58,7 @@ pub mod clock;
 pub mod config;
 pub mod dedupe;
 pub mod envelope;
+pub mod error_chain;
 pub mod expiry;
 pub mod headers;
 pub mod history;

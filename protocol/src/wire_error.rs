@@ -142,7 +142,7 @@ impl From<&EnvelopeError> for WireError {
                 WireErrorKind::Internal
             }
         };
-        WireError::new(kind, error.to_string())
+        WireError::new(kind, crate::error_chain::ErrorChain(error).to_string())
     }
 }
 

@@ -32,7 +32,7 @@ pub enum ConnectError {
     #[error("invalid inbox prefix {0:?}: dot-separated tokens without wildcards or whitespace")]
     InvalidInboxPrefix(String),
     /// The credentials file could not be read.
-    #[error("cannot read nats credentials file {path}: {source}")]
+    #[error("cannot read nats credentials file {path}")]
     Creds {
         /// The file.
         path: PathBuf,
@@ -42,7 +42,7 @@ pub enum ConnectError {
         source: std::io::Error,
     },
     /// The server could not be reached in time, or refused the connection.
-    #[error("cannot connect to nats at {url}: {source}")]
+    #[error("cannot connect to nats at {url}")]
     Unreachable {
         /// The URL, through [`redact_url`].
         url: String,

@@ -112,22 +112,10 @@ async fn run(cli: Cli) -> (i32, Option<String>) {
     (code, line)
 }
 
-/// The one line an error prints: its message and each source whose text the line does not
-/// show yet (our errors print their source in their own message, so a plain `{e:#}` would
-/// repeat it).
+/// The one line an error prints: its message and its sources
+/// ([`protocol::error_chain::ErrorChain`]).
 fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line.replace('\n', " ")
+    protocol::error_chain::ErrorChain(e.as_ref()).to_string()
 }
 
 fn exit_code(e: &anyhow::Error) -> i32 {

@@ -37,6 +37,7 @@ use async_nats::jetstream::{self, consumer::pull, AckKind};
 use async_nats::Client;
 use futures::StreamExt;
 use protocol::config::DeliveryConfig;
+use protocol::error_chain::ErrorChain;
 use protocol::expiry::{notify_at_deadline, ExpiryCheck, TERM_REASON};
 use protocol::subjects;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -115,7 +116,7 @@ pub struct ExpiryState {
 #[derive(Debug, thiserror::Error)]
 pub enum ExpiryError {
     /// A consumer could not be created or pulled from.
-    #[error("cannot pull {consumer} of stream {stream}: {source}")]
+    #[error("cannot pull {consumer} of stream {stream}")]
     Consumer {
         /// The stream.
         stream: String,
@@ -140,7 +141,7 @@ pub enum ExpiryError {
         consumer: String,
     },
     /// A pump failed.
-    #[error("expiry pump failed: {0}")]
+    #[error("expiry pump failed")]
     Pump(#[source] PumpFailure),
 }
 
@@ -334,13 +335,13 @@ impl ExpiryPump {
             Ok(mut c) => match c.info().await {
                 Ok(info) => Some(info.delivered.stream_sequence),
                 Err(e) => {
-                    tracing::warn!(error = %e, %consumer, "expiry check: no consumer info; tried again");
+                    tracing::warn!(error = %ErrorChain(&e), %consumer, "expiry check: no consumer info; tried again");
                     return Handled::Retry;
                 }
             },
             Err(e) if crate::consumers::is_consumer_not_found(&e) => None,
             Err(e) => {
-                tracing::warn!(error = %e, %consumer, "expiry check: consumer lookup failed; tried again");
+                tracing::warn!(error = %ErrorChain(&e), %consumer, "expiry check: consumer lookup failed; tried again");
                 return Handled::Retry;
             }
         };
@@ -414,7 +415,7 @@ impl ExpiryPump {
                 return Err(Handled::Done);
             }
             Err(e) => {
-                tracing::warn!(error = %e, inbox_seq, "cannot read an undelivered DM; tried again");
+                tracing::warn!(error = %ErrorChain(&e), inbox_seq, "cannot read an undelivered DM; tried again");
                 return Err(Handled::Retry);
             }
         };
@@ -549,7 +550,7 @@ impl ExpiryPump {
             }
         };
         if let Err(e) = msg.ack_with(kind).await {
-            tracing::warn!(error = %e, "expiry: ack failed; redelivered later");
+            tracing::warn!(error = %ErrorChain(&*e), "expiry: ack failed; redelivered later");
         }
     }
 }
@@ -580,7 +581,7 @@ async fn next(
                     })
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, consumer, "pull error; the stream pulls again");
+                    tracing::warn!(error = %ErrorChain(&e), consumer, "pull error; the stream pulls again");
                 }
                 None => {
                     return Err(ExpiryError::Ended {

@@ -13,6 +13,7 @@
 //! in between has it redelivered and finishes.
 
 use async_nats::jetstream::{self, consumer::pull, message::StreamMessage};
+use protocol::error_chain::ErrorChain;
 use protocol::expiry::AnswerCheck;
 use protocol::rejection::{TaskNotice, ANSWER_UNDELIVERABLE_KIND, TASK_UNDELIVERABLE_KIND};
 use protocol::subjects;
@@ -152,7 +153,7 @@ impl ExpiryPump {
                 Err(Handled::Done)
             }
             Err(e) => {
-                tracing::warn!(error = %e, stream, seq, "cannot read a dead letter; tried again");
+                tracing::warn!(error = %ErrorChain(&e), stream, seq, "cannot read a dead letter; tried again");
                 Err(Handled::Retry)
             }
         }
@@ -199,7 +200,7 @@ impl ExpiryPump {
             let gone = matches!(e.kind(), jetstream::stream::DeleteMessageErrorKind::JetStream(err)
                 if err.error_code() == jetstream::ErrorCode::SEQUENCE_NOT_FOUND);
             if !gone {
-                tracing::warn!(error = %e, stream = copy.stream, seq = copy.seq, "cannot remove a dead letter from its stream; tried again");
+                tracing::warn!(error = %ErrorChain(&e), stream = copy.stream, seq = copy.seq, "cannot remove a dead letter from its stream; tried again");
                 return Err(Handled::Retry);
             }
         }

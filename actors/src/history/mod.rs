@@ -23,6 +23,7 @@ use async_nats::jetstream::{self, consumer::pull};
 use async_nats::Client;
 use futures::StreamExt;
 use protocol::config::DeliveryConfig;
+use protocol::error_chain::ErrorChain;
 use protocol::history::{
     advisories_caught_up, first_since_request, keep_from, trim_threshold, window_start_ms,
     AdvisoryProgress, CATCH_UP, SETTLE,
@@ -201,7 +202,7 @@ impl Trimmer {
             self.counters.rounds.bump();
             if let Err(e) = self.round(&mut stop).await {
                 self.counters.failures.bump();
-                tracing::warn!(error = %e, "trimming what the inboxes read failed; the next round starts over");
+                tracing::warn!(error = %ErrorChain(&e), "trimming what the inboxes read failed; the next round starts over");
             }
         }
     }
@@ -276,7 +277,7 @@ impl Trimmer {
     /// Counts and logs what failed of one inbox (tried again next round).
     fn failed(&self, e: &HistoryError) {
         self.counters.failures.bump();
-        tracing::warn!(error = %e, "an inbox's read DMs were not trimmed; tried again next round");
+        tracing::warn!(error = %ErrorChain(e), "an inbox's read DMs were not trimmed; tried again next round");
     }
 
     /// The inboxes holding at least [`Self::threshold`] DMs.

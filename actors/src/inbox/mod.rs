@@ -221,7 +221,7 @@ impl InboxView {
 #[derive(Debug, thiserror::Error)]
 pub enum InboxError {
     /// Attach was refused or no durable inbox could be bound.
-    #[error("cannot bind the inbox of {id}: {source}")]
+    #[error("cannot bind the inbox of {id}")]
     Bind {
         /// Whose inbox.
         id: String,
@@ -230,7 +230,7 @@ pub enum InboxError {
         source: BindError,
     },
     /// The pump failed.
-    #[error("inbox pump failed: {0}")]
+    #[error("inbox pump failed")]
     Pump(#[source] PumpError),
     /// A fault armed for this inbox's start fired (tests).
     #[error(transparent)]

@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::jetstream;
 use bytes::Bytes;
+use protocol::error_chain::ErrorChain;
 use protocol::{subjects, AgentId, Envelope};
 
 use super::pump::{InboxCounters, Trail};
@@ -49,7 +50,7 @@ pub fn retry_backoff() -> Backoff {
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiptError {
     /// The receipt could not be encoded.
-    #[error("cannot encode the read receipt: {0}")]
+    #[error("cannot encode the read receipt")]
     Encode(#[from] protocol::EnvelopeError),
     /// The client is not connected to the broker: nothing was published.
     #[error("not connected to the broker")]
@@ -285,9 +286,9 @@ pub async fn retry<S, F>(
                 outbox.counters.receipts_retried.bump();
                 failures = failures.saturating_add(1);
                 if failures == 1 {
-                    tracing::warn!(error = %e, id = %head.id, "read receipt not stored; trying again with backoff");
+                    tracing::warn!(error = %ErrorChain(&e), id = %head.id, "read receipt not stored; trying again with backoff");
                 } else {
-                    tracing::debug!(error = %e, id = %head.id, failures, "read receipt not stored");
+                    tracing::debug!(error = %ErrorChain(&e), id = %head.id, failures, "read receipt not stored");
                 }
                 tokio::time::sleep(backoff.delay(failures)).await;
             }
@@ -314,7 +315,7 @@ where
                 outbox.counters.receipts_retried.bump();
             }
             if let Err(e) = sent {
-                tracing::warn!(error = %e, id = %head.id, "read receipt outbox not flushed");
+                tracing::warn!(error = %ErrorChain(&e), id = %head.id, "read receipt outbox not flushed");
                 return;
             }
             outbox.settle(place);

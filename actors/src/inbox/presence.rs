@@ -16,6 +16,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use dashmap::DashMap;
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::presence::PresenceRecord;
 use protocol::{subjects, AgentId};
 
@@ -159,7 +160,7 @@ impl BeatGuard {
         let _writing = self.beat.writing.lock().await;
         let record = PresenceRecord::offline(protocol::expiry::now_ms(), self.beat.every.as_secs());
         if let Err(e) = write(&self.beats.0.beats.js, &self.beat.id, &record).await {
-            tracing::warn!(id = %self.beat.id, error = %e, "offline marker not stored");
+            tracing::warn!(id = %self.beat.id, error = %ErrorChain(&e), "offline marker not stored");
         }
     }
 
@@ -213,7 +214,7 @@ async fn run(beats: Arc<Beats>) {
                     Ok(()) => beat.counters.presence_beats.bump(),
                     Err(e) => {
                         beat.counters.presence_failures.bump();
-                        tracing::warn!(id = %beat.id, error = %e, "presence beat not stored");
+                        tracing::warn!(id = %beat.id, error = %ErrorChain(&e), "presence beat not stored");
                     }
                 }
             },

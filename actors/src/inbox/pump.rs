@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use protocol::dedupe::{SeenKey, SeenSet, DEFAULT_DEDUPE_CAPACITY};
+use protocol::error_chain::ErrorChain;
 
 use super::Handled;
 use protocol::audit::Details;
@@ -64,7 +65,7 @@ crate::counters! {
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
     /// The durable consumer could not be looked up or pulled from.
-    #[error("cannot pull from consumer {consumer} of {stream}: {source}")]
+    #[error("cannot pull from consumer {consumer} of {stream}")]
     Pull {
         /// The stream.
         stream: String,
@@ -84,7 +85,7 @@ pub enum PumpError {
         reason: String,
     },
     /// The live subscription could not be made.
-    #[error("cannot subscribe to {subject}: {source}")]
+    #[error("cannot subscribe to {subject}")]
     Subscribe {
         /// The inbox subject.
         subject: String,
@@ -340,7 +341,7 @@ impl InboxPump {
                         match ack_with(client, msg.reply.take(), AckKind::Ack).await {
                             Ok(()) => self.emit(&trail, "delivered", Details::default()),
                             Err(e) => {
-                                tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered")
+                                tracing::warn!(error = %ErrorChain(&*e), "inbox ack failed; the DM will be redelivered")
                             }
                         }
                         // The second level: the sender asked to know it was read.
@@ -377,7 +378,7 @@ impl InboxPump {
                         if let Err(e) =
                             Box::pin(self.term_with(&msg, &reject_reason(&reason))).await
                         {
-                            tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
+                            tracing::warn!(error = %ErrorChain(&*e), "inbox term failed; the DM will be redelivered");
                         }
                         return Ok(());
                     }
@@ -390,13 +391,13 @@ impl InboxPump {
                 // and the router tells the sender (`crate::expiry`).
                 if let Err(e) = Box::pin(self.term_with(&msg, protocol::expiry::TERM_REASON)).await
                 {
-                    tracing::warn!(error = %e, "inbox term failed; the DM will be redelivered");
+                    tracing::warn!(error = %ErrorChain(&*e), "inbox term failed; the DM will be redelivered");
                 }
                 return Ok(());
             }
         };
         if let Err(e) = ack_with(client, msg.reply.take(), ack).await {
-            tracing::warn!(error = %e, "inbox ack failed; the DM will be redelivered");
+            tracing::warn!(error = %ErrorChain(&*e), "inbox ack failed; the DM will be redelivered");
         }
         Ok(())
     }
@@ -444,7 +445,7 @@ impl InboxPump {
             Ok(pending) => pending,
             Err(e) => {
                 self.counters.receipts_dropped.bump();
-                tracing::warn!(error = %e, id = %receipt.meta.id, "read receipt dropped");
+                tracing::warn!(error = %ErrorChain(&e), id = %receipt.meta.id, "read receipt dropped");
                 return;
             }
         };
@@ -464,7 +465,7 @@ impl InboxPump {
                 );
             }
             Err(e) => {
-                tracing::warn!(error = %e, id = %pending.id, "read receipt not sent; kept in the outbox");
+                tracing::warn!(error = %ErrorChain(&e), id = %pending.id, "read receipt not sent; kept in the outbox");
                 receipts.queue(pending);
             }
         }

@@ -18,7 +18,7 @@ pub enum JournalError {
         holder: Option<u32>,
     },
     /// A file system operation failed.
-    #[error("journal i/o error on {}: {source}", path.display())]
+    #[error("journal i/o error on {}", path.display())]
     Io {
         /// The file or directory the operation was on.
         path: PathBuf,
@@ -28,7 +28,7 @@ pub enum JournalError {
     },
     /// A record that is not the last one of the log is damaged. A damaged *last* record is a
     /// torn write of a crash and is dropped silently instead.
-    #[error("journal {} is corrupt at line {line}: {source}", path.display())]
+    #[error("journal {} is corrupt at line {line}", path.display())]
     Corrupt {
         /// The log file.
         path: PathBuf,
@@ -70,7 +70,7 @@ pub enum CorruptLine {
         actual: u32,
     },
     /// The checksum matches but the record does not decode.
-    #[error("invalid record: {0}")]
+    #[error("invalid record")]
     InvalidRecord(#[source] serde_json::Error),
 }
 

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::rejection::rejection;
 use protocol::routing::{route, RouteDecision};
 use protocol::subjects;
@@ -98,7 +99,7 @@ impl CorePump {
                             .publish_with_headers(subject.clone(), headers, item.payload.into())
                             .await
                         {
-                            tracing::warn!(error = %e, "core publish failed");
+                            tracing::warn!(error = %ErrorChain(&e), "core publish failed");
                         }
                     }
                     return;
@@ -146,7 +147,7 @@ impl CorePump {
                 .publish_with_headers(subject, headers, payload.into())
                 .await
             {
-                tracing::warn!(error = %e, "core publish failed");
+                tracing::warn!(error = %ErrorChain(&e), "core publish failed");
             }
         }
         .instrument(span)

@@ -14,6 +14,7 @@ use async_nats::jetstream::{self, AckKind, Message};
 use futures::stream::FuturesOrdered;
 use futures::StreamExt;
 use protocol::config::DeliveryConfig;
+use protocol::error_chain::ErrorChain;
 use protocol::rejection::rejection;
 use protocol::routing::{route, Dest, RouteDecision};
 use protocol::Codec;
@@ -137,7 +138,7 @@ impl DurablePump {
             }
         };
         if let Err(e) = broker.refresh(&read).await {
-            tracing::warn!(error = %e, "no broker baseline yet; every routed task is flagged for a check");
+            tracing::warn!(error = %ErrorChain(&e), "no broker baseline yet; every routed task is flagged for a check");
         }
         let _refresher = crate::background::spawn(broker.clone().keep_fresh(read));
         let rate = match self.delivery.sender_rate() {
@@ -197,7 +198,7 @@ impl DurablePump {
                             tracing::warn!("router pull silent past two heartbeats; pulling again");
                             match open().await {
                                 Ok(fresh) => messages = fresh,
-                                Err(e) => tracing::warn!(error = %e, "router pull not issued again; the stream's own re-pull stands"),
+                                Err(e) => tracing::warn!(error = %ErrorChain(&e), "router pull not issued again; the stream's own re-pull stands"),
                             }
                         }
                         MessagesErrorKind::ConsumerDeleted
@@ -206,7 +207,7 @@ impl DurablePump {
                         }
                         _ => {
                             self.counters.reconnects.bump();
-                            tracing::warn!(error = %e, "router pull error; pulling again");
+                            tracing::warn!(error = %ErrorChain(&e), "router pull error; pulling again");
                         }
                     },
                     None => return Err(RouterError::PullEnded),
@@ -539,7 +540,7 @@ impl DurablePump {
         if let Err(e) = result {
             // The ack is lost with the connection; the message comes back after ack_wait and
             // the stored copy's Nats-Msg-Id makes the second store a duplicate.
-            tracing::warn!(error = %e, "ingress ack failed; it will be redelivered");
+            tracing::warn!(error = %ErrorChain(&*e), "ingress ack failed; it will be redelivered");
         }
     }
 

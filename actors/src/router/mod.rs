@@ -28,6 +28,7 @@ use std::time::Instant;
 use async_nats::Client;
 use futures::StreamExt;
 use protocol::config::DeliveryConfig;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -120,25 +121,25 @@ pub enum RouterError {
     #[error(transparent)]
     Fault(#[from] crate::fault::FaultError),
     /// The router consumer could not be bound, or was deleted under the router.
-    #[error("router consumer: {0}")]
+    #[error("the router consumer failed")]
     Consumer(#[source] async_nats::Error),
     /// The senders' rate bucket could not be opened (`sender_rate_per_min` is set).
-    #[error("cannot open the rate bucket: {0}")]
+    #[error("cannot open the rate bucket")]
     RateBucket(#[source] async_nats::Error),
     /// The removed agents could not be read (they are known before anything is routed).
     #[error(transparent)]
     Removed(#[from] crate::removed::WatchError),
     /// The subscription of the pipeline's store acks could not be made.
-    #[error("cannot subscribe to the router's store acks: {0}")]
+    #[error("cannot subscribe to the router's store acks")]
     StoreAcks(#[source] async_nats::SubscribeError),
     /// The message stream or subscription ended (connection closed).
     #[error("the router's message stream ended")]
     PullEnded,
     /// The pump failed (reported through the actor).
-    #[error("router pump failed: {0}")]
+    #[error("router pump failed")]
     Pump(#[source] crate::background::PumpFailure),
     /// The status subscription could not be made.
-    #[error("cannot subscribe to {subject}: {source}")]
+    #[error("cannot subscribe to {subject}")]
     Subscribe {
         /// The subject.
         subject: &'static str,
@@ -301,7 +302,7 @@ impl Actor for Router {
                 state.status_requests += 1;
                 let body = serde_json::to_vec(&self.snapshot(state))?;
                 if let Err(e) = self.client.publish(reply, body.into()).await {
-                    tracing::warn!(error = %e, "cannot answer a status request");
+                    tracing::warn!(error = %ErrorChain(&e), "cannot answer a status request");
                 }
             }
             RouterMsg::Snapshot(port) => {

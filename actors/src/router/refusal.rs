@@ -13,6 +13,7 @@ use async_nats::jetstream;
 use protocol::backpressure::{
     hold_of, inbox_full_retry_after, Hold, StoreRefusal, DEFAULT_RETRY_AFTER_SECS,
 };
+use protocol::error_chain::ErrorChain;
 use protocol::history::history_retry;
 use protocol::rejection::refusal;
 use protocol::{AgentId, Codec, MessageId, WireError, WireErrorKind};
@@ -247,6 +248,6 @@ async fn put_hold(js: &jetstream::Context, key: &str, hold: &Hold) {
     )
     .await;
     if let Err(e) = stored {
-        tracing::warn!(error = %e, key, "a hold was not stored");
+        tracing::warn!(error = %ErrorChain(&e), key, "a hold was not stored");
     }
 }

@@ -9,6 +9,7 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 
 use async_nats::jetstream;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects;
 
 use super::counters::RouterCounters;
@@ -152,7 +153,7 @@ impl Planned {
                 // Refused: retrying cannot help; the message is stored and delivered as usual.
                 Ok(Err(e)) => {
                     counters.expiry_checks_failed.bump();
-                    tracing::warn!(error = %e, seq, "the broker refused a check; its sender may not be told");
+                    tracing::warn!(error = %ErrorChain(&e), seq, "the broker refused a check; its sender may not be told");
                 }
                 Err(_) => return Done::Failed("no ack of the check in time".into()),
             }

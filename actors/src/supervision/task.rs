@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::{FutureExt, TryFutureExt};
+use protocol::error_chain::ErrorChain;
 
 use super::backoff::Backoff;
 use super::spec::Restart;
@@ -169,7 +170,7 @@ impl TaskRun {
             let failed = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
                 Ok(Ok(())) => false,
                 Ok(Err(error)) => {
-                    tracing::warn!(child = %id, %error, "supervised task failed");
+                    tracing::warn!(child = %id, error = %ErrorChain(&*error), "supervised task failed");
                     true
                 }
                 Err(_) => {

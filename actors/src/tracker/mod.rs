@@ -244,7 +244,7 @@ pub struct TrackersState {
 #[derive(Debug, thiserror::Error)]
 pub enum TrackError {
     /// The delegator's live subscription could not be made.
-    #[error("cannot subscribe to {subject}: {source}")]
+    #[error("cannot subscribe to {subject}")]
     Subscribe {
         /// The task channels' filter.
         subject: String,
@@ -259,7 +259,7 @@ pub enum TrackError {
     #[error(transparent)]
     Fault(#[from] fault::FaultError),
     /// A pump failed.
-    #[error("tracker pump failed: {0}")]
+    #[error("tracker pump failed")]
     Pump(#[source] PumpFailure),
     /// The actor did not answer within [`TRACK_TIMEOUT`] (stopped, restarting, or stuck
     /// subscribing).

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use async_nats::jetstream;
 use async_nats::{Client, HeaderMap, Subscriber};
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::task::{RereadSchedule, TaskChannelBody};
 use protocol::AgentId;
 use ractor::ActorRef;
@@ -376,11 +377,14 @@ fn apply(
             };
             e.read.reading = false;
             e.counters.read_errors += 1;
-            tracing::warn!(task_id = %e.task_id, %error, "stored task channel read failed; relying on the live subscription until the next read");
+            tracing::warn!(task_id = %e.task_id, error = %ErrorChain(&error), "stored task channel read failed; relying on the live subscription until the next read");
             if !e.read.failing {
                 e.read.failing = true;
                 let key = format!("read-failed\u{0}{}", e.counters.read_errors);
-                e.progress(key, TrackerEvent::StoredReadFailed(error.to_string()));
+                e.progress(
+                    key,
+                    TrackerEvent::StoredReadFailed(ErrorChain(&error).to_string()),
+                );
             }
         }
     }

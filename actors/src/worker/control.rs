@@ -32,6 +32,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use protocol::error_chain::ErrorChain;
 use protocol::subjects::{self, ControlKind};
 use protocol::task::{
     judge_answer, may_control, Answer, AnswerRefusal, AnswerVerdict, AttemptView, ControlRequest,
@@ -74,7 +75,7 @@ impl Worker {
             return;
         }
         let answer = super::decode_envelope(&msg)
-            .map_err(|e| e.to_string())
+            .map_err(|e| ErrorChain(&e).to_string())
             .and_then(|env| match env.meta.from {
                 Some(from) => serde_json::from_value::<Answer>(env.body)
                     .map(|answer| (from, answer))
@@ -475,7 +476,7 @@ async fn refuse(
             let _ = publish::ack_confirmed(msg).await;
         }
         Err(e) => {
-            tracing::warn!(error = %e, "cannot publish an answer's refusal; judged again later");
+            tracing::warn!(error = %ErrorChain(&e), "cannot publish an answer's refusal; judged again later");
             let _ = msg
                 .ack_with(AckKind::Nak(Some(super::REFUSAL_RETRY_DELAY)))
                 .await;
@@ -494,6 +495,6 @@ pub(super) async fn publish_json(
         return;
     };
     if let Err(e) = client.publish(subject, payload.into()).await {
-        tracing::debug!(error = %e, "reply not sent");
+        tracing::debug!(error = %ErrorChain(&e), "reply not sent");
     }
 }

@@ -17,13 +17,13 @@ pub enum JoinError {
     #[error("no responders (is a durable router running?)")]
     NoResponders,
     /// The request failed.
-    #[error("request failed: {0}")]
+    #[error("request failed")]
     Request(#[source] async_nats::RequestError),
     /// The router refused.
     #[error("refused: {}: {}", .0.kind.as_str(), .0.detail)]
     Refused(WireError),
     /// The reply does not decode.
-    #[error("unreadable join reply: {0}")]
+    #[error("unreadable join reply")]
     Unreadable(#[source] serde_json::Error),
 }
 
@@ -37,7 +37,7 @@ pub enum WorkerError {
     #[error(transparent)]
     Journal(#[from] JournalError),
     /// The join request failed or was refused.
-    #[error("join of queue {queue} failed: {source}")]
+    #[error("join of queue {queue} failed")]
     Join {
         /// The queue.
         queue: String,
@@ -46,7 +46,7 @@ pub enum WorkerError {
         source: JoinError,
     },
     /// A consumer could not be bound.
-    #[error("consumer {consumer}: {source}")]
+    #[error("cannot bind consumer {consumer}")]
     Consumer {
         /// Its name.
         consumer: String,
@@ -55,7 +55,7 @@ pub enum WorkerError {
         source: async_nats::Error,
     },
     /// A consumer has settings the worker refuses.
-    #[error("consumer {consumer}: {source}")]
+    #[error("consumer {consumer} has a setting the worker refuses")]
     Incompatible {
         /// Its name.
         consumer: String,
@@ -64,7 +64,7 @@ pub enum WorkerError {
         source: compat::IncompatibleConsumer,
     },
     /// A control subscription could not be made.
-    #[error("cannot subscribe to {subject}: {source}")]
+    #[error("cannot subscribe to {subject}")]
     Subscribe {
         /// The subject.
         subject: String,
@@ -73,6 +73,6 @@ pub enum WorkerError {
         source: async_nats::SubscribeError,
     },
     /// The fetch loop failed.
-    #[error("worker fetch loop failed: {0}")]
+    #[error("worker fetch loop failed")]
     Pump(#[source] crate::background::PumpFailure),
 }

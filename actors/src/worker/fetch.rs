@@ -17,6 +17,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{self, context::ConsumerInfoErrorKind};
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use ractor::ActorRef;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
@@ -295,12 +296,12 @@ impl Fetcher {
             Err(ConsumerInfoErrorKind::NotFound | ConsumerInfoErrorKind::StreamNotFound)
         );
         if gone {
-            tracing::warn!(consumer = %name, %error, "consumer gone; re-joining the queue");
+            tracing::warn!(consumer = %name, error = %ErrorChain(&*error), "consumer gone; re-joining the queue");
             return Err(FetchError::ConsumerGone { consumer: name });
         }
         *failures += 1;
         let pause = BACKOFF.delay(*failures);
-        tracing::warn!(consumer = %name, %error, ?pause, "pull failed; pulling again after a pause");
+        tracing::warn!(consumer = %name, error = %ErrorChain(&*error), ?pause, "pull failed; pulling again after a pause");
         tokio::select! {
             _ = stop.changed() => {}
             () = tokio::time::sleep(pause) => {}

@@ -2,6 +2,7 @@
 //! journal, the attempt it starts, and the refusal of bad input.
 
 use async_nats::jetstream::{self, AckKind};
+use protocol::error_chain::ErrorChain;
 use protocol::subjects::TaskChannel;
 use protocol::task::{decode_task, failed_result, result_msg_id, AttemptId, TaskChannelBody};
 use protocol::{AgentId, TaskId, WireError, WireErrorKind};
@@ -83,7 +84,7 @@ impl Worker {
             tracing::info!(task_id = %task.task_id, input_seq = seq, "task id already running: input acked as an alias");
             state.requests.spawn(async move {
                 if let Err(e) = publish::ack_confirmed(&msg).await {
-                    tracing::warn!(error = %e, "cannot ack an aliased input");
+                    tracing::warn!(error = %ErrorChain(&e), "cannot ack an aliased input");
                 }
             });
             return;
@@ -102,7 +103,7 @@ impl Worker {
         let admission = match admitted {
             Ok(admission) => admission,
             Err(e) => {
-                tracing::warn!(input_seq = seq, error = %e, "the journal refused an admission; the input is nak'd");
+                tracing::warn!(input_seq = seq, error = %ErrorChain(&e), "the journal refused an admission; the input is nak'd");
                 drop(permit);
                 state.requests.spawn(async move {
                     let _ = msg.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
@@ -169,7 +170,7 @@ impl Worker {
             }
             Err(e) => {
                 state.counters.attempt_failures.bump();
-                tracing::warn!(%task_id, ?input, error = %e, "attempt did not start; its input is left for redelivery");
+                tracing::warn!(%task_id, ?input, error = %ErrorChain(&e), "attempt did not start; its input is left for redelivery");
             }
         }
     }
@@ -208,11 +209,11 @@ impl Worker {
             {
                 Ok(_) => {
                     if let Err(e) = publish::ack_confirmed(&msg).await {
-                        tracing::warn!(error = %e, "cannot ack refused input");
+                        tracing::warn!(error = %ErrorChain(&e), "cannot ack refused input");
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "the refusal of bad input was not published; the input is nak'd for another try");
+                    tracing::warn!(error = %ErrorChain(&e), "the refusal of bad input was not published; the input is nak'd for another try");
                     let _ = msg.ack_with(AckKind::Nak(Some(REFUSAL_RETRY_DELAY))).await;
                 }
             }

@@ -60,6 +60,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use async_nats::Client;
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects::{self, ControlKind};
 use protocol::{QueueName, WorkerId};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -457,7 +458,7 @@ impl Actor for Worker {
                             Ok(info) => ack_waits
                                 .set_queue(crate::consumers::effective_ack_wait(&info.config)),
                             Err(e) => {
-                                tracing::warn!(error = %e, "cannot read the queue consumer again")
+                                tracing::warn!(error = %ErrorChain(&e), "cannot read the queue consumer again")
                             }
                         }
                     });
@@ -516,7 +517,7 @@ impl Actor for Worker {
                 tracing::warn!(
                     task_id = %running.task_id,
                     input = ?running.input,
-                    error = %err,
+                    error = %ErrorChain(&*err),
                     "attempt failed; its input will be redelivered"
                 );
             }
@@ -578,7 +579,7 @@ impl Worker {
             }
         };
         if let Err(e) = state.baseline.refresh(&read).await {
-            tracing::warn!(error = %e, "no work stream baseline yet; every input's task channel is read");
+            tracing::warn!(error = %ErrorChain(&e), "no work stream baseline yet; every input's task channel is read");
         }
         state.baseline_task = Some(crate::background::spawn(
             state.baseline.clone().keep_fresh(read),

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects::{self, Channel, TaskChannel};
 use protocol::task::{AnswerRefusal, TaskChannelBody};
 use protocol::{AgentId, Envelope, MessageId, WorkerId};
@@ -250,7 +251,7 @@ pub async fn ack_confirmed(msg: &jetstream::Message) -> Result<(), PublishError>
         match msg.double_ack().await {
             Ok(()) => return Ok(()),
             Err(e) => {
-                tracing::warn!(error = %e, "input ack not confirmed; trying again");
+                tracing::warn!(error = %ErrorChain(&*e), "input ack not confirmed; trying again");
                 last = Some(e);
             }
         }

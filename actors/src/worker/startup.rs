@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
+use protocol::error_chain::ErrorChain;
 use protocol::subjects;
 use protocol::task::{JoinReply, JoinRequest, JoinResponse};
 use ractor::ActorRef;
@@ -141,7 +142,7 @@ impl Worker {
                     Err(e) => {
                         failures += 1;
                         let pause = REJOIN_BACKOFF.delay(failures);
-                        tracing::warn!(worker = %worker.worker_id, error = %e, ?pause, "re-join failed; trying again");
+                        tracing::warn!(worker = %worker.worker_id, error = %ErrorChain(&e), ?pause, "re-join failed; trying again");
                         tokio::time::sleep(pause).await;
                     }
                 }

@@ -14,6 +14,7 @@
 //! running again meanwhile. A task channel that cannot be read leaves its attempt alone.
 
 use async_nats::jetstream;
+use protocol::error_chain::ErrorChain;
 use protocol::task::{AttemptId, ChannelState};
 use protocol::TaskId;
 use ractor::ActorRef;
@@ -99,7 +100,7 @@ impl Worker {
                             tracing::info!(%task_id, %attempt_id, input_seq = seq, "journalled attempt of a task finished elsewhere forgotten");
                         }
                         Err(e) => {
-                            tracing::warn!(%task_id, error = %e, "cannot forget a swept attempt")
+                            tracing::warn!(%task_id, error = %ErrorChain(&e), "cannot forget a swept attempt")
                         }
                     }
                 }
@@ -123,7 +124,7 @@ async fn judge(
     let view = match crate::task_channel::view(js, &reader, &delegator, &task_id).await {
         Ok(view) => view,
         Err(e) => {
-            tracing::warn!(%task_id, error = %e, "start-up sweep: cannot read the task channel; the attempt is kept");
+            tracing::warn!(%task_id, error = %ErrorChain(&e), "start-up sweep: cannot read the task channel; the attempt is kept");
             return None;
         }
     };

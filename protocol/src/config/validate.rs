@@ -34,13 +34,18 @@ impl DeliveryConfig {
             ("tasks.name", &self.tasks.name),
         ];
         for (index, (key, name)) in streams.iter().enumerate() {
-            validate_stream_name(name).map_err(|e| invalid(key, e.to_string()))?;
+            validate_stream_name(name)
+                .map_err(|e| invalid(key, crate::error_chain::ErrorChain(&e).to_string()))?;
             if let Some((other, _)) = streams[..index].iter().find(|(_, other)| other == name) {
                 return Err(invalid(key, format!("must differ from `{other}`")));
             }
         }
-        validate_durable_name(&self.router_consumer)
-            .map_err(|e| invalid("router_consumer", e.to_string()))?;
+        validate_durable_name(&self.router_consumer).map_err(|e| {
+            invalid(
+                "router_consumer",
+                crate::error_chain::ErrorChain(&e).to_string(),
+            )
+        })?;
 
         let max_ages = [
             ("ingress.max_age_secs", self.ingress.max_age_secs),

@@ -39,7 +39,7 @@ pub enum EnvelopeError {
         expected: &'static str,
     },
     /// An id field is not a valid id.
-    #[error("invalid envelope field `{field}`: {source}")]
+    #[error("invalid envelope field `{field}`")]
     InvalidField {
         /// Dotted path of the field, e.g. `meta.to`.
         field: &'static str,

@@ -163,7 +163,7 @@ fn invalid_ids_name_the_field() {
         }
     ));
     assert_eq!(
-        err.to_string(),
+        crate::error_chain::ErrorChain(&err).to_string(),
         "invalid envelope field `meta.to`: agent id contains invalid character '.' at byte 2"
     );
     assert!(matches!(

@@ -153,10 +153,10 @@ impl Identities {
 #[derive(Debug, thiserror::Error)]
 pub enum IdentitiesError {
     /// Not JSON of the expected shape (an unknown key is named here).
-    #[error("identities file: {0}")]
+    #[error("identities file is not valid")]
     Decode(#[source] serde_json::Error),
     /// A name breaks the id rules.
-    #[error("identities file: {role} `{name}`: {source}")]
+    #[error("identities file: {role} `{name}` is not a valid name")]
     InvalidName {
         /// The role it was listed under.
         role: &'static str,
@@ -167,7 +167,7 @@ pub enum IdentitiesError {
         source: IdError,
     },
     /// A queue name breaks the queue rules.
-    #[error("identities file: worker `{worker}`: queue `{queue}`: {source}")]
+    #[error("identities file: worker `{worker}`: queue `{queue}` is not a valid queue name")]
     InvalidQueue {
         /// The worker.
         worker: String,
@@ -419,7 +419,12 @@ mod tests {
             r#"{"routers": 1, "hosts": [{"id": "gw", "agents": ["a"], "agnets": []}]}"#,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("agnets"), "{err}");
+        assert!(
+            crate::error_chain::ErrorChain(&err)
+                .to_string()
+                .contains("agnets"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -433,12 +438,22 @@ mod tests {
     fn an_unknown_key_is_refused_and_named() {
         let err = IdentitiesFile::parse(r#"{"routers": 1, "agnets": ["alice"]}"#).unwrap_err();
         assert!(matches!(err, IdentitiesError::Decode(_)), "{err:?}");
-        assert!(err.to_string().contains("agnets"), "{err}");
+        assert!(
+            crate::error_chain::ErrorChain(&err)
+                .to_string()
+                .contains("agnets"),
+            "{err}"
+        );
         let err = IdentitiesFile::parse(
             r#"{"routers": 1, "workers": [{"id": "w", "queues": ["q"], "x": 1}]}"#,
         )
         .unwrap_err();
-        assert!(err.to_string().contains("`x`"), "{err}");
+        assert!(
+            crate::error_chain::ErrorChain(&err)
+                .to_string()
+                .contains("`x`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -468,7 +483,12 @@ mod tests {
         ];
         for (json, expected) in cases {
             let err = IdentitiesFile::parse(json).unwrap_err();
-            assert!(err.to_string().contains(expected), "{json}: {err}");
+            assert!(
+                crate::error_chain::ErrorChain(&err)
+                    .to_string()
+                    .contains(expected),
+                "{json}: {err}"
+            );
         }
     }
 }

@@ -36,7 +36,7 @@ pub enum SubjectError {
         found: String,
     },
     /// A variable token (an identity, a key, a channel name) is invalid.
-    #[error("invalid token in subject `{subject}`: {source}")]
+    #[error("invalid token in subject `{subject}`")]
     InvalidToken {
         /// The subject or name that was parsed.
         subject: String,
@@ -45,7 +45,7 @@ pub enum SubjectError {
         source: IdError,
     },
     /// A durable consumer name is invalid.
-    #[error("invalid durable name `{name}`: {source}")]
+    #[error("invalid durable name `{name}`")]
     InvalidDurableName {
         /// The rejected name.
         name: String,
@@ -54,7 +54,7 @@ pub enum SubjectError {
         source: IdError,
     },
     /// A stream name is invalid.
-    #[error("invalid stream name `{name}`: {source}")]
+    #[error("invalid stream name `{name}`")]
     InvalidStreamName {
         /// The rejected name.
         name: String,

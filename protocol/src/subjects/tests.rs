@@ -299,7 +299,7 @@ fn durable_and_stream_names() {
         })
     ));
     assert_eq!(
-        validate_durable_name("in.box").unwrap_err().to_string(),
+        crate::error_chain::ErrorChain(&validate_durable_name("in.box").unwrap_err()).to_string(),
         "invalid durable name `in.box`: durable name contains invalid character '.' at byte 2"
     );
 }

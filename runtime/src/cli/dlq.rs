@@ -4,6 +4,7 @@
 
 use async_nats::jetstream::{self, stream::DirectGetErrorKind};
 use clap::{Args, Subcommand};
+use protocol::error_chain::ErrorChain;
 use protocol::headers::CONTENT_TYPE;
 use protocol::subjects;
 use runtime::SystemError;
@@ -188,7 +189,7 @@ async fn replay(
             &msg.payload,
             msg.headers.get(CONTENT_TYPE).map(|v| v.as_str()),
         )
-        .map_err(|e| unreadable(&e.to_string()))
+        .map_err(|e| unreadable(&ErrorChain(&e).to_string()))
     };
     let mut check = None;
     let msg_id = if let Ok(to) = subjects::parse_inbox(&subject) {

@@ -31,7 +31,7 @@ const BCRYPT_COST: u32 = 11;
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
     /// The identities file could not be read.
-    #[error("cannot read the identities file {path}: {source}")]
+    #[error("cannot read the identities file {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -57,7 +57,7 @@ pub enum RenderError {
         what: &'static str,
     },
     /// A file or directory could not be written.
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         /// The file.
         path: PathBuf,

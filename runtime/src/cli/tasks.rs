@@ -186,7 +186,10 @@ async fn wait_for_result(
                     task_id: task_id.clone(),
                     what: match cancel {
                         Ok(reply) => format!("interrupted; cancel sent: {reply}"),
-                        Err(e) => format!("interrupted; cancel not delivered: {e}"),
+                        Err(e) => format!(
+                            "interrupted; cancel not delivered: {}",
+                            protocol::error_chain::ErrorChain(&e)
+                        ),
                     },
                 }.into());
             }

@@ -21,7 +21,7 @@ pub enum SystemError {
     #[error(transparent)]
     Streams(#[from] actors::streams::StreamError),
     /// An actor could not be spawned.
-    #[error("cannot spawn {what}: {source}")]
+    #[error("cannot spawn {what}")]
     Spawn {
         /// Which actor.
         what: String,
@@ -54,7 +54,7 @@ pub enum SystemError {
         subject: &'static str,
     },
     /// A NATS request failed, or its reply does not decode.
-    #[error("request on {subject} failed: {source}")]
+    #[error("request on {subject} failed")]
     Request {
         /// The subject.
         subject: String,
@@ -66,10 +66,10 @@ pub enum SystemError {
     #[error("{0}")]
     InvalidSetting(String),
     /// A task the router would refuse (checked before anything is written or sent).
-    #[error("invalid task: {0}")]
+    #[error("invalid task")]
     InvalidTask(#[source] protocol::TaskError),
     /// A publish was not accepted by the ingress stream.
-    #[error("publish to {subject} failed: {source}")]
+    #[error("publish to {subject} failed")]
     Publish {
         /// The subject.
         subject: String,

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use actors::inbox::{Delivery, Handled, InboxConsumer, InboxHandler, InboxSnapshot, InboxView};
 use actors::supervision::{dynamic, DynamicRef, Restart};
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::AgentId;
 
 use super::{ActorSystem, SystemError};
@@ -157,7 +158,7 @@ impl ActorSystem {
             .map(|(sup, _)| sup.clone());
         if let Some(supervisor) = supervisor {
             if let Err(e) = dynamic::remove_child(&supervisor, &self.inbox_name(id), grace).await {
-                tracing::warn!(%id, error = %e, "inbox not removed from its supervisor");
+                tracing::warn!(%id, error = %ErrorChain(&e), "inbox not removed from its supervisor");
             }
         }
     }

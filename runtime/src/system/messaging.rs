@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects::{self, Channel};
 use protocol::{headers, AgentId, ChannelName, Codec, Envelope, MessageId, Meta};
 use serde::{Deserialize, Serialize};
@@ -283,7 +284,7 @@ impl futures::Stream for Broadcasts {
             match protocol::decode_with_content_type(&msg.payload, content_type) {
                 Ok(envelope) => return std::task::Poll::Ready(Some(envelope)),
                 Err(e) => {
-                    tracing::warn!(subject = %msg.subject, error = %e, "not an envelope on a broadcast channel; skipped")
+                    tracing::warn!(subject = %msg.subject, error = %ErrorChain(&e), "not an envelope on a broadcast channel; skipped")
                 }
             }
         }

@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream::DirectGetErrorKind};
 use async_nats::Client;
 use protocol::config::DeliveryConfig;
+use protocol::error_chain::ErrorChain;
 use protocol::removal::{self, Fate, Tombstone, RECIPIENT_DELETED};
 use protocol::{headers, subjects, AgentId};
 use serde::Serialize;
@@ -342,7 +343,7 @@ impl Sweep {
             Ok::<_, async_nats::Error>(())
         };
         if let Err(e) = cancelled.await {
-            tracing::warn!(error = %e, seq, "a deadline check was not cancelled");
+            tracing::warn!(error = %ErrorChain(&*e), seq, "a deadline check was not cancelled");
         }
     }
 
@@ -353,7 +354,7 @@ impl Sweep {
         for chunk in self.events.chunks(AUDIT_BATCH) {
             let payload = protocol::audit::AuditBatch::encode_events("admin:cli", chunk);
             if let Err(e) = client.publish(subject.clone(), payload.into()).await {
-                tracing::debug!(error = %e, "audit events not published");
+                tracing::debug!(error = %ErrorChain(&e), "audit events not published");
             }
         }
         let _ = client.flush().await;

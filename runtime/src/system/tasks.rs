@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use protocol::error_chain::ErrorChain;
 use protocol::task::idempotency::{self, Existing, IdempotencyRecord, Submission};
 use protocol::task::{TaskSpec, TASK_VERSION};
 use protocol::{subjects, AgentId, Envelope, Meta, QueueName, TaskId, WorkerId};
@@ -208,7 +209,7 @@ async fn mark_stored(entry: &Entry, mut record: IdempotencyRecord, revision: u64
     record.state = Submission::Stored;
     let value = serde_json::to_vec(&record).expect("an idempotency record serializes");
     if let Err(e) = entry.update(value, revision).await {
-        tracing::warn!(error = %e, "cannot mark an idempotency entry stored; a retry publishes its task again");
+        tracing::warn!(error = %ErrorChain(&e), "cannot mark an idempotency entry stored; a retry publishes its task again");
     }
 }
 
@@ -333,7 +334,7 @@ impl ActorSystem {
                             e,
                         ))
                     }
-                    Err(e) => e.to_string(),
+                    Err(e) => ErrorChain(&e).to_string(),
                 },
                 None => "its actor is not up".to_owned(),
             };

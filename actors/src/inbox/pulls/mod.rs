@@ -38,6 +38,7 @@ use std::time::Duration;
 use async_nats::{Client, StatusCode};
 use dashmap::DashMap;
 use futures::StreamExt;
+use protocol::error_chain::ErrorChain;
 use protocol::pull::{classify, PullBook, PullReply};
 use protocol::subjects;
 
@@ -108,7 +109,7 @@ static REGISTRATIONS: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug, thiserror::Error)]
 pub enum PullsError {
     /// The shared subscription could not be made.
-    #[error("cannot subscribe to the pull replies {subject}: {source}")]
+    #[error("cannot subscribe to the pull replies {subject}")]
     Subscribe {
         /// Its subject.
         subject: String,
@@ -569,7 +570,7 @@ impl Puller {
         );
         if let Err(e) = Box::pin(publish).await {
             // Counted open all the same: the watchdog finds it silent, and it is issued again.
-            tracing::warn!(consumer = %self.consumer, error = %e, "inbox pull not sent");
+            tracing::warn!(consumer = %self.consumer, error = %ErrorChain(&e), "inbox pull not sent");
         }
     }
 }

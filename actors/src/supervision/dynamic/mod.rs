@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 
+use protocol::error_chain::ErrorChain;
 use ractor::concurrency::{Instant, JoinHandle};
 use ractor::{
     Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SpawnErr, SupervisionEvent,
@@ -341,7 +342,7 @@ impl Actor for DynamicSupervisor {
         let (cell, failed) = match event {
             SupervisionEvent::ActorTerminated(cell, _, _) => (cell, false),
             SupervisionEvent::ActorFailed(cell, error) => {
-                tracing::warn!(child = ?cell.get_name(), %error, "supervised child failed");
+                tracing::warn!(child = ?cell.get_name(), error = %ErrorChain(&*error), "supervised child failed");
                 (cell, true)
             }
             _ => return Ok(()),
@@ -456,7 +457,7 @@ async fn start(myself: &ActorRef<DynamicMsg>, state: &mut DynamicState, id: &str
             }
         }
         Err(error) => {
-            tracing::warn!(child = id, %error, "supervised child did not start");
+            tracing::warn!(child = id, error = %ErrorChain(&error), "supervised child did not start");
             on_exit(myself, state, id, true);
         }
     }

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
+use protocol::error_chain::ErrorChain;
 use protocol::task::{build_result, Outcome, TaskResult, TaskState};
 use ractor::ActorRef;
 
@@ -177,7 +178,7 @@ impl Attempt {
         state.heartbeat = None;
         if let Some(input) = state.input.take() {
             if let Err(e) = input.ack_with(AckKind::Nak(None)).await {
-                tracing::warn!(error = %e, "cannot hand the input back; it is redelivered after the ack wait");
+                tracing::warn!(error = %ErrorChain(&*e), "cannot hand the input back; it is redelivered after the ack wait");
             }
             self.counters.handed_back.bump();
         }

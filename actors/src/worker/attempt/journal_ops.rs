@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use protocol::error_chain::ErrorChain;
 use protocol::task::{TaskResult, TaskSpec};
 use serde::{Deserialize, Serialize};
 
@@ -127,7 +128,9 @@ pub(crate) fn compact_when_due(
         }
         match j.compact() {
             Ok(()) => done(),
-            Err(e) => tracing::warn!(error = %e, "journal compaction failed; retried later"),
+            Err(e) => {
+                tracing::warn!(error = %ErrorChain(&e), "journal compaction failed; retried later")
+            }
         }
     });
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, AckKind};
+use protocol::error_chain::ErrorChain;
 use protocol::subjects::TaskChannel;
 use protocol::task::{
     judge_answer, Answer, AnswerVerdict, AttemptId, AttemptView, CancelStatus, ChannelState,
@@ -434,7 +435,7 @@ impl Actor for Attempt {
                     async move {
                         match msg.ack_with(AckKind::Progress).await {
                             Ok(()) => counters.heartbeats.bump(),
-                            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                            Err(e) => tracing::warn!(error = %ErrorChain(&*e), "heartbeat failed"),
                         }
                     }
                 }))

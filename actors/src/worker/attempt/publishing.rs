@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use protocol::error_chain::ErrorChain;
 use protocol::task::{bundle_msg_id, result_msg_id, status_msg_id, StatusEvent, TaskChannelBody};
 
 use super::{Attempt, AttemptError, AttemptState, SavedResult};
@@ -73,7 +74,7 @@ impl Attempt {
                     | PublishError::Refused { .. }),
                 ) if tries < PUBLISH_TRIES => {
                     self.counters.publish_retries.bump();
-                    tracing::warn!(task_id = %state.task.task_id, error = %e, "state change not confirmed; sending it again");
+                    tracing::warn!(task_id = %state.task.task_id, error = %ErrorChain(&e), "state change not confirmed; sending it again");
                     // The acceptance goes in the bundle now (its own publish may be lost too).
                     acceptance = acceptance.or_else(|| Some(self.acceptance_event(state)));
                     // No ack in time already took its time; an error that may pass (no

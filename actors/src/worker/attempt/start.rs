@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
+use protocol::error_chain::ErrorChain;
 use protocol::task::{
     expired_result, is_expired, is_rerun, on_delivery, Answer, AttemptId, ChannelState,
     DeliveryPlan, JournalView, Outcome, TaskState,
@@ -245,7 +246,7 @@ impl Attempt {
         match settled {
             Err(e) if state.settle_tries < SETTLE_TRIES => {
                 let pause = SETTLE_BACKOFF.delay(state.settle_tries);
-                tracing::warn!(task_id = %state.task.task_id, error = %e, ?pause, "settling a parked attempt failed; trying again");
+                tracing::warn!(task_id = %state.task.task_id, error = %ErrorChain(&e), ?pause, "settling a parked attempt failed; trying again");
                 let me = myself.clone();
                 state.pending = Some(crate::background::spawn(async move {
                     tokio::time::sleep(pause).await;
@@ -303,12 +304,12 @@ async fn read_record(
                         return Some(view.state_for(Some(mine)));
                     }
                     Err(e) => {
-                        tracing::warn!(%task_id, error = %e, "cannot read the ingress for the task's unrouted results")
+                        tracing::warn!(%task_id, error = %ErrorChain(&e), "cannot read the ingress for the task's unrouted results")
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(%task_id, error = %e, "cannot read the task channel before running the task")
+                tracing::warn!(%task_id, error = %ErrorChain(&e), "cannot read the task channel before running the task")
             }
         }
     }

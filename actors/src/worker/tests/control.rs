@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::pull;
+use protocol::error_chain::ErrorChain;
 use protocol::subjects;
 use protocol::task::{JoinReply, JoinResponse, TaskState};
 use protocol::{QueueName, WorkerId};
@@ -142,7 +143,8 @@ async fn join_without_router_fails_with_no_responders() {
         TestHandler::new(Duration::ZERO),
     );
     let err = Actor::spawn(None, worker, ()).await.err().unwrap();
-    assert!(err.to_string().contains("no responders"), "{err}");
+    let text = ErrorChain(&err).to_string();
+    assert!(text.contains("no responders"), "{text}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -241,7 +243,7 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     )
     .await
     .expect_err("incompatible consumer refused");
-    let text = err.to_string();
+    let text = ErrorChain(&err).to_string();
     assert!(text.contains("max_deliver"), "{text}");
     responder.abort();
 }

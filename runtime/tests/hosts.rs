@@ -8,12 +8,9 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::StreamExt;
 use protocol::attach::DurableInboxMode;
 use protocol::{AgentId, Envelope, MessageId, Meta};
 use runtime::ActorSystem;
@@ -24,9 +21,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// RSS per idle inbox this test allows, kB: the bound of `many_inboxes.rs` on the open broker
 /// (a debug build there measured 6 kB).
 const RSS_PER_INBOX_KB: u64 = 10;
-
-/// Which agent saw which DM, and how often.
-type Seen = Arc<Mutex<HashMap<(usize, u64), u32>>>;
 
 fn hosted(i: usize) -> AgentId {
     AgentId::new(format!("h{i:04}")).unwrap()
@@ -74,35 +68,7 @@ async fn a_host_attaches_a_thousand_inboxes_on_the_rendered_config_and_acts_for_
         .build()
         .await
         .unwrap();
-    let empty = harness::rss::settled_rss_kb(Duration::from_secs(2)).await;
-    let seen: Seen = Arc::default();
-    let attached: Vec<_> = futures::stream::iter(0..AGENTS)
-        .map(|i| {
-            let sink = seen.clone();
-            let host = &host;
-            async move {
-                host.attach_inbox(&hosted(i), move |d| {
-                    let n = d.envelope.body.as_u64().expect("a numeric body");
-                    *sink.lock().unwrap().entry((i, n)).or_default() += 1;
-                    Box::pin(async {})
-                })
-                .await
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    let failed: Vec<_> = attached.iter().filter(|r| r.is_err()).collect();
-    assert!(
-        failed.is_empty(),
-        "{} attaches failed: {:?}",
-        failed.len(),
-        failed.first()
-    );
-    let per_inbox = harness::rss::settled_rss_kb(Duration::from_secs(2))
-        .await
-        .saturating_sub(empty)
-        / AGENTS as u64;
+    let (seen, per_inbox) = support::many::attach_counting(&host, AGENTS, hosted).await;
     println!("RSS per idle inbox of a host on the rendered config: {per_inbox} kB (bound {RSS_PER_INBOX_KB} kB)");
     assert!(
         per_inbox <= RSS_PER_INBOX_KB,

@@ -7,12 +7,9 @@
 
 mod support;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::StreamExt;
 use protocol::attach::DurableInboxMode;
 use protocol::{AgentId, Envelope, MessageId, Meta};
 use runtime::{ActorSystem, NatsSettings};
@@ -29,7 +26,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const RSS_PER_INBOX_KB: u64 = 10;
 
 /// Which agent saw which DM, and how often.
-type Seen = Arc<Mutex<HashMap<(usize, u64), u32>>>;
+type Seen = support::many::Counts;
 
 fn agent(i: usize) -> AgentId {
     AgentId::new(format!("many{i}")).unwrap()
@@ -82,35 +79,7 @@ async fn two_thousand_inboxes_in_one_process_each_handle_their_dms_once_across_a
         .build()
         .await
         .unwrap();
-    let empty = harness::rss::settled_rss_kb(Duration::from_secs(2)).await;
-    let seen: Seen = Arc::default();
-    let attached: Vec<_> = futures::stream::iter(0..AGENTS)
-        .map(|i| {
-            let sink = seen.clone();
-            let host = &host;
-            async move {
-                host.attach_inbox(&agent(i), move |d| {
-                    let n = d.envelope.body.as_u64().expect("a numeric body");
-                    *sink.lock().unwrap().entry((i, n)).or_default() += 1;
-                    Box::pin(async {})
-                })
-                .await
-            }
-        })
-        .buffer_unordered(64)
-        .collect()
-        .await;
-    let failed: Vec<_> = attached.iter().filter(|r| r.is_err()).collect();
-    assert!(
-        failed.is_empty(),
-        "{} attaches failed: {:?}",
-        failed.len(),
-        failed.first()
-    );
-    let per_inbox = harness::rss::settled_rss_kb(Duration::from_secs(2))
-        .await
-        .saturating_sub(empty)
-        / AGENTS as u64;
+    let (seen, per_inbox) = support::many::attach_counting(&host, AGENTS, agent).await;
     println!("RSS per idle inbox: {per_inbox} kB (bound {RSS_PER_INBOX_KB} kB)");
     assert!(
         per_inbox <= RSS_PER_INBOX_KB,

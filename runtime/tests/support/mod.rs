@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod attack_hub;
+pub mod many;
 pub mod oneshot;
 pub mod processes;
 pub mod rendered;

@@ -542,4 +542,6 @@ fn salvage_id(payload: &[u8], codec: Codec) -> Option<MessageId> {
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
+mod replies_tests;
+#[cfg(test)]
 mod tests;

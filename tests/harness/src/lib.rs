@@ -3,6 +3,8 @@
 //! - [`NatsServer`]: a private `nats-server` with JetStream per test, on a free loopback port
 //!   with its own store dir; [`NatsServer::restart`] keeps the store, [`NatsServer::stop`] and
 //!   [`NatsServer::start`] model an outage, drop kills it and deletes the store.
+//! - [`Cluster`]: a JetStream cluster of such servers on loopback, with node kills, restarts,
+//!   pauses and stream leader step-downs.
 //! - [`RuntimeProcess`]: the built `runtime` binary as a child process that a test can
 //!   [`kill -9`](RuntimeProcess::kill9).
 //! - [`Proxy`]: a TCP proxy that loses chosen client publishes, as a broker that forgot them.
@@ -17,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cluster;
 mod nats_server;
 mod proxy;
 pub mod rss;
@@ -24,8 +27,10 @@ mod runtime_process;
 pub mod secrets;
 mod wait;
 
+pub use cluster::Cluster;
 pub use nats_server::{
-    find_nats_server, free_port, run_server, workspace_root, NatsServer, ServerOptions,
+    find_nats_server, free_port, run_server, workspace_root, ClusterMember, NatsServer,
+    ServerOptions,
 };
 pub use proxy::Proxy;
 pub use runtime_process::{runtime_bin, RuntimeProcess};

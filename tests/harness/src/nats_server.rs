@@ -32,6 +32,21 @@ pub struct ServerOptions {
     /// its monitoring endpoint reports it healthy: the harness's clients cannot log in there,
     /// so [`NatsServer::client`] is for the test to configure itself.
     pub config_file: Option<PathBuf>,
+    /// Membership of a cluster ([`crate::Cluster`]): a `cluster` block with its route port and
+    /// the routes to its peers. The server is then ready once it accepts connections: its
+    /// JetStream answers only once the cluster has a meta leader, which the cluster awaits.
+    pub cluster: Option<ClusterMember>,
+}
+
+/// One node's place in a cluster ([`ServerOptions::cluster`]).
+#[derive(Debug, Clone)]
+pub struct ClusterMember {
+    /// The cluster's name.
+    pub name: String,
+    /// This node's route port (loopback).
+    pub port: u16,
+    /// The route ports of every node, this one's included.
+    pub routes: Vec<u16>,
 }
 
 /// A running (or stopped) private nats-server. See the module docs.
@@ -55,6 +70,32 @@ pub async fn run_server() -> Result<NatsServer, HarnessError> {
 }
 
 impl NatsServer {
+    /// A server not started yet, on the given ports (a cluster picks every node's ports
+    /// before any node starts, for the routes).
+    pub(crate) fn unstarted(
+        options: ServerOptions,
+        port: u16,
+        monitor_port: u16,
+    ) -> Result<NatsServer, HarnessError> {
+        Ok(NatsServer {
+            bin: find_nats_server()?,
+            dir: tempfile::Builder::new()
+                .prefix("hub-nats-")
+                .tempdir()
+                .map_err(HarnessError::Io)?,
+            port,
+            monitor_port,
+            options,
+            child: None,
+        })
+    }
+
+    /// Its `server_name` (`hub-test-<port>`): what a stream's or consumer's cluster info
+    /// names as its leader.
+    pub fn server_name(&self) -> String {
+        format!("hub-test-{}", self.port)
+    }
+
     /// Finds the binary, picks a free port, writes a config with its own store dir, starts the
     /// server and waits until it accepts connections and answers a JetStream request.
     ///
@@ -284,8 +325,24 @@ impl NatsServer {
             Some(token) => format!("authorization {{ token: {token:?} }}\n"),
             None => String::new(),
         };
+        let cluster = match &self.options.cluster {
+            Some(member) => {
+                let routes: Vec<String> = member
+                    .routes
+                    .iter()
+                    .map(|port| format!("nats-route://127.0.0.1:{port}"))
+                    .collect();
+                format!(
+                    "cluster {{\n  name: {name:?}\n  listen: 127.0.0.1:{port}\n  routes: [{routes}]\n}}\n",
+                    name = member.name,
+                    port = member.port,
+                    routes = routes.join(", "),
+                )
+            }
+            None => String::new(),
+        };
         let text = format!(
-            "listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{auth}{extra}\n",
+            "listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\nserver_name: hub-test-{port}\njetstream {{\n  store_dir: {store:?}{sync}\n}}\n{cluster}{auth}{extra}\n",
             port = self.port,
             monitor = self.monitor_port,
             store = self.store_dir().display().to_string(),
@@ -311,12 +368,13 @@ impl NatsServer {
             if Instant::now() > deadline {
                 return Err(not_ready(self));
             }
-            let ready = match self.options.config_file {
-                Some(_) => self
+            let ready = match (&self.options.config_file, &self.options.cluster) {
+                (Some(_), _) => self
                     .monitor("/healthz")
                     .await
                     .is_ok_and(|body| body.contains("\"ok\"")),
-                None => self.jetstream_answers().await,
+                (None, Some(_)) => true,
+                (None, None) => self.jetstream_answers().await,
             };
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await

@@ -1,0 +1,121 @@
+//! The cluster harness against three real nats-servers: a replicated stream keeps what it
+//! acknowledged through the kill -9 of its leader, and a stepped-down leader is replaced.
+
+use std::future::IntoFuture;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use harness::{wait_until_async, Cluster};
+use tokio::time::Instant;
+
+/// Long enough for two elections (4–9 s each) and the restarted node's catch-up.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn replicated(name: &str) -> stream::Config {
+    stream::Config {
+        name: name.into(),
+        subjects: vec![format!("{}.>", name.to_lowercase())],
+        num_replicas: 3,
+        ..Default::default()
+    }
+}
+
+/// Publishes `n` messages from `from` on, each retried with its own `Nats-Msg-Id` until the
+/// stream acknowledges it (through an election a publish gets a 503 or no answer; a retry of
+/// one stored before its ack was lost is acknowledged as a duplicate); returns how many were
+/// acknowledged.
+async fn publish_acked(js: &jetstream::Context, subject: &str, from: usize, n: usize) -> usize {
+    let mut acked = 0;
+    for i in from..from + n {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", format!("m-{i}").as_str());
+            let sent = js
+                .publish_with_headers(subject.to_owned(), headers, i.to_string().into())
+                .await;
+            let answer = match sent {
+                Ok(ack) => tokio::time::timeout(Duration::from_secs(2), ack.into_future()).await,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            match answer {
+                Ok(Ok(_)) => {
+                    acked += 1;
+                    break;
+                }
+                _ if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => panic!("message {i} not acknowledged within {DEADLINE:?}: {other:?}"),
+            }
+        }
+    }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r3_stream_keeps_every_acknowledged_message_through_the_kill_of_its_leader() {
+    let mut cluster = Cluster::start(3).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let js = jetstream::new(client.clone());
+    js.create_stream(replicated("KEEP")).await.unwrap();
+
+    let mut acked = publish_acked(&js, "keep.a", 0, 100).await;
+    let leader = cluster.stream_leader(&js, "KEEP").await.unwrap();
+    cluster.kill(leader).await;
+    // Through the election: each publish is retried with its id until acknowledged.
+    acked += publish_acked(&js, "keep.a", 100, 100).await;
+    let new_leader = cluster.stream_leader(&js, "KEEP").await.unwrap();
+    assert_ne!(new_leader, leader, "a live node leads now");
+    cluster.restart(leader).await.unwrap();
+
+    assert_eq!(acked, 200, "every message acknowledged");
+    // The stream holds each exactly once (ids dedupe the retries), and every replica holds all
+    // 200, the restarted one included, once it has caught up.
+    wait_until_async(
+        "every replica current with 200 messages",
+        DEADLINE,
+        || async {
+            let Ok(Ok(mut stream)) =
+                tokio::time::timeout(Duration::from_secs(5), js.get_stream("KEEP")).await
+            else {
+                return false;
+            };
+            let Ok(info) = stream.info().await else {
+                return false;
+            };
+            let replicas = info
+                .cluster
+                .as_ref()
+                .map(|c| c.replicas.clone())
+                .unwrap_or_default();
+            info.state.messages == 200
+                && info.state.last_sequence == 200
+                && replicas.len() == 2
+                && replicas
+                    .iter()
+                    .all(|r| r.current && r.lag.unwrap_or(0) == 0)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_leader_that_steps_down_is_replaced_and_the_stream_takes_writes() {
+    let cluster = Cluster::start(3).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let js = jetstream::new(client.clone());
+    js.create_stream(replicated("STEP")).await.unwrap();
+    let leader = cluster.stream_leader(&js, "STEP").await.unwrap();
+    cluster.step_down(&client, "STEP").await.unwrap();
+    wait_until_async("another leader", DEADLINE, || async {
+        matches!(cluster.stream_leader(&js, "STEP").await, Ok(now) if now != leader)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    assert_eq!(publish_acked(&js, "step.a", 0, 10).await, 10);
+}

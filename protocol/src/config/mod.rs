@@ -86,6 +86,10 @@ pub struct DeliveryConfig {
     pub answer_max_wait_secs: u64,
     /// Whether routers, inboxes and workers emit audit events to `HUB_AUDIT` (`runtime trace`).
     pub audit_events: bool,
+    /// Replicas of every stream and KV bucket the runtime creates, 1 to 5 (more than 1 needs
+    /// a JetStream cluster of at least that many nodes; `inbox.replicas` may differ for the
+    /// inbox stream).
+    pub replicas: usize,
 }
 
 /// The ingress stream.
@@ -117,8 +121,9 @@ pub struct InboxStreamConfig {
     /// Consumers the stream holds, one per agent that ever attached (at least 1; no unlimited:
     /// nats-server 2.15 puts its own default of 1,000 on a stream that sets none).
     pub max_consumers: i64,
-    /// Number of replicas, 1 to 5.
-    pub replicas: usize,
+    /// The inbox stream's replicas when they differ from the top-level `replicas`, 1 to 5
+    /// (`null`: the same).
+    pub replicas: Option<usize>,
     /// Storage backend.
     pub storage: StorageKind,
     /// How often each router trims what the inboxes have read, so that the per-inbox cap
@@ -186,6 +191,7 @@ impl Default for DeliveryConfig {
             task_max_deliver: 20,
             answer_max_wait_secs: 3600,
             audit_events: true,
+            replicas: 1,
         }
     }
 }
@@ -216,7 +222,7 @@ impl Default for InboxStreamConfig {
             max_msgs: UNLIMITED,
             max_msg_size: UNLIMITED,
             max_consumers: DEFAULT_MAX_INBOX_CONSUMERS,
-            replicas: 1,
+            replicas: None,
             storage: StorageKind::File,
             trim_interval_secs: 60,
         }
@@ -235,6 +241,11 @@ impl Default for TasksStreamConfig {
 }
 
 impl DeliveryConfig {
+    /// The inbox stream's replicas: `inbox.replicas`, else `replicas`.
+    pub fn inbox_replicas(&self) -> usize {
+        self.inbox.replicas.unwrap_or(self.replicas)
+    }
+
     /// The `Nats-Msg-Id` dedupe window.
     pub fn duplicate_window(&self) -> Duration {
         Duration::from_secs(self.duplicate_window_secs)

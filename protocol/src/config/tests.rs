@@ -35,7 +35,7 @@ fn default_matches_the_design() {
             max_msgs: -1,
             max_msg_size: -1,
             max_consumers: 100_000,
-            replicas: 1,
+            replicas: None,
             storage: StorageKind::File,
             trim_interval_secs: 60,
         },
@@ -60,6 +60,7 @@ fn default_matches_the_design() {
         task_max_deliver: 20,
         answer_max_wait_secs: 3600,
         audit_events: true,
+        replicas: 1,
     };
     assert_eq!(DeliveryConfig::default(), expected);
     DeliveryConfig::default().validate().unwrap();
@@ -82,7 +83,7 @@ fn full_fixture_sets_every_key() {
             max_msgs: 1_000_000,
             max_msg_size: 2_097_152,
             max_consumers: 20_000,
-            replicas: 3,
+            replicas: Some(3),
             storage: StorageKind::Memory,
             trim_interval_secs: 30,
         },
@@ -107,6 +108,7 @@ fn full_fixture_sets_every_key() {
         task_max_deliver: 5,
         answer_max_wait_secs: 600,
         audit_events: false,
+        replicas: 2,
     };
     assert_eq!(config, expected);
     // The fixture has every key: it is exactly the serialized config.
@@ -151,9 +153,9 @@ fn wrong_key_fixture_names_the_dotted_key() {
         "unknown key `inbox.max_age` in delivery config"
     );
     assert_eq!(
-        parse(r#"{"replicas": 3}"#),
+        parse(r#"{"replica": 3}"#),
         Err(ConfigError::UnknownKey {
-            key: "replicas".into()
+            key: "replica".into()
         })
     );
 }
@@ -170,6 +172,7 @@ fn wrong_type_fixture_names_the_key() {
     for (json, key) in [
         (r#"{"inbox": {"storage": "disk"}}"#, "inbox.storage"),
         (r#"{"inbox": {"replicas": 1.5}}"#, "inbox.replicas"),
+        (r#"{"replicas": "3"}"#, "replicas"),
         (
             r#"{"tasks": {"max_msgs_per_subject": null}}"#,
             "tasks.max_msgs_per_subject",
@@ -229,6 +232,8 @@ fn invalid_values_name_the_key() {
             "tasks.work_max_consumers",
         ),
         (r#"{"inbox": {"replicas": 6}}"#, "inbox.replicas"),
+        (r#"{"replicas": 0}"#, "replicas"),
+        (r#"{"replicas": 6}"#, "replicas"),
         (r#"{"inbox": {"max_bytes": 0}}"#, "inbox.max_bytes"),
         (r#"{"inbox": {"max_msgs": -5}}"#, "inbox.max_msgs"),
         (r#"{"inbox": {"max_msg_size": 0}}"#, "inbox.max_msg_size"),

@@ -19,7 +19,7 @@ impl DeliveryConfig {
     ///   the three stream names differ;
     /// - durations are at least 1 second (`-1` allowed where documented);
     /// - `duplicate_window_secs` does not exceed any finite `max_age_secs`;
-    /// - `inbox.replicas` is 1 to 5, `inbox.max_consumers` and `tasks.work_max_consumers` at
+    /// - `replicas` and `inbox.replicas` are 1 to 5, `inbox.max_consumers` and `tasks.work_max_consumers` at
     ///   least 1;
     /// - limits are `-1` (unlimited) or at least 1: `0` is ambiguous.
     ///
@@ -98,16 +98,23 @@ impl DeliveryConfig {
             ));
         }
 
-        if !REPLICAS.contains(&self.inbox.replicas) {
-            return Err(invalid(
-                "inbox.replicas",
-                format!(
-                    "must be between {} and {}, got {}",
-                    REPLICAS.start(),
-                    REPLICAS.end(),
-                    self.inbox.replicas
-                ),
-            ));
+        for (key, replicas) in [
+            ("replicas", Some(self.replicas)),
+            ("inbox.replicas", self.inbox.replicas),
+        ] {
+            match replicas {
+                Some(n) if !REPLICAS.contains(&n) => {
+                    return Err(invalid(
+                        key,
+                        format!(
+                            "must be between {} and {}, got {n}",
+                            REPLICAS.start(),
+                            REPLICAS.end(),
+                        ),
+                    ));
+                }
+                _ => {}
+            }
         }
 
         for (key, value) in [

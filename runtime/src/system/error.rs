@@ -127,7 +127,10 @@ impl SystemError {
             | SystemError::InvalidTask(_)
             | SystemError::Journal(_) => true,
             SystemError::Connect(e) => e.is_usage(),
-            SystemError::Streams(actors::streams::StreamError::RetentionMismatch { .. }) => true,
+            SystemError::Streams(
+                actors::streams::StreamError::RetentionMismatch { .. }
+                | actors::streams::StreamError::Replicas { .. },
+            ) => true,
             _ => false,
         }
     }

@@ -250,6 +250,33 @@ async fn retention_mismatch_is_refused_with_instructions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_replicas_than_a_single_server_holds_are_a_usage_error_naming_the_key() {
+    let server = server().await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("delivery.json");
+    std::fs::write(&path, r#"{"replicas": 3}"#).unwrap();
+    let out = run_cli(&[
+        "start",
+        "--role",
+        "router",
+        "--durable",
+        "--delivery-config",
+        path.to_str().unwrap(),
+        "--nats-url",
+        &url,
+    ])
+    .await;
+    assert_exit(&out, 64, "three replicas on one server");
+    let text = stderr(&out);
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("`replicas`") && last.contains("3 replicas"),
+        "the last stderr line names the key and what to do: {last:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivery_config_limits_are_applied() {
     let server = server().await;
     let url = server.url();

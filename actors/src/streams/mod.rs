@@ -1,0 +1,343 @@
+//! Creating or updating the hub's JetStream streams to the configured limits.
+//!
+//! The router calls [`ensure_streams`] on every start. A stream that does not exist is created;
+//! one that exists is updated to the configured limits. A stream whose retention policy differs
+//! from the one the runtime needs cannot be updated (JetStream refuses it), so provisioning fails
+//! with [`StreamError::RetentionMismatch`], which tells the operator to delete the stream.
+
+use std::time::Duration;
+
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::stream::{Config, RetentionPolicy};
+use async_nats::jetstream::Context;
+use async_nats::jetstream::ErrorCode;
+use protocol::config::DeliveryConfig;
+use serde::{Deserialize, Serialize};
+
+mod buckets;
+mod configs;
+
+pub use buckets::{
+    ensure_brokers_bucket, ensure_idempotency_bucket, ensure_rate_bucket, BROKER_RECORD_AGE,
+    IDEMPOTENCY_BUCKET, RATE_ENTRY_AGE,
+};
+use buckets::{ensure_bucket, Writers};
+pub use configs::stream_configs;
+
+/// How long one JetStream API request of the provisioning may take.
+pub const STREAM_API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Provisioning failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The existing stream's retention policy differs from the required one.
+    #[error(
+        "stream {stream} has retention {existing:?} but the runtime needs {wanted:?}; a retention \
+         policy cannot be changed on an existing stream: delete the stream (its stored messages \
+         go with it) and start again"
+    )]
+    RetentionMismatch {
+        /// The stream name.
+        stream: String,
+        /// What the server has.
+        existing: RetentionPolicy,
+        /// What the runtime needs.
+        wanted: RetentionPolicy,
+    },
+    /// A JetStream API request failed (server down, JetStream disabled, subjects overlap...).
+    #[error("cannot {action} stream {stream}")]
+    Api {
+        /// create, update or look up.
+        action: &'static str,
+        /// The stream name.
+        stream: String,
+        /// The server's or client's error.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// The broker cannot hold a stream with the configured replicas: a single server, or a
+    /// cluster with fewer JetStream servers than that.
+    #[error(
+        "stream {stream} cannot have {replicas} replicas on this nats deployment: set the \
+         delivery config's `{key}` to at most the number of JetStream servers in the cluster (1 \
+         for a single server)"
+    )]
+    Replicas {
+        /// The stream name.
+        stream: String,
+        /// The replicas configured.
+        replicas: usize,
+        /// The delivery config key that set them (`replicas` or `inbox.replicas`).
+        key: &'static str,
+        /// The broker's refusal.
+        #[source]
+        source: async_nats::Error,
+    },
+    /// A JetStream API request did not answer in time.
+    #[error("timed out after {timeout:?} trying to {action} stream {stream}")]
+    Timeout {
+        /// create, update or look up.
+        action: &'static str,
+        /// The stream name.
+        stream: String,
+        /// The limit.
+        timeout: Duration,
+    },
+}
+
+/// What [`ensure_streams`] did to one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Provisioned {
+    /// The stream did not exist and was created.
+    Created,
+    /// The stream existed and was updated to the configured limits.
+    Updated,
+}
+
+/// One provisioned stream, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamReport {
+    /// Stream name.
+    pub name: String,
+    /// What happened.
+    pub action: Provisioned,
+}
+
+/// Why [`publish_acked`] did not get its store ack.
+#[derive(Debug, thiserror::Error)]
+pub enum AckedError {
+    /// The publish could not be sent, or the broker refused it.
+    #[error("not stored")]
+    Publish(#[from] async_nats::jetstream::context::PublishError),
+    /// No ack within the limit.
+    #[error("no store ack within {0:?}")]
+    TimedOut(std::time::Duration),
+}
+
+/// JetStream-publishes `payload` to `subject` with `headers` and waits at most `within` for
+/// its store ack (the lesson: every publish-ack await is bounded).
+///
+/// # Errors
+/// [`AckedError`]: not sent or refused (the broker's error, [`store_refusal`] reads a limit
+/// from it), or not acked in time.
+///
+/// # Cancel safety
+/// Not cancel safe: a cancelled publish may or may not be stored; publish again under the same
+/// `Nats-Msg-Id`.
+pub async fn publish_acked(
+    js: &Context,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: bytes::Bytes,
+    within: std::time::Duration,
+) -> Result<async_nats::jetstream::publish::PublishAck, AckedError> {
+    let stored = async {
+        js.publish_with_headers(subject, headers, payload)
+            .await?
+            .await
+    };
+    match tokio::time::timeout(within, stored).await {
+        Ok(acked) => Ok(acked?),
+        Err(_) => Err(AckedError::TimedOut(within)),
+    }
+}
+
+/// The limit a publish-ack error names, if any: the broker refused the store because the
+/// subject or stream is full or the message too large ([`protocol::backpressure::store_refusal`]).
+pub fn store_refusal(
+    e: &async_nats::jetstream::context::PublishError,
+) -> Option<protocol::backpressure::StoreRefusal> {
+    let api = std::error::Error::source(e)?.downcast_ref::<async_nats::jetstream::Error>()?;
+    protocol::backpressure::store_refusal(api.error_code().0, &api.to_string())
+}
+
+/// Creates each stream of [`stream_configs`] or updates it to the configured limits.
+///
+/// # Errors
+/// [`StreamError::RetentionMismatch`] when an existing stream has another retention policy;
+/// [`StreamError::Api`] / [`StreamError::Timeout`] when a request fails or does not answer.
+///
+/// # Cancel safety
+/// Cancelling it leaves the streams provisioned so far as they are; calling it again finishes
+/// the job (every step is idempotent).
+pub async fn ensure_streams(
+    js: &Context,
+    cfg: &DeliveryConfig,
+) -> Result<Vec<StreamReport>, StreamError> {
+    let mut out = Vec::with_capacity(9);
+    for config in stream_configs(cfg) {
+        let key = if config.name == cfg.inbox.name && cfg.inbox.replicas.is_some() {
+            "inbox.replicas"
+        } else {
+            "replicas"
+        };
+        out.push(ensure_stream(js, config, key).await?);
+    }
+    let replicas = cfg.replicas;
+    ensure_idempotency_bucket(js, replicas).await?;
+    ensure_brokers_bucket(js, replicas).await?;
+    ensure_rate_bucket(js, replicas).await?;
+    ensure_bucket(
+        js,
+        protocol::subjects::HOLDS_BUCKET,
+        "holds told to senders (inbox_full, rate_limited)",
+        cfg.inbox.max_age().unwrap_or_default(),
+        Writers::Hub,
+        replicas,
+    )
+    .await?;
+    ensure_bucket(
+        js,
+        protocol::subjects::PRESENCE_BUCKET,
+        "agents' presence, written by their attached inboxes",
+        cfg.inbox.max_age().unwrap_or_default(),
+        Writers::Identities,
+        replicas,
+    )
+    .await?;
+    // Tombstones of removed agents (`runtime agent remove`), kept until restored.
+    ensure_bucket(
+        js,
+        protocol::subjects::REMOVED_BUCKET,
+        "removed agents' tombstones (runtime agent remove)",
+        std::time::Duration::ZERO,
+        Writers::Hub,
+        replicas,
+    )
+    .await?;
+    Ok(out)
+}
+
+async fn ensure_stream(
+    js: &Context,
+    wanted: Config,
+    key: &'static str,
+) -> Result<StreamReport, StreamError> {
+    let name = wanted.name.clone();
+    let replicas = wanted.num_replicas;
+    let refused = |action, e| refused(action, &name, (replicas, key), e);
+    let existing = timed("look up", &name, js.get_stream(&name)).await?;
+    match existing {
+        Ok(mut stream) => {
+            let info = timed("look up", &name, stream.info())
+                .await?
+                .map_err(|e| api("look up", &name, e))?;
+            if info.config.retention != wanted.retention {
+                return Err(StreamError::RetentionMismatch {
+                    stream: name,
+                    existing: info.config.retention,
+                    wanted: wanted.retention,
+                });
+            }
+            let kept = info.config.max_consumers;
+            let retry = (kept != wanted.max_consumers).then(|| Config {
+                max_consumers: kept,
+                ..wanted.clone()
+            });
+            match timed("update", &name, js.update_stream(wanted)).await? {
+                Ok(_) => {}
+                // An older broker cannot change a stream's `max_consumers` (nats-server allows
+                // it since early 2026, and has no default limit before 2.15): the rest is
+                // updated, that kept.
+                Err(first) => match retry {
+                    Some(keep) => {
+                        timed("update", &name, js.update_stream(keep))
+                            .await?
+                            .map_err(|_| refused("update", first))?;
+                        tracing::warn!(stream = %name, max_consumers = kept, "the server kept the stream's max_consumers");
+                    }
+                    None => return Err(refused("update", first)),
+                },
+            }
+            tracing::info!(stream = %name, "stream updated to the configured limits");
+            Ok(StreamReport {
+                name,
+                action: Provisioned::Updated,
+            })
+        }
+        Err(e) if is_not_found(&e) => {
+            timed("create", &name, js.create_stream(wanted))
+                .await?
+                .map_err(|e| refused("create", e))?;
+            tracing::info!(stream = %name, "stream created");
+            Ok(StreamReport {
+                name,
+                action: Provisioned::Created,
+            })
+        }
+        Err(e) => Err(api("look up", &name, e)),
+    }
+}
+
+fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
+    matches!(e.kind(), GetStreamErrorKind::JetStream(err) if err.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// A create or update the broker refused: [`StreamError::Replicas`] when it cannot hold the
+/// `replicas` the config `key` set (nats-server's "replicas > 1 not supported in
+/// non-clustered mode", 10074, or "insufficient resources", 10023), else [`StreamError::Api`].
+fn refused(
+    action: &'static str,
+    stream: &str,
+    (replicas, key): (usize, &'static str),
+    source: impl Into<async_nats::Error>,
+) -> StreamError {
+    let source = source.into();
+    if replicas > 1 && matches!(jetstream_code(&*source), Some(10074 | 10023)) {
+        return StreamError::Replicas {
+            stream: stream.to_string(),
+            replicas,
+            key,
+            source,
+        };
+    }
+    api(action, stream, source)
+}
+
+/// The JetStream API error code somewhere in `error`'s chain.
+fn jetstream_code(error: &(dyn std::error::Error + 'static)) -> Option<u64> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            return Some(js.error_code().0);
+        }
+        // A create's or update's error holds the broker's in its kind (a KV bucket's create
+        // has that as its source).
+        if let Some(create) = e.downcast_ref::<async_nats::jetstream::context::CreateStreamError>()
+        {
+            if let async_nats::jetstream::context::CreateStreamErrorKind::JetStream(js) =
+                create.kind()
+            {
+                return Some(js.error_code().0);
+            }
+        }
+        next = e.source();
+    }
+    None
+}
+
+fn api(action: &'static str, stream: &str, source: impl Into<async_nats::Error>) -> StreamError {
+    StreamError::Api {
+        action,
+        stream: stream.to_string(),
+        source: source.into(),
+    }
+}
+
+async fn timed<T>(
+    action: &'static str,
+    stream: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, StreamError> {
+    tokio::time::timeout(STREAM_API_TIMEOUT, fut)
+        .await
+        .map_err(|_| StreamError::Timeout {
+            action,
+            stream: stream.to_string(),
+            timeout: STREAM_API_TIMEOUT,
+        })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,270 @@
+//! Provisioning against a real nats-server.
+
+use super::*;
+use async_nats::jetstream;
+use async_nats::jetstream::stream::DiscardPolicy;
+use protocol::subjects;
+
+#[tokio::test]
+async fn creates_then_updates_streams_to_configured_limits() {
+    let server = harness::run_server().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    let mut cfg = DeliveryConfig::default();
+    let first = ensure_streams(&js, &cfg).await.unwrap();
+    assert!(first.iter().all(|r| r.action == Provisioned::Created));
+    assert_eq!(
+        first.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        [
+            "HUB_INGRESS",
+            "HUB_INBOX",
+            "HUB_TASKS",
+            "HUB_WORK",
+            "HUB_ANSWERS",
+            "HUB_SCHEDULES",
+            "HUB_ADVISORIES",
+            "HUB_DLQ",
+            "HUB_AUDIT"
+        ]
+    );
+
+    cfg.inbox.max_msgs_per_subject = 7;
+    cfg.duplicate_window_secs = 60;
+    let second = ensure_streams(&js, &cfg).await.unwrap();
+    assert!(second.iter().all(|r| r.action == Provisioned::Updated));
+    let info = js
+        .get_stream("HUB_INBOX")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(info.config.max_messages_per_subject, 7);
+    assert_eq!(info.config.duplicate_window, Duration::from_secs(60));
+    assert_eq!(info.config.subjects, vec!["channel.inbox.>".to_string()]);
+}
+
+#[tokio::test]
+async fn an_inbox_stream_of_an_earlier_version_is_updated_to_refuse_new_dms_when_full() {
+    let server = harness::run_server().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    let cfg = DeliveryConfig::default();
+    // What earlier versions made: limits retention that drops the oldest.
+    let [_, mut old, ..] = stream_configs(&cfg);
+    old.discard = DiscardPolicy::Old;
+    old.discard_new_per_subject = false;
+    js.create_stream(old).await.unwrap();
+    ensure_streams(&js, &cfg).await.unwrap();
+    let info = inbox_config(&js).await;
+    assert_eq!(info.discard, DiscardPolicy::New);
+    assert!(info.discard_new_per_subject);
+    // Unlimited per subject: discard new still holds for the stream's own limits.
+    let mut unlimited = cfg.clone();
+    unlimited.inbox.max_msgs_per_subject = -1;
+    ensure_streams(&js, &unlimited).await.unwrap();
+    let info = inbox_config(&js).await;
+    assert_eq!(info.discard, DiscardPolicy::New);
+    assert!(!info.discard_new_per_subject);
+}
+
+/// Creates every consumer, 32 at a time, and checks that none was refused.
+async fn all_created(
+    consumers: impl Iterator<Item = (jetstream::stream::Stream, jetstream::consumer::pull::Config)>,
+) {
+    use futures::StreamExt;
+    let made = futures::stream::iter(consumers)
+        .map(|(stream, config)| async move { stream.create_consumer(config).await })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let refused: Vec<_> = made.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        refused.is_empty(),
+        "{} refused: {:?}",
+        refused.len(),
+        refused.first()
+    );
+}
+
+async fn inbox_config(js: &jetstream::Context) -> Config {
+    let mut stream = js.get_stream("HUB_INBOX").await.unwrap();
+    stream.info().await.unwrap().config.clone()
+}
+
+#[tokio::test]
+async fn the_inbox_stream_holds_more_consumers_than_the_brokers_default_limit() {
+    // nats-server 2.15 limits a stream that sets no `max_consumers` of its own to 1,000
+    // consumers (`default_max_consumers`): one host of 1,000 agents, then every attach is
+    // refused with `maximum consumers limit reached`. The inbox stream sets its own limit.
+    let server = harness::run_server().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    let cfg = DeliveryConfig::default();
+    ensure_streams(&js, &cfg).await.unwrap();
+    let stream = js.get_stream(&cfg.inbox.name).await.unwrap();
+    all_created((0..1_001).map(|i| {
+        let agent = protocol::AgentId::new(format!("agent{i}")).unwrap();
+        (
+            stream.clone(),
+            crate::consumers::inbox_consumer(&cfg, &agent),
+        )
+    }))
+    .await;
+    assert_eq!(
+        inbox_config(&js).await.max_consumers,
+        i32::try_from(cfg.inbox.max_consumers).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn the_work_and_answer_streams_hold_more_consumers_than_the_brokers_default_limit() {
+    // As for the inbox stream: 1,001 queues on one hub, and 1,001 workers' answer
+    // consumers, each past the broker's default of 1,000.
+    let server = harness::run_server().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    let cfg = DeliveryConfig::default();
+    ensure_streams(&js, &cfg).await.unwrap();
+    let (work, answers) = (
+        js.get_stream(subjects::WORK_STREAM).await.unwrap(),
+        js.get_stream(subjects::ANSWERS_STREAM).await.unwrap(),
+    );
+    all_created((0..1_001).flat_map(|i| {
+        let queue = protocol::QueueName::new(format!("q{i}")).unwrap();
+        let worker = protocol::WorkerId::new(format!("w{i}")).unwrap();
+        [
+            (work.clone(), crate::consumers::queue_consumer(&cfg, &queue)),
+            (
+                answers.clone(),
+                crate::consumers::answer_consumer(&cfg, &worker),
+            ),
+        ]
+    }))
+    .await;
+    for name in [subjects::WORK_STREAM, subjects::ANSWERS_STREAM] {
+        let mut stream = js.get_stream(name).await.unwrap();
+        assert_eq!(
+            stream.info().await.unwrap().config.max_consumers,
+            i32::try_from(cfg.tasks.work_max_consumers).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn retention_change_is_refused_with_instructions() {
+    let server = harness::run_server().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    // Someone created HUB_INGRESS by hand with limits retention.
+    js.create_stream(Config {
+        name: "HUB_INGRESS".into(),
+        subjects: vec!["hub.pub.>".into()],
+        retention: RetentionPolicy::Limits,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let err = ensure_streams(&js, &DeliveryConfig::default())
+        .await
+        .unwrap_err();
+    match &err {
+        StreamError::RetentionMismatch {
+            stream,
+            existing,
+            wanted,
+        } => {
+            assert_eq!(stream, "HUB_INGRESS");
+            assert_eq!(*existing, RetentionPolicy::Limits);
+            assert_eq!(*wanted, RetentionPolicy::WorkQueue);
+        }
+        other => panic!("expected RetentionMismatch, got {other:?}"),
+    }
+    assert!(err.to_string().contains("delete the stream"));
+}
+
+/// Every stream and KV bucket the runtime provisions, by stream name.
+fn provisioned(cfg: &DeliveryConfig) -> Vec<String> {
+    let buckets = [
+        protocol::subjects::IDEMPOTENCY_BUCKET,
+        protocol::subjects::BROKERS_BUCKET,
+        protocol::subjects::RATE_BUCKET,
+        protocol::subjects::HOLDS_BUCKET,
+        protocol::subjects::PRESENCE_BUCKET,
+        protocol::subjects::REMOVED_BUCKET,
+    ];
+    stream_configs(cfg)
+        .into_iter()
+        .map(|c| c.name)
+        .chain(buckets.into_iter().map(protocol::subjects::kv_stream))
+        .collect()
+}
+
+/// Each provisioned stream's replicas, by name.
+async fn replicas_of(js: &jetstream::Context, cfg: &DeliveryConfig) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for name in provisioned(cfg) {
+        let mut stream = js.get_stream(&name).await.unwrap();
+        let replicas = stream.info().await.unwrap().config.num_replicas;
+        out.push((name, replicas));
+    }
+    out
+}
+
+#[tokio::test]
+async fn more_replicas_than_a_single_server_holds_are_refused_naming_the_key() {
+    let server = harness::run_server().await.unwrap();
+    let js = jetstream::new(server.client().await.unwrap());
+    let cfg = DeliveryConfig {
+        replicas: 3,
+        ..DeliveryConfig::default()
+    };
+    let err = ensure_streams(&js, &cfg).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            StreamError::Replicas { stream, replicas: 3, key: "replicas", .. } if stream == "HUB_INGRESS"
+        ),
+        "{err:?}"
+    );
+    let mut cfg = DeliveryConfig::default();
+    cfg.inbox.replicas = Some(2);
+    let err = ensure_streams(&js, &cfg).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            StreamError::Replicas { stream, replicas: 2, key: "inbox.replicas", .. } if stream == "HUB_INBOX"
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("`inbox.replicas`"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_stream_and_bucket_is_replicated_as_configured_and_scaled_up_in_place() {
+    let cluster = harness::Cluster::start(3).await.unwrap();
+    let js = jetstream::new(cluster.client().await.unwrap());
+    let one = DeliveryConfig::default();
+    ensure_streams(&js, &one).await.unwrap();
+    let all = |n: usize| -> Vec<(String, usize)> {
+        provisioned(&one)
+            .into_iter()
+            .map(|name| (name, n))
+            .collect()
+    };
+    assert_eq!(replicas_of(&js, &one).await, all(1));
+    // The same hub configured for three replicas: every stream and bucket is updated in place.
+    let three = DeliveryConfig {
+        replicas: 3,
+        ..DeliveryConfig::default()
+    };
+    let reports = ensure_streams(&js, &three).await.unwrap();
+    assert!(reports.iter().all(|r| r.action == Provisioned::Updated));
+    assert_eq!(replicas_of(&js, &three).await, all(3));
+    // And the inbox alone at two.
+    let mut two = three.clone();
+    two.inbox.replicas = Some(2);
+    ensure_streams(&js, &two).await.unwrap();
+    let inbox = replicas_of(&js, &two)
+        .await
+        .into_iter()
+        .find(|(name, _)| name == "HUB_INBOX");
+    assert_eq!(inbox, Some(("HUB_INBOX".to_owned(), 2)));
+}

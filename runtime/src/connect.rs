@@ -81,7 +81,8 @@ impl ConnectError {
 /// How to reach NATS. Build it by hand or from the CLI flags.
 #[derive(Clone, Default)]
 pub struct NatsSettings {
-    /// Server URL (`nats://`, `tls://`, `ws://` or `wss://`).
+    /// Server URL (`nats://`, `tls://`, `ws://` or `wss://`), or a cluster's comma-separated
+    /// list of them: the client connects to one and reconnects across all.
     pub url: String,
     /// Token auth.
     pub token: Option<String>,
@@ -165,7 +166,7 @@ impl NatsSettings {
     /// [`ConnectError::ConflictingAuth`], [`ConnectError::PasswordWithoutUsername`] or
     /// [`ConnectError::InvalidUrl`], [`ConnectError::InvalidInboxPrefix`].
     pub fn validate(&self) -> Result<AuthMethod, ConnectError> {
-        validate_url(&self.url)?;
+        server_addrs(&self.url)?;
         if !protocol::subjects::is_valid_reply_prefix(self.reply_prefix()) {
             return Err(ConnectError::InvalidInboxPrefix(
                 self.reply_prefix().to_owned(),
@@ -213,6 +214,7 @@ impl NatsSettings {
     /// Cancel safe: nothing is left behind but a dropped connection attempt.
     pub async fn connect(&self, name: &str) -> Result<async_nats::Client, ConnectError> {
         let method = self.validate()?;
+        let servers = server_addrs(&self.url)?;
         let mut options = async_nats::ConnectOptions::new()
             .name(name)
             .custom_inbox_prefix(self.reply_prefix())
@@ -250,7 +252,8 @@ impl NatsSettings {
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
             options = options.add_client_certificate(cert.clone(), key.clone());
         }
-        if self.tls_ca.is_some() || self.tls_cert.is_some() || self.url.starts_with("tls://") {
+        let tls_url = servers.iter().any(|s| s.as_url_str().starts_with("tls://"));
+        if self.tls_ca.is_some() || self.tls_cert.is_some() || tls_url {
             options = options.require_tls(true);
         }
         // Retry refused connections until the timeout: a router started just before its
@@ -259,7 +262,8 @@ impl NatsSettings {
         let mut failures = 0;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let last = match tokio::time::timeout(left, options.clone().connect(&self.url)).await {
+            let connecting = options.clone().connect(servers.as_slice());
+            let last = match tokio::time::timeout(left, connecting).await {
                 Ok(Ok(client)) => return Ok(client),
                 Ok(Err(e)) => {
                     use async_nats::ConnectErrorKind as Kind;
@@ -312,6 +316,10 @@ const REDACTED: &str = "<redacted>";
 /// assert_eq!(redact_url("u:secret@h:4222"), "<redacted>@h:4222");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    if url.contains(',') {
+        // A cluster's list (`NATS_URL=nats://a:4222,nats://b:4222`): each shown as one.
+        return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    }
     let scheme_given = url.contains("://");
     let parsed = if scheme_given {
         url::Url::parse(url)
@@ -342,6 +350,21 @@ pub fn redact_url(url: &str) -> String {
         }
     }
     shown
+}
+
+/// The servers of `urls`, a comma-separated list (a cluster's nodes, as the nats CLI takes
+/// them), each checked by [`validate_url`].
+fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, ConnectError> {
+    urls.split(',')
+        .map(|url| {
+            let url = url.trim();
+            validate_url(url)?;
+            url.parse().map_err(|_| ConnectError::InvalidUrl {
+                url: redact_url(url),
+                reason: "expected scheme://host[:port]",
+            })
+        })
+        .collect()
 }
 
 fn validate_url(url: &str) -> Result<(), ConnectError> {
@@ -425,6 +448,29 @@ mod tests {
             ("", "<redacted>"),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_list_of_urls_is_each_checked_and_each_redacted() {
+        let list = "nats://127.0.0.1:4222, nats://h:2";
+        assert_eq!(server_addrs(list).unwrap().len(), 2);
+        assert_eq!(
+            NatsSettings::new(list).validate().unwrap(),
+            AuthMethod::None
+        );
+        let bad = "nats://127.0.0.1:4222,nats://u:secret@h:2";
+        let err = NatsSettings::new(bad).validate().unwrap_err();
+        assert!(
+            matches!(err, ConnectError::InvalidUrl { ref url, .. } if url == "nats://<redacted>@h:2"),
+            "{err:?}"
+        );
+        assert_eq!(
+            redact_url("nats://a:1,nats://u:p@b:2"),
+            "nats://a:1,nats://<redacted>@b:2"
+        );
+        for bad in ["nats://a:1,", ",nats://a:1", "nats://a:1,,nats://b:2"] {
+            assert!(NatsSettings::new(bad).validate().is_err(), "{bad}");
         }
     }
 

@@ -508,7 +508,7 @@ impl HubArgs {
 /// Connection options shared by every subcommand. Only one authentication method may be set.
 #[derive(Debug, Clone, Args)]
 pub struct NatsArgs {
-    /// NATS server URL.
+    /// NATS server URL, or a cluster's comma-separated list (`nats://a:4222,nats://b:4222`).
     #[arg(long, default_value = "nats://127.0.0.1:4222", env = "NATS_URL")]
     pub nats_url: String,
 

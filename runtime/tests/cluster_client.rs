@@ -25,20 +25,71 @@ async fn a_client_given_every_nodes_url_connects_past_a_dead_node_and_reconnects
     };
     let first = node_of(&client).expect("connected to a node of the cluster");
     assert_ne!(first, 0, "the dead node is not the one it reached");
-    js.query_account().await.unwrap();
+    // Node 0 may have led the cluster's meta group: JetStream answers after the election.
+    let answers = || async {
+        let answered = tokio::time::timeout(Duration::from_secs(2), js.query_account()).await;
+        matches!(answered, Ok(Ok(_)))
+    };
+    wait_until_async("a request answered", DEADLINE, answers)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
 
     cluster.kill(first).await;
     cluster.restart(0).await.unwrap();
-    wait_until_async(
-        "a request answered through a live node",
-        DEADLINE,
-        || async {
-            let answered = tokio::time::timeout(Duration::from_secs(2), js.query_account()).await;
-            matches!(answered, Ok(Ok(_)))
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    wait_until_async("a request answered through a live node", DEADLINE, answers)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
     let now = node_of(&client).expect("connected to a node of the cluster");
     assert_ne!(now, first, "it moved off the killed node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_sent_while_the_ingress_leader_is_killed_is_acknowledged_after_the_election_and_stored_once(
+) {
+    let mut cluster = Cluster::start(3).await.unwrap();
+    let admin = async_nats::jetstream::new(cluster.client().await.unwrap());
+    let delivery = protocol::config::DeliveryConfig {
+        replicas: 3,
+        ..Default::default()
+    };
+    actors::streams::ensure_streams(&admin, &delivery)
+        .await
+        .unwrap();
+    let hub = runtime::ActorSystem::builder()
+        .nats(NatsSettings::new(cluster.urls()))
+        .durable(true)
+        .delivery_config(delivery)
+        .build()
+        .await
+        .unwrap();
+    let alice = protocol::AgentId::new("alice").unwrap();
+    let bob = protocol::AgentId::new("bob").unwrap();
+    let leader = cluster.stream_leader(&admin, "HUB_INGRESS").await.unwrap();
+    cluster.kill(leader).await;
+    // Sent at once, during the election: acknowledged once a new leader takes it.
+    let receipt = hub
+        .send(&alice, &bob, serde_json::json!("through the election"))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", cluster.logs()));
+    assert!(!receipt.duplicate);
+    cluster.restart(leader).await.unwrap();
+    // The killed node may have led the meta group too: stream info answers after its election.
+    let state = std::sync::Mutex::new(None);
+    wait_until_async("the ingress's state", DEADLINE, || async {
+        let ingress =
+            tokio::time::timeout(Duration::from_secs(2), admin.get_stream("HUB_INGRESS")).await;
+        let read = ingress
+            .ok()
+            .and_then(Result::ok)
+            .map(|s| s.cached_info().state.clone());
+        let found = read.is_some();
+        *state.lock().unwrap() = read;
+        found
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    let state = state.into_inner().unwrap().expect("read");
+    assert_eq!(state.messages, 1, "stored once");
+    assert_eq!(Some(state.last_sequence), receipt.ingress_seq);
+    hub.shutdown(Duration::from_secs(5)).await.unwrap();
 }

@@ -195,13 +195,37 @@ impl ActorSystem {
     }
 }
 
+/// How long an ingress publish is sent again while the stream does not acknowledge it: two
+/// elections of a stream leader (4 to 9 s each), well inside the duplicate window.
+pub const INGRESS_RETRY_WINDOW: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The pause before each new attempt of an ingress publish: 100 ms, doubling, at most 2 s.
+const INGRESS_RETRY_BACKOFF: actors::supervision::Backoff = actors::supervision::Backoff {
+    initial: std::time::Duration::from_millis(100),
+    max: std::time::Duration::from_secs(2),
+    factor: 2,
+    reset_after: None,
+};
+
+/// Whether a publish that failed so may be stored by the same publish sent again: no stream
+/// answered (`503`, as during an election), no ack came, or the connection broke.
+fn is_transient(kind: async_nats::jetstream::context::PublishErrorKind) -> bool {
+    use async_nats::jetstream::context::PublishErrorKind as Kind;
+    matches!(
+        kind,
+        Kind::StreamNotFound | Kind::TimedOut | Kind::BrokenPipe
+    )
+}
+
 impl ActorSystem {
     /// JetStream-publishes an encoded envelope to the ingress `subject` with the current span's
     /// trace context and `Nats-Msg-Id: msg_id`, and awaits the stream ack for at most
-    /// [`actors::PUBLISH_ACK_TIMEOUT`].
+    /// [`actors::PUBLISH_ACK_TIMEOUT`]; a publish no stream answered (`503`) or acknowledged
+    /// is sent again, same id, until [`INGRESS_RETRY_WINDOW`] has passed (an attempt after
+    /// the first is flagged `Hub-Check`: it may have been stored).
     ///
     /// # Errors
-    /// [`SystemError::Publish`] when the publish fails or is not acked in time.
+    /// [`SystemError::Publish`] when the publish is refused, or not acked within the window.
     pub(super) async fn publish_ingress(
         &self,
         subject: &str,
@@ -220,17 +244,38 @@ impl ActorSystem {
             h.insert(headers::HUB_CHECK, "retry");
         }
         let js = async_nats::jetstream::new(self.client.clone());
-        let ack = js
-            .publish_with_headers(subject.to_owned(), h, payload.into())
-            .await
-            .map_err(|e| SystemError::publish(subject, e))?;
-        let timeout = actors::PUBLISH_ACK_TIMEOUT;
-        tokio::time::timeout(timeout, ack)
-            .await
-            .map_err(|_| {
-                SystemError::publish(subject, format!("no ingress ack within {timeout:?}"))
-            })?
-            .map_err(|e| SystemError::publish(subject, e))
+        let payload = bytes::Bytes::from(payload);
+        // Through a stream leader's election a publish gets `503 no responders` or no ack at
+        // all, and async-nats retries neither: it is sent again, under the same id (the
+        // stream stores it once), until the window closes.
+        let deadline = tokio::time::Instant::now() + INGRESS_RETRY_WINDOW;
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = actors::PUBLISH_ACK_TIMEOUT.min(left);
+            let sent = async {
+                js.publish_with_headers(subject.to_owned(), h.clone(), payload.clone())
+                    .await?
+                    .await
+            };
+            let failure = match tokio::time::timeout(wait, sent).await {
+                Ok(Ok(ack)) => return Ok(ack),
+                Ok(Err(e)) if !is_transient(e.kind()) => {
+                    return Err(SystemError::publish(subject, e))
+                }
+                Ok(Err(e)) => SystemError::publish(subject, e),
+                Err(_) => SystemError::publish(subject, format!("no ingress ack within {wait:?}")),
+            };
+            let pause = INGRESS_RETRY_BACKOFF.delay(attempt);
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(failure);
+            }
+            tracing::debug!(%subject, attempt, "ingress publish not acknowledged; sending it again");
+            // It may have been stored: a task sent again is checked by the worker first.
+            h.insert(headers::HUB_CHECK, "retry");
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// [`publish_ingress`](Self::publish_ingress) of `envelope` (JSON).

@@ -40,7 +40,18 @@ async fn a_large_task_whose_first_publish_failed_is_published_from_the_retry_and
 /// first task id. `recorded` says whether the pending record keeps the envelope.
 async fn first_publish_fails_then_retry(text: String, recorded: bool) {
     let server = harness::run_server().await.unwrap();
-    let hub = support::durable_hub(&server, DurableInboxMode::On).await;
+    // The first publish is to fail while the ingress is gone, not ride it out until the
+    // router has made the stream again.
+    let hub = runtime::ActorSystem::builder()
+        .nats(runtime::NatsSettings::new(server.url()))
+        .durable(true)
+        .delivery_config(support::delivery())
+        .inbox_mode(DurableInboxMode::On)
+        .ingress_retry_window(Duration::ZERO)
+        .build()
+        .await
+        .unwrap();
+    hub.start_router().await.unwrap();
     let queue = QueueName::new("idem").unwrap();
     let journal = tempfile::tempdir().unwrap();
     let handler = Counting::default();

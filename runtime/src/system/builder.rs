@@ -21,6 +21,7 @@ pub struct ActorSystemBuilder {
     delivery: DeliveryConfig,
     inbox_prefix: Option<String>,
     inbox_mode: Option<DurableInboxMode>,
+    ingress_retry_window: Option<std::time::Duration>,
 }
 
 impl ActorSystemBuilder {
@@ -65,6 +66,16 @@ impl ActorSystemBuilder {
     #[must_use]
     pub fn delivery_config(mut self, delivery: DeliveryConfig) -> Self {
         self.delivery = delivery;
+        self
+    }
+
+    /// How long an ingress publish (a send, a delegation, an answer) that no stream answered or
+    /// acknowledged is sent again, under the same id, before it fails (default
+    /// [`INGRESS_RETRY_WINDOW`](super::messaging::INGRESS_RETRY_WINDOW), 20 s: two elections
+    /// of a stream leader); zero fails at once.
+    #[must_use]
+    pub fn ingress_retry_window(mut self, window: std::time::Duration) -> Self {
+        self.ingress_retry_window = Some(window);
         self
     }
 
@@ -116,6 +127,9 @@ impl ActorSystemBuilder {
             tracker_table: Arc::default(),
             inbox_shared,
             holds: Arc::default(),
+            ingress_retry_window: self
+                .ingress_retry_window
+                .unwrap_or(super::messaging::INGRESS_RETRY_WINDOW),
         })
     }
 }

@@ -221,7 +221,8 @@ impl ActorSystem {
     /// JetStream-publishes an encoded envelope to the ingress `subject` with the current span's
     /// trace context and `Nats-Msg-Id: msg_id`, and awaits the stream ack for at most
     /// [`actors::PUBLISH_ACK_TIMEOUT`]; a publish no stream answered (`503`) or acknowledged
-    /// is sent again, same id, until [`INGRESS_RETRY_WINDOW`] has passed (an attempt after
+    /// is sent again, same id, until its retry window (default [`INGRESS_RETRY_WINDOW`]) has
+    /// passed (an attempt after
     /// the first is flagged `Hub-Check`: it may have been stored).
     ///
     /// # Errors
@@ -248,12 +249,16 @@ impl ActorSystem {
         // Through a stream leader's election a publish gets `503 no responders` or no ack at
         // all, and async-nats retries neither: it is sent again, under the same id (the
         // stream stores it once), until the window closes.
-        let deadline = tokio::time::Instant::now() + INGRESS_RETRY_WINDOW;
+        let deadline = tokio::time::Instant::now() + self.ingress_retry_window;
         let mut attempt: u32 = 0;
         loop {
             attempt += 1;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let wait = actors::PUBLISH_ACK_TIMEOUT.min(left);
+            // The first attempt waits its full time whatever the window.
+            let wait = match attempt {
+                1 => actors::PUBLISH_ACK_TIMEOUT,
+                _ => actors::PUBLISH_ACK_TIMEOUT.min(left),
+            };
             let sent = async {
                 js.publish_with_headers(subject.to_owned(), h.clone(), payload.clone())
                     .await?

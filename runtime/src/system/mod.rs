@@ -126,6 +126,9 @@ pub struct ActorSystem {
     holds: Arc<holds::Holds>,
     /// The recipients' presence it read lately (a send's receipt names it).
     presence: presence::PresenceCache,
+    /// How long an ingress publish is sent again while unacknowledged
+    /// ([`messaging::INGRESS_RETRY_WINDOW`] unless the builder set it).
+    ingress_retry_window: std::time::Duration,
 }
 
 /// Snapshot of everything an [`ActorSystem`] runs.

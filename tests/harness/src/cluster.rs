@@ -2,8 +2,8 @@
 //! its own client, monitoring and route ports, its own store, its own `server_name`
 //! (`hub-test-<port>`) and `sync_interval: always`, routed to each other.
 //!
-//! Faults are real: [`Cluster::kill`] is `kill -9` of a node, [`Cluster::restart`] starts it
-//! again on its store, [`Cluster::pause`] and [`Cluster::resume`] are SIGSTOP and SIGCONT,
+//! Faults are real: [`Cluster::kill`] is `kill -9` of a node, [`Cluster::lame_duck`] its
+//! graceful stop (leaders stepped down first), [`Cluster::restart`] starts it again on its store, [`Cluster::pause`] and [`Cluster::resume`] are SIGSTOP and SIGCONT,
 //! [`Cluster::step_down`] asks a stream's leader to step down
 //! (`$JS.API.STREAM.LEADER.STEPDOWN`). A partition is not modelled: a paused node is the
 //! closest this harness comes (its peers see it silent, its connections stay open).
@@ -206,6 +206,47 @@ impl Cluster {
     /// `kill -9` of node `i`; its store is kept.
     pub async fn kill(&mut self, i: usize) {
         self.nodes[i].stop().await;
+    }
+
+    /// Lame-duck mode for node `i` (a graceful stop: its leaders step down first, its clients
+    /// are closed over 30 s, then it exits); [`kill`](Self::kill) it sooner once its leaders
+    /// have moved.
+    ///
+    /// # Panics
+    /// When the node is not running.
+    pub fn lame_duck(&self, i: usize) {
+        self.nodes[i].lame_duck();
+    }
+
+    /// The index of the node that leads consumer `consumer` of `stream` now.
+    ///
+    /// # Errors
+    /// [`HarnessError::Monitor`] when the consumer info cannot be read or names no leader this
+    /// cluster has.
+    pub async fn consumer_leader(
+        &self,
+        js: &jetstream::Context,
+        stream: &str,
+        consumer: &str,
+    ) -> Result<usize, HarnessError> {
+        let info = tokio::time::timeout(Duration::from_secs(5), async {
+            js.get_stream(stream)
+                .await
+                .map_err(|e| e.to_string())?
+                .consumer_info(consumer)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|_| HarnessError::Monitor(format!("no info of {consumer} in time")))?
+        .map_err(HarnessError::Monitor)?;
+        let leader = info
+            .cluster
+            .and_then(|c| c.leader)
+            .ok_or_else(|| HarnessError::Monitor(format!("{consumer} has no leader")))?;
+        self.index_of(&leader).ok_or_else(|| {
+            HarnessError::Monitor(format!("{consumer}'s leader {leader} is no node"))
+        })
     }
 
     /// Starts node `i` again on its ports and store (after [`kill`](Self::kill)); ready once

@@ -277,6 +277,17 @@ impl NatsServer {
         self.signal("-CONT");
     }
 
+    /// Puts the server in lame-duck mode (`nats-server --signal ldm`, SIGUSR2): it steps down
+    /// the JetStream leaders it holds, stops taking clients, closes the ones it has over its
+    /// lame-duck duration (30 s, nats-server's least) and exits. [`stop`](Self::stop) or
+    /// [`restart`](Self::restart) it sooner once its leaders have moved.
+    ///
+    /// # Panics
+    /// When the server is not running or the signal cannot be sent.
+    pub fn lame_duck(&self) {
+        self.signal("-USR2");
+    }
+
     /// The server process's id while it runs (benchmarks read its CPU time).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(|c| c.id())
@@ -333,7 +344,7 @@ impl NatsServer {
                     .map(|port| format!("nats-route://127.0.0.1:{port}"))
                     .collect();
                 format!(
-                    "cluster {{\n  name: {name:?}\n  listen: 127.0.0.1:{port}\n  routes: [{routes}]\n}}\n",
+                    "lame_duck_duration: \"30s\"\nlame_duck_grace_period: \"1s\"\ncluster {{\n  name: {name:?}\n  listen: 127.0.0.1:{port}\n  routes: [{routes}]\n}}\n",
                     name = member.name,
                     port = member.port,
                     routes = routes.join(", "),

@@ -123,3 +123,65 @@ async fn a_stream_leader_that_steps_down_is_replaced_and_the_stream_takes_writes
     .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
     assert_eq!(publish_acked(&js, "step.a", 0, 10).await, 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lame_duck_stream_leader_hands_over_and_every_publish_meanwhile_is_stored_once() {
+    let mut cluster = Cluster::start(3).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let js = jetstream::new(client.clone());
+    js.create_stream(replicated("DUCK")).await.unwrap();
+    js.get_stream("DUCK")
+        .await
+        .unwrap()
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("reader".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let leader = cluster.stream_leader(&js, "DUCK").await.unwrap();
+    // The leader goes into lame-duck mode; 100 messages are published while it hands over.
+    let publishing = publish_acked(&js, "duck.a", 0, 100);
+    cluster.lame_duck(leader);
+    assert_eq!(publishing.await, 100);
+    wait_until_async(
+        "live leaders of DUCK and its consumer",
+        DEADLINE,
+        || async {
+            let stream = cluster.stream_leader(&js, "DUCK").await;
+            let consumer = cluster.consumer_leader(&js, "DUCK", "reader").await;
+            matches!((stream, consumer), (Ok(s), Ok(c)) if s != leader && c != leader)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    // It would exit by itself after its 30 s; stopped now, and started again on its store.
+    cluster.kill(leader).await;
+    cluster.restart(leader).await.unwrap();
+    wait_until_async(
+        "100 messages, once each, on every replica",
+        DEADLINE,
+        || async {
+            let Ok(Ok(mut stream)) =
+                tokio::time::timeout(Duration::from_secs(5), js.get_stream("DUCK")).await
+            else {
+                return false;
+            };
+            let Ok(info) = stream.info().await else {
+                return false;
+            };
+            let replicas = info
+                .cluster
+                .as_ref()
+                .map(|c| c.replicas.clone())
+                .unwrap_or_default();
+            info.state.messages == 100
+                && replicas.len() == 2
+                && replicas
+                    .iter()
+                    .all(|r| r.current && r.lag.unwrap_or(0) == 0)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+}

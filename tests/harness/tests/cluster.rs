@@ -56,6 +56,38 @@ async fn publish_acked(js: &jetstream::Context, subject: &str, from: usize, n: u
     acked
 }
 
+/// Waits until `stream` holds exactly `n` messages, sequences 1 to `n` (each stored once), and
+/// both other replicas are current with its leader.
+async fn every_replica_holds(cluster: &Cluster, js: &jetstream::Context, stream: &str, n: u64) {
+    wait_until_async(
+        &format!("{n} messages on every replica of {stream}"),
+        DEADLINE,
+        || async {
+            let Ok(Ok(mut found)) =
+                tokio::time::timeout(Duration::from_secs(5), js.get_stream(stream)).await
+            else {
+                return false;
+            };
+            let Ok(info) = found.info().await else {
+                return false;
+            };
+            let replicas = info
+                .cluster
+                .as_ref()
+                .map(|c| c.replicas.clone())
+                .unwrap_or_default();
+            info.state.messages == n
+                && info.state.last_sequence == n
+                && replicas.len() == 2
+                && replicas
+                    .iter()
+                    .all(|r| r.current && r.lag.unwrap_or(0) == 0)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_r3_stream_keeps_every_acknowledged_message_through_the_kill_of_its_leader() {
     let mut cluster = Cluster::start(3).await.unwrap();
@@ -79,33 +111,7 @@ async fn an_r3_stream_keeps_every_acknowledged_message_through_the_kill_of_its_l
     assert_eq!(acked, 200, "every message acknowledged");
     // The stream holds each exactly once (ids dedupe the retries), and every replica holds all
     // 200, the restarted one included, once it has caught up.
-    wait_until_async(
-        "every replica current with 200 messages",
-        DEADLINE,
-        || async {
-            let Ok(Ok(mut stream)) =
-                tokio::time::timeout(Duration::from_secs(5), js.get_stream("KEEP")).await
-            else {
-                return false;
-            };
-            let Ok(info) = stream.info().await else {
-                return false;
-            };
-            let replicas = info
-                .cluster
-                .as_ref()
-                .map(|c| c.replicas.clone())
-                .unwrap_or_default();
-            info.state.messages == 200
-                && info.state.last_sequence == 200
-                && replicas.len() == 2
-                && replicas
-                    .iter()
-                    .all(|r| r.current && r.lag.unwrap_or(0) == 0)
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    every_replica_holds(&cluster, &js, "KEEP", 200).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,30 +164,5 @@ async fn a_lame_duck_stream_leader_hands_over_and_every_publish_meanwhile_is_sto
     // It would exit by itself after its 30 s; stopped now, and started again on its store.
     cluster.kill(leader).await;
     cluster.restart(leader).await.unwrap();
-    wait_until_async(
-        "100 messages, once each, on every replica",
-        DEADLINE,
-        || async {
-            let Ok(Ok(mut stream)) =
-                tokio::time::timeout(Duration::from_secs(5), js.get_stream("DUCK")).await
-            else {
-                return false;
-            };
-            let Ok(info) = stream.info().await else {
-                return false;
-            };
-            let replicas = info
-                .cluster
-                .as_ref()
-                .map(|c| c.replicas.clone())
-                .unwrap_or_default();
-            info.state.messages == 100
-                && replicas.len() == 2
-                && replicas
-                    .iter()
-                    .all(|r| r.current && r.lag.unwrap_or(0) == 0)
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.logs()));
+    every_replica_holds(&cluster, &js, "DUCK", 100).await;
 }

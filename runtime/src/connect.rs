@@ -302,11 +302,10 @@ const CONNECT_BACKOFF: actors::supervision::Backoff = actors::supervision::Backo
 /// What replaces the hidden parts of a URL in [`redact_url`].
 const REDACTED: &str = "<redacted>";
 
-/// `url` with whatever may carry credentials hidden: its userinfo, query and fragment
-/// (parsed with the `url` crate). The scheme, host, port and path stay, so an error still
-/// names the server. A URL without a scheme (`u:p@h:1`, which would parse as scheme `u` with
-/// the password in its path) is read as a `nats://` one and shown without that scheme; what
-/// does not parse as `scheme://host…` is hidden whole.
+/// `url` with whatever may carry credentials hidden: everything before its last `@` (userinfo,
+/// whatever characters it holds), and its query and fragment (the rest parsed with the `url`
+/// crate). The scheme, host, port and path stay, so an error still names the server; what does
+/// not parse as a host is hidden whole. A comma-separated list of URLs is shown URL by URL.
 ///
 /// ```
 /// use runtime::connect::redact_url;
@@ -316,25 +315,34 @@ const REDACTED: &str = "<redacted>";
 /// assert_eq!(redact_url("u:secret@h:4222"), "<redacted>@h:4222");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    if url.contains(',') {
-        // A cluster's list (`NATS_URL=nats://a:4222,nats://b:4222`): each shown as one.
+    if url.contains(',') && url.split(',').all(|one| one.contains("://")) {
+        // A cluster's list (`NATS_URL=nats://a:4222,nats://b:4222`): each shown as one. A comma
+        // inside one URL's credentials (`nats://to,ken@h`) leaves a piece without a scheme,
+        // and the whole is then taken as one URL.
         return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
     }
-    let scheme_given = url.contains("://");
-    let parsed = if scheme_given {
-        url::Url::parse(url)
-    } else {
-        url::Url::parse(&format!("nats://{url}"))
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
     };
-    let Some(parsed) = parsed.ok().filter(url::Url::has_host) else {
+    // Everything before the last `@` is credentials, whatever it holds (`/`, `?` or `#` end a
+    // URL's host for the `url` crate, which would show them as a path or query).
+    let (userinfo, location) = match rest.rsplit_once('@') {
+        Some((_, location)) => (true, location),
+        None => (false, rest),
+    };
+    let Some(parsed) = url::Url::parse(&format!("nats://{location}"))
+        .ok()
+        .filter(url::Url::has_host)
+    else {
         return REDACTED.to_owned();
     };
     let mut shown = String::with_capacity(url.len());
-    if scheme_given {
-        shown.push_str(parsed.scheme());
+    if let Some(scheme) = scheme {
+        shown.push_str(scheme);
         shown.push_str("://");
     }
-    if !parsed.username().is_empty() || parsed.password().is_some() {
+    if userinfo {
         shown.push_str(REDACTED);
         shown.push('@');
     }
@@ -435,7 +443,10 @@ mod tests {
             ("nats://u:p@h:1", "nats://<redacted>@h:1"),
             ("nats://tok@h:1", "nats://<redacted>@h:1"),
             ("nats://u:p@ss@h:1/", "nats://<redacted>@h:1/"),
-            ("nats://u:a/b@h:1", "<redacted>"),
+            ("nats://u:a/b@h:1", "nats://<redacted>@h:1"),
+            ("nats://tok/en@h:1", "nats://<redacted>@h:1"),
+            ("nats://tok?en@h:1", "nats://<redacted>@h:1"),
+            ("nats://to,ken@h:1", "nats://<redacted>@h:1"),
             ("ws://h:1/ws?token=t#f", "ws://h:1/ws?<redacted>#<redacted>"),
             ("nats://h:1#frag", "nats://h:1#<redacted>"),
             (
@@ -572,12 +583,9 @@ mod tests {
                         "{what}: {err}"
                     );
                     assert_no_secret(&err, &secrets, &what);
-                    // The rest of a URL that parses stays, so the operator knows which one is
-                    // wrong; one that does not (`nats://alice:a/<secret>@…` ends its authority
-                    // at the `/`) is hidden whole.
-                    let whole = url.starts_with("nats://alice:a/");
+                    // The rest of the URL stays, so the operator knows which one is wrong.
                     let shown = err.to_string();
-                    assert_eq!(shown.contains("127.0.0.1:4222"), !whole, "{what}: {err}");
+                    assert!(shown.contains("127.0.0.1:4222"), "{what}: {err}");
                     assert!(shown.contains(REDACTED), "{what}: {err}");
                     let err = settings.connect("test").await.expect_err(&what);
                     assert_no_secret(&err, &secrets, &what);

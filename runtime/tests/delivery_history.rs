@@ -90,8 +90,8 @@ async fn an_agent_that_reads_everything_takes_dms_past_its_inbox_cap() {
 }
 
 /// Bob's handler rejects `m-bad`, which the broker terminates (bob's ack floor passes it), and
-/// the expiry actor fails to copy it five times: its advisory stays unacked for seconds, past the
-/// settling of a trim round. The round waits for the advisories consumer, so the DM is still
+/// the expiry actor fails to copy it ten times, 2 s apart: its advisory stays unacked for about
+/// 20 s, past the first rounds that could trim it (1 s window, 5 s margin, 5 s settling). The round waits for the advisories consumer, so the DM is still
 /// there to be copied, and only then is it trimmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejected_dm_is_dead_lettered_before_the_history_it_sits_in_is_trimmed() {
@@ -100,7 +100,7 @@ async fn a_rejected_dm_is_dead_lettered_before_the_history_it_sits_in_is_trimmed
     let js = support::js(&server).await;
     let (alice, bob) = (support::agent("alice"), support::agent("bob"));
     let _alices = support::attach_collect(&hub, &alice).await;
-    fault::arm(&hub.expiry_name(), FaultPoint::DeadLetter, Fault::Error, 5);
+    fault::arm(&hub.expiry_name(), FaultPoint::DeadLetter, Fault::Error, 10);
     hub.attach_inbox(&bob, |d| {
         let rejected = d.envelope.meta.id.as_str() == "m-bad";
         async move {
@@ -118,7 +118,9 @@ async fn a_rejected_dm_is_dead_lettered_before_the_history_it_sits_in_is_trimmed
     }
     support::wait_settled(&js, "inbox-bob").await;
     let dlq = format!("dlq.{bob}");
-    harness::wait_until_async("m-bad dead-lettered", support::DEADLINE, || async {
+    // Ten failed copies 2 s apart, then the copy.
+    let copied = Duration::from_secs(60);
+    harness::wait_until_async("m-bad dead-lettered", copied, || async {
         support::count_on(&js, "HUB_DLQ", &dlq).await == 1
     })
     .await
@@ -196,7 +198,7 @@ async fn a_dm_refused_by_an_inbox_full_of_read_dms_is_delivered_when_sent_again_
 async fn what_an_inbox_read_within_the_duplicate_window_still_dedupes_a_retry_after_a_broker_restart(
 ) {
     let mut server = harness::run_server().await.unwrap();
-    let hub = hub_with(&server, 1, 30).await;
+    let hub = hub_with(&server, 1, 60).await;
     let js = support::js(&server).await;
     let (alice, bob) = (support::agent("alice"), support::agent("bob"));
     let bobs = support::attach_collect(&hub, &bob).await;

@@ -218,7 +218,8 @@ impl Trimmer {
             .map_err(|e| failed(format!("open stream {inbox_stream}"), e))?;
         let candidates = self.candidates(&stream).await?;
         // Inboxes under the threshold are forgotten (they are read again when back over it).
-        self.kept.retain(|id, _| candidates.contains(id));
+        let wanted: std::collections::HashSet<&AgentId> = candidates.iter().collect();
+        self.kept.retain(|id, _| wanted.contains(id));
         let read: Vec<_> = futures::stream::iter(candidates)
             .map(|id| self.keep_from(id))
             .buffer_unordered(CONCURRENT_READS)

@@ -87,16 +87,20 @@ impl Refusals<'_> {
     /// cannot be read. Each read waits at most [`READ_TIMEOUT`]: the pump waits for this.
     async fn subject_full_retry_after(&self, js: &jetstream::Context, to: &AgentId) -> u64 {
         let inbox = &self.delivery.inbox;
-        let (oldest, floor) = tokio::join!(
-            bounded(oldest_dm(js, &inbox.name, to)),
-            bounded(ack_floor(js, &inbox.name, to)),
-        );
+        let trimming = inbox.trim_interval().is_some();
+        // The ack floor only matters while trims run.
+        let floor = async {
+            match trimming {
+                true => bounded(ack_floor(js, &inbox.name, to)).await,
+                false => None,
+            }
+        };
+        let (oldest, floor) = tokio::join!(bounded(oldest_dm(js, &inbox.name, to)), floor);
         let Some(oldest) = oldest else {
             return DEFAULT_RETRY_AFTER_SECS;
         };
         let now = i64::try_from(protocol::expiry::now_ms() / 1000).unwrap_or(i64::MAX);
         let age = u64::try_from(now.saturating_sub(oldest.time.unix_timestamp())).unwrap_or(0);
-        let trimming = inbox.trim_interval().is_some();
         let window = self.delivery.duplicate_window();
         if let Some(retry) = history_retry(oldest.sequence, age, floor, trimming, window) {
             self.history.trim_in(retry.trim_in);

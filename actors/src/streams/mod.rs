@@ -143,6 +143,17 @@ pub async fn publish_acked(
     }
 }
 
+/// Whether a publish that failed so may be stored by the same publish sent again: no stream
+/// answered (`503`, as during an election, or the stream not made yet), no ack came, the
+/// connection broke, or the client had too many publishes in flight.
+pub fn is_transient(kind: async_nats::jetstream::context::PublishErrorKind) -> bool {
+    use async_nats::jetstream::context::PublishErrorKind as Kind;
+    matches!(
+        kind,
+        Kind::StreamNotFound | Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending
+    )
+}
+
 /// The limit a publish-ack error names, if any: the broker refused the store because the
 /// subject or stream is full or the message too large ([`protocol::backpressure::store_refusal`]).
 pub fn store_refusal(

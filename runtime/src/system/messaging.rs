@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use actors::streams::{is_transient, publish_acked, AckedError};
 use async_nats::HeaderMap;
 use protocol::error_chain::ErrorChain;
 use protocol::subjects::{self, Channel};
@@ -207,16 +208,6 @@ const INGRESS_RETRY_BACKOFF: actors::supervision::Backoff = actors::supervision:
     reset_after: None,
 };
 
-/// Whether a publish that failed so may be stored by the same publish sent again: no stream
-/// answered (`503`, as during an election), no ack came, or the connection broke.
-fn is_transient(kind: async_nats::jetstream::context::PublishErrorKind) -> bool {
-    use async_nats::jetstream::context::PublishErrorKind as Kind;
-    matches!(
-        kind,
-        Kind::StreamNotFound | Kind::TimedOut | Kind::BrokenPipe
-    )
-}
-
 impl ActorSystem {
     /// JetStream-publishes an encoded envelope to the ingress `subject` with the current span's
     /// trace context and `Nats-Msg-Id: msg_id`, and awaits the stream ack for at most
@@ -259,18 +250,13 @@ impl ActorSystem {
                 1 => actors::PUBLISH_ACK_TIMEOUT,
                 _ => actors::PUBLISH_ACK_TIMEOUT.min(left),
             };
-            let sent = async {
-                js.publish_with_headers(subject.to_owned(), h.clone(), payload.clone())
-                    .await?
-                    .await
-            };
-            let failure = match tokio::time::timeout(wait, sent).await {
-                Ok(Ok(ack)) => return Ok(ack),
-                Ok(Err(e)) if !is_transient(e.kind()) => {
+            let sent = publish_acked(&js, subject.to_owned(), h.clone(), payload.clone(), wait);
+            let failure = match sent.await {
+                Ok(ack) => return Ok(ack),
+                Err(AckedError::Publish(e)) if !is_transient(e.kind()) => {
                     return Err(SystemError::publish(subject, e))
                 }
-                Ok(Err(e)) => SystemError::publish(subject, e),
-                Err(_) => SystemError::publish(subject, format!("no ingress ack within {wait:?}")),
+                Err(e) => SystemError::publish(subject, e),
             };
             let pause = INGRESS_RETRY_BACKOFF.delay(attempt);
             if tokio::time::Instant::now() + pause >= deadline {

@@ -4,7 +4,7 @@
 use async_nats::jetstream::stream::StorageType;
 use async_nats::jetstream::Context;
 
-use super::{api, timed, StreamError, STREAM_API_TIMEOUT};
+use super::{timed, StreamError, STREAM_API_TIMEOUT};
 
 /// The KV bucket of task idempotency keys: one create-only entry per (delegator, queue, key),
 /// no expiry, so two submissions with the same key produce one task however far apart they are.
@@ -89,31 +89,26 @@ pub(super) async fn ensure_bucket(
     writers: Writers,
     replicas: usize,
 ) -> Result<(), StreamError> {
-    let exists = matches!(
-        tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await,
-        Ok(Ok(_))
-    );
     let stream = protocol::subjects::kv_stream(name);
-    if !exists {
-        let config = async_nats::jetstream::kv::Config {
-            bucket: name.to_string(),
-            description: description.into(),
-            history: 1,
-            max_age,
-            storage: StorageType::File,
-            num_replicas: replicas,
-            ..Default::default()
-        };
-        timed("create", name, js.create_key_value(config))
-            .await?
-            .map_err(|e| super::refused("create", &stream, (replicas, "replicas"), e))?;
-    }
-    let mut kv = timed("look up", &stream, js.get_stream(&stream))
-        .await?
-        .map_err(|e| api("look up", &stream, e))?;
-    let info = timed("look up", &stream, kv.info())
-        .await?
-        .map_err(|e| api("look up", &stream, e))?;
+    // A bucket's handle carries its stream's info, read when it was looked up or created.
+    let kv = match tokio::time::timeout(STREAM_API_TIMEOUT, js.get_key_value(name)).await {
+        Ok(Ok(kv)) => kv,
+        _ => {
+            let config = async_nats::jetstream::kv::Config {
+                bucket: name.to_string(),
+                description: description.into(),
+                history: 1,
+                max_age,
+                storage: StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            };
+            timed("create", name, js.create_key_value(config))
+                .await?
+                .map_err(|e| super::refused("create", &stream, (replicas, "replicas"), e))?
+        }
+    };
+    let info = kv.stream.cached_info();
     let refuses_rollups = writers == Writers::Hub || !info.config.allow_rollup;
     if info.config.num_replicas != replicas || !refuses_rollups {
         let mut config = info.config.clone();

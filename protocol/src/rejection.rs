@@ -175,7 +175,7 @@ fn notice(
     inbox_seq: u64,
     reason: Option<&str>,
 ) -> (String, String, Envelope) {
-    let id = MessageId::new(format!("hub-{kind}-{inbox_seq}"))
+    let id = MessageId::new(subjects::notice_id(kind, inbox_seq))
         .expect("`hub-<kind>-<u64>` is a valid id");
     let mut body = json!({
         "kind": kind,

@@ -164,7 +164,7 @@ impl ExpiryPump {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             protocol::headers::NATS_MSG_ID,
-            format!("hub-dlq-{}:{}", copy.kind, copy.seq).as_str(),
+            subjects::dead_letter_msg_id(copy.kind, copy.seq).as_str(),
         );
         headers.insert(
             protocol::headers::DLQ_ORIGINAL_SUBJECT,

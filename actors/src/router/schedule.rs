@@ -79,7 +79,7 @@ impl Planned {
                 };
                 (
                     subjects::expiry_schedule(seq),
-                    format!("hub-sched:expiry:{seq}"),
+                    subjects::schedule_msg_id("expiry", seq),
                     expires_at,
                     subjects::EXPIRY_DUE_SUBJECT,
                     serde_json::to_vec(&body).expect("a check serializes"),
@@ -101,7 +101,7 @@ impl Planned {
                 };
                 (
                     subjects::answer_schedule(seq),
-                    format!("hub-sched:answer:{seq}"),
+                    subjects::schedule_msg_id("answer", seq),
                     at_ms,
                     subjects::ANSWER_DUE_SUBJECT,
                     serde_json::to_vec(&body).expect("a check serializes"),

@@ -115,12 +115,6 @@ pub fn dlq(to: &AgentId) -> String {
     format!("dlq.{to}")
 }
 
-/// The `Nats-Msg-Id` of the dead letter of the DM stored at `inbox_seq`: `hub-dlq:<inbox seq>`
-/// (one copy per DM, whoever makes it: the routers' advisories pump, `runtime agent remove`).
-pub fn dlq_msg_id(inbox_seq: u64) -> String {
-    format!("hub-dlq:{inbox_seq}")
-}
-
 /// The dead-letter subject of the task inputs of `queue`: `dlq.work.<queue>` (three tokens, so
 /// never an agent's `dlq.<to>`).
 pub fn dlq_work(queue: &crate::ids::QueueName) -> String {

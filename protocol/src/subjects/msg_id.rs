@@ -20,6 +20,38 @@ pub const REFUSAL_MSG_ID_PREFIX: &str = "hub-refusal:";
 /// Prefix of the id of a bundle (state change + result) a worker publishes.
 pub const BUNDLE_MSG_ID_PREFIX: &str = "hub-bundle:";
 
+/// Prefix of the `Nats-Msg-Id` of a DM's dead letter ([`dlq_msg_id`]).
+pub const DLQ_MSG_ID_PREFIX: &str = "hub-dlq:";
+/// Prefix of the `Nats-Msg-Id` of a task input's or an answer's dead letter
+/// ([`dead_letter_msg_id`]).
+pub const DEAD_LETTER_MSG_ID_PREFIX: &str = "hub-dlq-";
+/// Prefix of the `Nats-Msg-Id` of a check the router schedules ([`schedule_msg_id`]).
+pub const SCHEDULE_MSG_ID_PREFIX: &str = "hub-sched:";
+
+/// The `Nats-Msg-Id` of the dead letter of the DM stored at `inbox_seq`: `hub-dlq:<inbox seq>`
+/// (one copy per DM, whoever makes it: the routers' advisories pump, `runtime agent remove`).
+pub fn dlq_msg_id(inbox_seq: u64) -> String {
+    format!("{DLQ_MSG_ID_PREFIX}{inbox_seq}")
+}
+
+/// The `Nats-Msg-Id` of the dead letter of a `kind` (task input or answer) stored at `seq` of
+/// its stream: `hub-dlq-<kind>:<seq>`.
+pub fn dead_letter_msg_id(kind: &str, seq: u64) -> String {
+    format!("{DEAD_LETTER_MSG_ID_PREFIX}{kind}:{seq}")
+}
+
+/// The `Nats-Msg-Id` of the `kind` check (`expiry`, `answer`) the router schedules for what it
+/// stored at `seq`: `hub-sched:<kind>:<seq>`.
+pub fn schedule_msg_id(kind: &str, seq: u64) -> String {
+    format!("{SCHEDULE_MSG_ID_PREFIX}{kind}:{seq}")
+}
+
+/// The `meta.id` of a system notice of `kind` about the DM stored at `inbox_seq`:
+/// `hub-<kind>-<inbox seq>` (`hub-expired-9`).
+pub fn notice_id(kind: &str, inbox_seq: u64) -> String {
+    format!("hub-{kind}-{inbox_seq}")
+}
+
 /// Separates the logical id of an ingress `Nats-Msg-Id` from its seal
 /// ([`ingress_msg_id`]).
 pub const INGRESS_SEAL_SEPARATOR: char = '~';
@@ -36,4 +68,24 @@ pub const INGRESS_SEAL_SEPARATOR: char = '~';
 #[must_use]
 pub fn ingress_msg_id(logical: &str, seal: u64) -> String {
     format!("{logical}{INGRESS_SEAL_SEPARATOR}{seal:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_system_ids_are_built_from_their_prefixes_and_none_is_a_routers() {
+        assert_eq!(dlq_msg_id(7), "hub-dlq:7");
+        assert_eq!(dead_letter_msg_id("task", 7), "hub-dlq-task:7");
+        assert_eq!(schedule_msg_id("expiry", 7), "hub-sched:expiry:7");
+        assert_eq!(notice_id("expired", 9), "hub-expired-9");
+        for id in [
+            dlq_msg_id(7),
+            dead_letter_msg_id("task", 7),
+            schedule_msg_id("answer", 7),
+        ] {
+            assert!(!super::super::is_router_msg_id(&id), "{id}");
+        }
+    }
 }

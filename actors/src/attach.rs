@@ -137,7 +137,7 @@ impl Actor for Attach {
             .await?;
         let server = TaskReads {
             client: self.client.clone(),
-            api: format!("$JS.API.DIRECT.GET.{}", self.delivery.tasks.name),
+            api: subjects::direct_get_request(&self.delivery.tasks.name),
             reply_prefix: self.reply_prefix.clone(),
             counters: counters.clone(),
         };

@@ -331,7 +331,7 @@ impl Trimmer {
         let since = window_start_ms(protocol::expiry::now_ms(), self.delivery.duplicate_window());
         let subject = subjects::inbox(id);
         let what = || format!("read the first DM of {subject} within the duplicate window");
-        let request = format!("$JS.API.DIRECT.GET.{}", self.delivery.inbox.name);
+        let request = subjects::direct_get_request(&self.delivery.inbox.name);
         let reply = self
             .js
             .client()

@@ -222,6 +222,12 @@ pub fn stream_info_request(stream: &str) -> String {
     format!("$JS.API.STREAM.INFO.{stream}")
 }
 
+/// The JetStream API subject of a direct get from `stream` (its request names what to get):
+/// `$JS.API.DIRECT.GET.<stream>`.
+pub fn direct_get_request(stream: &str) -> String {
+    format!("$JS.API.DIRECT.GET.{stream}")
+}
+
 /// The KV bucket of removed agents: one [`crate::removal::Tombstone`] per agent removed with
 /// `runtime agent remove`, written by admins, watched by routers (a DM to a removed agent is
 /// refused `recipient_deleted`); `runtime agent restore` deletes it. Kept for ever.

@@ -99,8 +99,11 @@ impl Refusals<'_> {
         let Some(oldest) = oldest else {
             return DEFAULT_RETRY_AFTER_SECS;
         };
-        let now = i64::try_from(protocol::expiry::now_ms() / 1000).unwrap_or(i64::MAX);
-        let age = u64::try_from(now.saturating_sub(oldest.time.unix_timestamp())).unwrap_or(0);
+        // In whole seconds rounded down from milliseconds: never older than it is, so the round
+        // asked for never comes before the DM has left the duplicate window.
+        let now_ms = i128::from(protocol::expiry::now_ms());
+        let oldest_ms = oldest.time.unix_timestamp_nanos() / 1_000_000;
+        let age = u64::try_from(now_ms.saturating_sub(oldest_ms) / 1000).unwrap_or(0);
         let window = self.delivery.duplicate_window();
         if let Some(retry) = history_retry(oldest.sequence, age, floor, trimming, window) {
             self.history.trim_in(retry.trim_in);

@@ -37,15 +37,19 @@ async fn send(hub: &ActorSystem, from: &AgentId, to: &AgentId, id: &str) {
 }
 
 /// Alice sends m1 to m5 to bob; the last two are refused: their refusals, once both are in.
+/// She sends from a system of her own that does not read her inbox: one that did would learn
+/// the hold of m4's refusal and, when it comes before m5 is sent, rightly keep m5 back.
 async fn send_five(
-    hub: &ActorSystem,
+    server: &harness::NatsServer,
     alice: &AgentId,
     bob: &AgentId,
     alices: &support::Seen,
 ) -> Vec<Rejection> {
+    let sender = support::durable_system(server.url()).await;
     for id in ["m1", "m2", "m3", "m4", "m5"] {
-        send(hub, alice, bob, id).await;
+        send(&sender, alice, bob, id).await;
     }
+    sender.shutdown(Duration::from_secs(5)).await.unwrap();
     support::wait_for(alices, 2).await;
     let refused = rejections(alices);
     let ids: Vec<_> = refused
@@ -72,7 +76,7 @@ async fn a_full_inbox_refuses_the_new_dm_with_inbox_full_and_keeps_the_oldest() 
     let alices = support::attach_collect(&hub, &alice).await;
     // Bob is offline: his consumer exists and nobody reads it.
     support::make_consumer(&hub, &bob).await;
-    let refused = send_five(&hub, &alice, &bob, &alices).await;
+    let refused = send_five(&server, &alice, &bob, &alices).await;
     for r in &refused {
         assert_eq!(r.error.kind, WireErrorKind::InboxFull);
         // Room comes back when bob's oldest DM (stored a moment ago) leaves the stream.
@@ -159,7 +163,7 @@ async fn a_sender_over_its_rate_is_refused_rate_limited_and_its_bucket_outlives_
     let first = rated_hub(&server, 3).await;
     let alices = support::attach_collect(&first, &alice).await;
     let bobs = support::attach_collect(&first, &bob).await;
-    let refused = send_five(&first, &alice, &bob, &alices).await;
+    let refused = send_five(&server, &alice, &bob, &alices).await;
     for r in &refused {
         assert_eq!(r.error.kind, WireErrorKind::RateLimited);
         let after = r.retry_after_secs.expect("a rate limit says when to retry");

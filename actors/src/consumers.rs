@@ -10,6 +10,10 @@ use protocol::{AgentId, QueueName, WorkerId};
 
 /// The shared router consumer on the ingress stream: pull, explicit ack, deliver all, filter
 /// `hub.pub.>`, no inactivity threshold (it must never be deleted while work is pending).
+///
+/// It and the worker-facing consumers leave `num_replicas` at 0, their stream's replicas:
+/// they are few and carry everyone's messages, and JetStream requires it of a consumer on a
+/// work-queue stream.
 pub fn router_consumer(cfg: &DeliveryConfig) -> pull::Config {
     pull::Config {
         durable_name: Some(cfg.router_consumer.clone()),
@@ -28,7 +32,8 @@ pub fn router_consumer(cfg: &DeliveryConfig) -> pull::Config {
 /// The inbox consumer `inbox-<id>` created on attach: pull, explicit ack, deliver all, filter
 /// `channel.inbox.<id>`, `max_ack_pending` = `inbox_max_ack_pending`, inactive threshold =
 /// `inbox_inactive_secs` (none when -1), `max_deliver` = `inbox_max_deliver` and backoff =
-/// `inbox_backoff_secs` (a DM whose deliveries ran out is dead-lettered).
+/// `inbox_backoff_secs` (a DM whose deliveries ran out is dead-lettered); replicas
+/// `inbox.consumer_replicas` (the stream's unless fewer are configured: see CAPACITY.md).
 pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
     pull::Config {
         durable_name: Some(subjects::inbox_consumer(id)),
@@ -41,6 +46,7 @@ pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
         filter_subject: subjects::inbox(id),
         max_ack_pending: cfg.inbox_max_ack_pending,
         inactive_threshold: cfg.inbox_inactive().unwrap_or(Duration::ZERO),
+        num_replicas: cfg.inbox_consumer_replicas(),
         ..Default::default()
     }
 }

@@ -124,6 +124,12 @@ pub struct InboxStreamConfig {
     /// The inbox stream's replicas when they differ from the top-level `replicas`, 1 to 5
     /// (`null`: the same).
     pub replicas: Option<usize>,
+    /// Replicas of each agent's inbox consumer, 1 to the inbox stream's replicas (`null`: the
+    /// stream's, JetStream's own default). One consumer per agent: on a cluster each is a raft
+    /// group of its own, so a large hub may choose 1 (docs/CAPACITY.md weighs the cost; an R1
+    /// consumer's inbox waits while its node is down and resumes, its place kept, when the
+    /// node returns).
+    pub consumer_replicas: Option<usize>,
     /// Storage backend.
     pub storage: StorageKind,
     /// How often each router trims what the inboxes have read, so that the per-inbox cap
@@ -223,6 +229,7 @@ impl Default for InboxStreamConfig {
             max_msg_size: UNLIMITED,
             max_consumers: DEFAULT_MAX_INBOX_CONSUMERS,
             replicas: None,
+            consumer_replicas: None,
             storage: StorageKind::File,
             trim_interval_secs: 60,
         }
@@ -244,6 +251,13 @@ impl DeliveryConfig {
     /// The inbox stream's replicas: `inbox.replicas`, else `replicas`.
     pub fn inbox_replicas(&self) -> usize {
         self.inbox.replicas.unwrap_or(self.replicas)
+    }
+
+    /// An inbox consumer's replicas: `inbox.consumer_replicas`, else the inbox stream's.
+    pub fn inbox_consumer_replicas(&self) -> usize {
+        self.inbox
+            .consumer_replicas
+            .unwrap_or_else(|| self.inbox_replicas())
     }
 
     /// The `Nats-Msg-Id` dedupe window.

@@ -36,6 +36,7 @@ fn default_matches_the_design() {
             max_msg_size: -1,
             max_consumers: 100_000,
             replicas: None,
+            consumer_replicas: None,
             storage: StorageKind::File,
             trim_interval_secs: 60,
         },
@@ -84,6 +85,7 @@ fn full_fixture_sets_every_key() {
             max_msg_size: 2_097_152,
             max_consumers: 20_000,
             replicas: Some(3),
+            consumer_replicas: Some(2),
             storage: StorageKind::Memory,
             trim_interval_secs: 30,
         },
@@ -234,6 +236,18 @@ fn invalid_values_name_the_key() {
         (r#"{"inbox": {"replicas": 6}}"#, "inbox.replicas"),
         (r#"{"replicas": 0}"#, "replicas"),
         (r#"{"replicas": 6}"#, "replicas"),
+        (
+            r#"{"inbox": {"consumer_replicas": 0}}"#,
+            "inbox.consumer_replicas",
+        ),
+        (
+            r#"{"inbox": {"consumer_replicas": 2}}"#,
+            "inbox.consumer_replicas",
+        ),
+        (
+            r#"{"replicas": 3, "inbox": {"replicas": 1, "consumer_replicas": 3}}"#,
+            "inbox.consumer_replicas",
+        ),
         (r#"{"inbox": {"max_bytes": 0}}"#, "inbox.max_bytes"),
         (r#"{"inbox": {"max_msgs": -5}}"#, "inbox.max_msgs"),
         (r#"{"inbox": {"max_msg_size": 0}}"#, "inbox.max_msg_size"),
@@ -270,6 +284,17 @@ fn invalid_values_name_the_key() {
             .to_string(),
         "invalid value for `inbox.replicas` in delivery config: must be between 1 and 5, got 7"
     );
+}
+
+#[test]
+fn an_inbox_consumer_takes_its_stream_s_replicas_unless_told_fewer() {
+    let like_stream = parse(r#"{"replicas": 3}"#).unwrap();
+    assert_eq!(like_stream.inbox_consumer_replicas(), 3);
+    let own_stream = parse(r#"{"replicas": 3, "inbox": {"replicas": 5}}"#).unwrap();
+    assert_eq!(own_stream.inbox_consumer_replicas(), 5);
+    let fewer = parse(r#"{"replicas": 3, "inbox": {"consumer_replicas": 1}}"#).unwrap();
+    assert_eq!(fewer.inbox_consumer_replicas(), 1);
+    assert_eq!(fewer.inbox_replicas(), 3);
 }
 
 #[test]

@@ -19,8 +19,8 @@ impl DeliveryConfig {
     ///   the three stream names differ;
     /// - durations are at least 1 second (`-1` allowed where documented);
     /// - `duplicate_window_secs` does not exceed any finite `max_age_secs`;
-    /// - `replicas` and `inbox.replicas` are 1 to 5, `inbox.max_consumers` and `tasks.work_max_consumers` at
-    ///   least 1;
+    /// - `replicas` and `inbox.replicas` are 1 to 5, `inbox.consumer_replicas` 1 to the inbox
+    ///   stream's replicas, `inbox.max_consumers` and `tasks.work_max_consumers` at least 1;
     /// - limits are `-1` (unlimited) or at least 1: `0` is ambiguous.
     ///
     /// # Errors
@@ -114,6 +114,17 @@ impl DeliveryConfig {
                     ));
                 }
                 _ => {}
+            }
+        }
+        if let Some(n) = self.inbox.consumer_replicas {
+            let stream = self.inbox_replicas();
+            if n == 0 || n > stream {
+                return Err(invalid(
+                    "inbox.consumer_replicas",
+                    format!(
+                        "must be between 1 and the inbox stream's replicas ({stream}), got {n}"
+                    ),
+                ));
             }
         }
 

@@ -27,6 +27,12 @@ pub use configs::stream_configs;
 /// How long one JetStream API request of the provisioning may take.
 pub const STREAM_API_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long [`ensure_streams`] keeps going through requests that time out or find no
+/// responder: an election or two, or routers started together on a cluster (nats-server
+/// answers only one of two concurrent creates of a stream; the other request times out after
+/// its 5 s, nats-io/nats.go#949, and each stream and bucket may collide so).
+pub const PROVISION_RETRY_WINDOW: Duration = Duration::from_secs(60);
+
 /// Provisioning failures.
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -85,13 +91,68 @@ pub enum StreamError {
     },
 }
 
+impl StreamError {
+    /// Whether the failure is what an election or a restarting node looks like, so that the
+    /// same request may succeed a moment later: a request that timed out or found no
+    /// responder (`503`), or the broker's "JetStream system temporarily unavailable" (10008).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StreamError::Timeout { .. } => true,
+            StreamError::Api { source, .. } => is_transient_source(&**source),
+            StreamError::RetentionMismatch { .. } | StreamError::Replicas { .. } => false,
+        }
+    }
+}
+
+/// Whether `error`'s chain holds a request that timed out or found no responder, or the
+/// broker's 10008.
+fn is_transient_source(error: &(dyn std::error::Error + 'static)) -> bool {
+    use async_nats::jetstream::context::{CreateKeyValueError, CreateKeyValueErrorKind};
+    use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
+    use async_nats::RequestErrorKind;
+    let mut next = Some(error);
+    while let Some(e) = next {
+        // A create's or update's own kinds for a request that timed out or found no JetStream.
+        if e.downcast_ref::<CreateStreamError>().is_some_and(|create| {
+            matches!(
+                create.kind(),
+                CreateStreamErrorKind::TimedOut | CreateStreamErrorKind::JetStreamUnavailable
+            )
+        }) {
+            return true;
+        }
+        if e.downcast_ref::<CreateKeyValueError>()
+            .is_some_and(|create| create.kind() == CreateKeyValueErrorKind::TimedOut)
+        {
+            return true;
+        }
+        if let Some(request) = e.downcast_ref::<async_nats::RequestError>() {
+            if matches!(
+                request.kind(),
+                RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+            ) {
+                return true;
+            }
+        }
+        // The JetStream context's own request error (a create's or update's source).
+        if let Some(request) = e.downcast_ref::<async_nats::jetstream::context::RequestError>() {
+            use async_nats::jetstream::context::RequestErrorKind as JsKind;
+            if matches!(request.kind(), JsKind::TimedOut | JsKind::NoResponders) {
+                return true;
+            }
+        }
+        next = e.source();
+    }
+    jetstream_code(error) == Some(10008)
+}
+
 /// What [`ensure_streams`] did to one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Provisioned {
     /// The stream did not exist and was created.
     Created,
-    /// The stream existed and was updated to the configured limits.
+    /// The stream existed and has the configured limits now (updated where they differed).
     Updated,
 }
 
@@ -163,11 +224,18 @@ pub fn store_refusal(
     protocol::backpressure::store_refusal(api.error_code().0, &api.to_string())
 }
 
-/// Creates each stream of [`stream_configs`] or updates it to the configured limits.
+/// Creates each stream of [`stream_configs`] and the hub's KV buckets, or updates them to the
+/// configured limits. A failure an election causes ([`StreamError::is_transient`]: a request
+/// that times out or finds no responder) is tried again, from the start, after a pause of
+/// 100 ms doubling to 2 s, until [`PROVISION_RETRY_WINDOW`] has passed; so a router started
+/// while its cluster elects a leader, or while a node restarts, waits for it, and routers
+/// started together all start.
 ///
 /// # Errors
 /// [`StreamError::RetentionMismatch`] when an existing stream has another retention policy;
-/// [`StreamError::Api`] / [`StreamError::Timeout`] when a request fails or does not answer.
+/// [`StreamError::Replicas`] when the broker cannot hold the configured replicas;
+/// [`StreamError::Api`] / [`StreamError::Timeout`] when a request fails, or still times out
+/// or finds no responder when the window ends.
 ///
 /// # Cancel safety
 /// Cancelling it leaves the streams provisioned so far as they are; calling it again finishes
@@ -176,6 +244,28 @@ pub async fn ensure_streams(
     js: &Context,
     cfg: &DeliveryConfig,
 ) -> Result<Vec<StreamReport>, StreamError> {
+    const PAUSE: crate::supervision::Backoff = crate::supervision::Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(2),
+        factor: 2,
+        reset_after: None,
+    };
+    let deadline = tokio::time::Instant::now() + PROVISION_RETRY_WINDOW;
+    let mut attempt = 0;
+    loop {
+        match provision(js, cfg).await {
+            Err(e) if e.is_transient() && tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %protocol::error_chain::ErrorChain(&e), "provisioning the streams again: no leader answered");
+                tokio::time::sleep(PAUSE.delay(attempt)).await;
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// One pass of [`ensure_streams`].
+async fn provision(js: &Context, cfg: &DeliveryConfig) -> Result<Vec<StreamReport>, StreamError> {
     let mut out = Vec::with_capacity(9);
     for config in stream_configs(cfg) {
         let key = if config.name == cfg.inbox.name && cfg.inbox.replicas.is_some() {
@@ -241,6 +331,12 @@ async fn ensure_stream(
                     wanted: wanted.retention,
                 });
             }
+            if has_config(&info.config, &wanted) {
+                return Ok(StreamReport {
+                    name,
+                    action: Provisioned::Updated,
+                });
+            }
             let kept = info.config.max_consumers;
             let retry = (kept != wanted.max_consumers).then(|| Config {
                 max_consumers: kept,
@@ -279,6 +375,26 @@ async fn ensure_stream(
         }
         Err(e) => Err(api("look up", &name, e)),
     }
+}
+
+/// Whether `existing` has every setting of `wanted` already (each field `wanted` serializes
+/// equal in `existing`, a limit left at 0 equal to the broker's -1; the broker's own
+/// additions, such as its metadata, are not compared).
+/// A setting the broker writes differently from how it was asked only costs an update.
+fn has_config(existing: &Config, wanted: &Config) -> bool {
+    let (Ok(serde_json::Value::Object(existing)), Ok(serde_json::Value::Object(wanted))) =
+        (serde_json::to_value(existing), serde_json::to_value(wanted))
+    else {
+        return false;
+    };
+    wanted
+        .iter()
+        .all(|(key, value)| match existing.get(key) {
+            Some(found) if found == value => true,
+            // An unset limit (0) the broker keeps as unlimited (-1).
+            Some(found) => value.as_i64() == Some(0) && found.as_i64() == Some(-1),
+            None => false,
+        })
 }
 
 fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {
@@ -320,6 +436,12 @@ fn jetstream_code(error: &(dyn std::error::Error + 'static)) -> Option<u64> {
             if let async_nats::jetstream::context::CreateStreamErrorKind::JetStream(js) =
                 create.kind()
             {
+                return Some(js.error_code().0);
+            }
+        }
+        // So does a look-up's.
+        if let Some(get) = e.downcast_ref::<async_nats::jetstream::context::GetStreamError>() {
+            if let async_nats::jetstream::context::GetStreamErrorKind::JetStream(js) = get.kind() {
                 return Some(js.error_code().0);
             }
         }

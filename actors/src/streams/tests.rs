@@ -268,3 +268,95 @@ async fn every_stream_and_bucket_is_replicated_as_configured_and_scaled_up_in_pl
         .find(|(name, _)| name == "HUB_INBOX");
     assert_eq!(inbox, Some(("HUB_INBOX".to_owned(), 2)));
 }
+
+/// A router started while its cluster has no quorum (an election, a node restarting) waits
+/// for it instead of failing (issue 29 §2): with two of three nodes down every JetStream
+/// request times out; the provisioning goes on until they are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_provisioned_once_a_cluster_that_lost_its_quorum_has_it_again() {
+    let mut cluster = harness::Cluster::start(3).await.unwrap();
+    let js = jetstream::new(cluster.node(0).client().await.unwrap());
+    cluster.kill(1).await;
+    cluster.kill(2).await;
+    let three = DeliveryConfig {
+        replicas: 3,
+        ..DeliveryConfig::default()
+    };
+    let provisioning = tokio::spawn({
+        let js = js.clone();
+        let three = three.clone();
+        async move { ensure_streams(&js, &three).await }
+    });
+    // Longer than a JetStream request's own timeout (5 s): the old code had failed by then.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    cluster.restart(1).await.unwrap();
+    cluster.restart(2).await.unwrap();
+    let provisioned = tokio::time::timeout(
+        PROVISION_RETRY_WINDOW + Duration::from_secs(10),
+        provisioning,
+    )
+    .await
+    .expect("provisioning ends")
+    .unwrap();
+    let reports = provisioned.unwrap_or_else(|e| panic!("{e:?}\n{}", cluster.logs()));
+    assert_eq!(reports.len(), 9);
+    assert!(replicas_of(&js, &three).await.iter().all(|(_, n)| *n == 3));
+}
+
+/// Routers started together on a cluster both provision it: nats-server answers only one of
+/// two concurrent creates of the same stream, and the other request times out
+/// (nats-io/nats.go#949); it is tried again and finds the stream made (before, one of the two
+/// routers failed to start with "cannot create stream ...: jetstream request timed out").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routers_provisioning_a_cluster_at_once_both_succeed() {
+    let cluster = harness::Cluster::start(3).await.unwrap();
+    let three = DeliveryConfig {
+        replicas: 3,
+        ..DeliveryConfig::default()
+    };
+    let mut provisioners = Vec::new();
+    for node in 0..2 {
+        let js = jetstream::new(cluster.node(node).client().await.unwrap());
+        let three = three.clone();
+        provisioners.push(tokio::spawn(
+            async move { ensure_streams(&js, &three).await },
+        ));
+    }
+    for provisioner in provisioners {
+        let reports = provisioner
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e:?}\n{}", cluster.logs()));
+        assert_eq!(reports.len(), 9);
+    }
+}
+
+/// A stream that has its configuration already is left alone: no update request, so that
+/// routers started together on a cluster do not propose the same update at once (one of two
+/// concurrent requests times out there); a stream whose configuration differs is updated.
+#[tokio::test]
+async fn a_stream_that_has_its_configuration_is_not_updated_again() {
+    use futures::StreamExt;
+    let server = harness::run_server().await.unwrap();
+    let client = server.client().await.unwrap();
+    let js = jetstream::new(client.clone());
+    let mut cfg = DeliveryConfig::default();
+    ensure_streams(&js, &cfg).await.unwrap();
+    let mut updates = client.subscribe("$JS.API.STREAM.UPDATE.>").await.unwrap();
+    client.flush().await.unwrap();
+    ensure_streams(&js, &cfg).await.unwrap();
+    cfg.inbox.max_msgs_per_subject = 7;
+    ensure_streams(&js, &cfg).await.unwrap();
+    client.flush().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), updates.next())
+        .await
+        .expect("the changed stream updated")
+        .unwrap();
+    assert_eq!(first.subject.as_str(), "$JS.API.STREAM.UPDATE.HUB_INBOX");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), updates.next())
+            .await
+            .is_err(),
+        "one update only"
+    );
+}

@@ -78,6 +78,13 @@ impl ConnectError {
     }
 }
 
+/// How long a connection's server may be silent before the client pings it, unless the
+/// settings say otherwise. Three silent intervals (two pings unanswered) and the client
+/// reconnects, to another node of a cluster: a frozen node (paused, or its host stalled, its
+/// sockets still open) is left within about 6 s. async-nats's own default of 60 s kept a client
+/// on one for three minutes, every publish through it failing.
+pub const PING_INTERVAL: Duration = Duration::from_secs(2);
+
 /// How to reach NATS. Build it by hand or from the CLI flags.
 #[derive(Clone, Default)]
 pub struct NatsSettings {
@@ -96,6 +103,10 @@ pub struct NatsSettings {
     pub creds_file: Option<PathBuf>,
     /// How long the first connection may take.
     pub connect_timeout: Duration,
+    /// How long the server may be silent before the client pings it; after three silent
+    /// intervals the connection is taken for dead and the client moves to another server
+    /// (`None`: [`PING_INTERVAL`]).
+    pub ping_interval: Option<Duration>,
     /// The connection's inbox prefix (its request reply subjects are `<prefix>.<...>`); `None`
     /// for `_INBOX`. The services of a system on this connection answer requests only on
     /// replies under it.
@@ -120,6 +131,7 @@ impl std::fmt::Debug for NatsSettings {
             .field("nkey_seed", &redact(&self.nkey_seed))
             .field("creds_file", &self.creds_file)
             .field("connect_timeout", &self.connect_timeout)
+            .field("ping_interval", &self.ping_interval)
             .field("inbox_prefix", &self.inbox_prefix)
             .field("tls_ca", &self.tls_ca)
             .field("tls_cert", &self.tls_cert)
@@ -219,6 +231,7 @@ impl NatsSettings {
             .name(name)
             .custom_inbox_prefix(self.reply_prefix())
             .connection_timeout(self.connect_timeout)
+            .ping_interval(self.ping_interval.unwrap_or(PING_INTERVAL))
             .max_reconnects(None)
             .event_callback(|event| async move {
                 match event {

@@ -34,7 +34,7 @@ pub mod telemetry;
 /// What a host writes its inbox handlers and task handlers with.
 pub use actors::inbox::{Delivery, Handled};
 pub use actors::worker::{AttemptContext, Outcome, TaskHandler};
-pub use connect::{ConnectError, NatsSettings};
+pub use connect::{ConnectError, NatsSettings, PING_INTERVAL};
 /// The ids, envelopes and task types a host sends, receives and runs.
 pub use protocol::task::{Answer, TaskChannelBody, TaskResult, TaskSpec, TaskState};
 pub use protocol::{

@@ -536,6 +536,11 @@ pub struct NatsArgs {
     #[arg(long, default_value_t = 10, env = "NATS_CONNECT_TIMEOUT_SECS")]
     pub connect_timeout_secs: u64,
 
+    /// Seconds the server may be silent before the client pings it; three silent intervals
+    /// and the client reconnects, to another node of a cluster.
+    #[arg(long, default_value_t = 2, env = "NATS_PING_INTERVAL_SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub ping_interval_secs: u64,
+
     /// Inbox prefix of the connection (reply subjects `<prefix>.<...>`; default `_INBOX`). The
     /// router, attach and worker answer requests only on replies under their own prefix, so
     /// clients and services must agree on it.
@@ -576,6 +581,7 @@ impl NatsArgs {
             nkey_seed: self.nats_nkey_seed.clone(),
             creds_file: self.nats_creds.clone(),
             connect_timeout: std::time::Duration::from_secs(self.connect_timeout_secs),
+            ping_interval: Some(std::time::Duration::from_secs(self.ping_interval_secs)),
             inbox_prefix: self.inbox_prefix.clone(),
             tls_ca: self.tls_ca.clone(),
             tls_cert: self.tls_cert.clone(),

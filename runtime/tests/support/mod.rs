@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod attack_hub;
+pub mod cluster_load;
 pub mod many;
 pub mod oneshot;
 pub mod processes;

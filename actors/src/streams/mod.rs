@@ -387,14 +387,12 @@ fn has_config(existing: &Config, wanted: &Config) -> bool {
     else {
         return false;
     };
-    wanted
-        .iter()
-        .all(|(key, value)| match existing.get(key) {
-            Some(found) if found == value => true,
-            // An unset limit (0) the broker keeps as unlimited (-1).
-            Some(found) => value.as_i64() == Some(0) && found.as_i64() == Some(-1),
-            None => false,
-        })
+    wanted.iter().all(|(key, value)| match existing.get(key) {
+        Some(found) if found == value => true,
+        // An unset limit (0) the broker keeps as unlimited (-1).
+        Some(found) => value.as_i64() == Some(0) && found.as_i64() == Some(-1),
+        None => false,
+    })
 }
 
 fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {

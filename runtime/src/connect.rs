@@ -85,6 +85,25 @@ impl ConnectError {
 /// on one for three minutes, every publish through it failing.
 pub const PING_INTERVAL: Duration = Duration::from_secs(2);
 
+/// The server a lost connection reconnects to: the one with the fewest failed attempts, and
+/// among those any but the server just lost. A server taken for dead by its pings may only be
+/// frozen: its kernel still accepts the connection, and the handshake then waits the whole
+/// connect timeout for an INFO that does not come; async-nats's own choice (a shuffle) picked
+/// it again one time in three. `None` (no server) leaves the choice to async-nats.
+pub fn next_server(
+    servers: &[async_nats::Server],
+    last: &async_nats::ServerInfo,
+) -> Option<async_nats::ReconnectToServer> {
+    let is_last = |s: &async_nats::Server| s.addr.host() == last.host && s.addr.port() == last.port;
+    servers
+        .iter()
+        .min_by_key(|s| (s.failed_attempts, is_last(s)))
+        .map(|s| async_nats::ReconnectToServer {
+            addr: s.addr.clone(),
+            delay: None,
+        })
+}
+
 /// How to reach NATS. Build it by hand or from the CLI flags.
 #[derive(Clone, Default)]
 pub struct NatsSettings {
@@ -232,6 +251,9 @@ impl NatsSettings {
             .custom_inbox_prefix(self.reply_prefix())
             .connection_timeout(self.connect_timeout)
             .ping_interval(self.ping_interval.unwrap_or(PING_INTERVAL))
+            .reconnect_to_server_callback(
+                |servers, last| async move { next_server(&servers, &last) },
+            )
             .max_reconnects(None)
             .event_callback(|event| async move {
                 match event {
@@ -418,6 +440,44 @@ fn validate_url(url: &str) -> Result<(), ConnectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn server(url: &str, failed_attempts: usize) -> async_nats::Server {
+        async_nats::Server {
+            addr: url.parse().unwrap(),
+            failed_attempts,
+            did_connect: true,
+            is_discovered: false,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn a_lost_connection_goes_to_another_server_unless_that_one_failed_more() {
+        let last = async_nats::ServerInfo {
+            host: "127.0.0.1".into(),
+            port: 4001,
+            ..Default::default()
+        };
+        let pick =
+            |servers: &[async_nats::Server]| next_server(servers, &last).map(|s| s.addr.port());
+        let frozen = server("nats://127.0.0.1:4001", 0);
+        let (b, c) = (
+            server("nats://127.0.0.1:4002", 0),
+            server("nats://127.0.0.1:4003", 0),
+        );
+        assert_eq!(pick(&[frozen.clone(), b.clone(), c.clone()]), Some(4002));
+        // 4002 failed once: the other one, then the lost one once both others failed.
+        let b_failed = server("nats://127.0.0.1:4002", 1);
+        assert_eq!(
+            pick(&[frozen.clone(), b_failed.clone(), c.clone()]),
+            Some(4003)
+        );
+        let c_failed = server("nats://127.0.0.1:4003", 1);
+        assert_eq!(pick(&[frozen.clone(), b_failed, c_failed]), Some(4001));
+        // A single server is the one to go back to.
+        assert_eq!(pick(&[frozen]), Some(4001));
+        assert_eq!(pick(&[]), None);
+    }
 
     #[test]
     fn two_auth_methods_are_rejected() {

@@ -96,8 +96,11 @@ async fn a_dm_sent_while_the_ingress_leader_is_killed_is_acknowledged_after_the_
 
 /// A node that freezes (SIGSTOP: its sockets stay open, nothing answers) is noticed by the
 /// client's pings within a few seconds, and the client moves to a live node (issue 29 §4: a
-/// paused node). async-nats's default pings every 60 s and gives up after two unanswered: a
-/// client stayed on a frozen node for three minutes, and every publish through it failed.
+/// paused node), three times over. async-nats's default pings every 60 s and gives up after
+/// two unanswered: a client stayed on a frozen node for three minutes, and every publish
+/// through it failed. And its reconnect must not pick the frozen node again: the kernel
+/// accepts the connection and the handshake waits its whole connect timeout (10 s) for an
+/// INFO that does not come (async-nats's shuffle did so one time in three).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_node_freezes_moves_to_a_live_node_within_a_few_seconds() {
     let cluster = Cluster::start(3).await.unwrap();
@@ -106,22 +109,24 @@ async fn a_client_whose_node_freezes_moves_to_a_live_node_within_a_few_seconds()
         .await
         .unwrap();
     let port_of = |client: &async_nats::Client| client.server_info().port;
-    let first = port_of(&client);
-    let frozen = (0..cluster.size())
-        .find(|i| cluster.node(*i).port() == first)
-        .expect("connected to a node of the cluster");
-    cluster.pause(frozen);
-    let moved = harness::wait_until(
-        "the client on another node",
-        Duration::from_secs(15),
-        || port_of(&client) != first,
-    )
-    .await;
-    cluster.resume(frozen);
-    moved.unwrap_or_else(|e| panic!("{e}: still on node {frozen}"));
-    // And it works there.
-    tokio::time::timeout(Duration::from_secs(5), client.flush())
-        .await
-        .expect("flushed in time")
-        .unwrap();
+    for round in 0..3 {
+        let first = port_of(&client);
+        let frozen = (0..cluster.size())
+            .find(|i| cluster.node(*i).port() == first)
+            .expect("connected to a node of the cluster");
+        cluster.pause(frozen);
+        let moved = harness::wait_until(
+            "the client on another node",
+            Duration::from_secs(12),
+            || port_of(&client) != first,
+        )
+        .await;
+        cluster.resume(frozen);
+        moved.unwrap_or_else(|e| panic!("round {round}: {e}: still on node {frozen}"));
+        // And it works there.
+        tokio::time::timeout(Duration::from_secs(5), client.flush())
+            .await
+            .expect("flushed in time")
+            .unwrap();
+    }
 }

@@ -92,14 +92,18 @@ pub enum StreamError {
 }
 
 impl StreamError {
-    /// Whether the failure is what an election or a restarting node looks like, so that the
-    /// same request may succeed a moment later: a request that timed out or found no
-    /// responder (`503`), or the broker's "JetStream system temporarily unavailable" (10008).
+    /// Whether the failure is what an election, a restarting node or another router
+    /// provisioning at the same moment looks like, so that the same pass may succeed a moment
+    /// later: a request that timed out or found no responder (`503`); the broker's "JetStream
+    /// system temporarily unavailable" (10008); a stream made by someone else between our
+    /// look-up and our create (10058, "already in use"); and, on a cluster, too few servers to
+    /// place the replicas (10023: a node may be restarting; a single server's 10074 is final).
     pub fn is_transient(&self) -> bool {
         match self {
             StreamError::Timeout { .. } => true,
             StreamError::Api { source, .. } => is_transient_source(&**source),
-            StreamError::RetentionMismatch { .. } | StreamError::Replicas { .. } => false,
+            StreamError::Replicas { source, .. } => jetstream_code(&**source) == Some(10023),
+            StreamError::RetentionMismatch { .. } => false,
         }
     }
 }
@@ -126,6 +130,18 @@ fn is_transient_source(error: &(dyn std::error::Error + 'static)) -> bool {
         {
             return true;
         }
+        // A bucket's create reads the account first; its timeout has no source.
+        if e.downcast_ref::<async_nats::jetstream::context::AccountError>()
+            .is_some_and(|account| {
+                matches!(
+                    account.kind(),
+                    async_nats::jetstream::context::AccountErrorKind::TimedOut
+                        | async_nats::jetstream::context::AccountErrorKind::JetStreamUnavailable
+                )
+            })
+        {
+            return true;
+        }
         if let Some(request) = e.downcast_ref::<async_nats::RequestError>() {
             if matches!(
                 request.kind(),
@@ -143,7 +159,7 @@ fn is_transient_source(error: &(dyn std::error::Error + 'static)) -> bool {
         }
         next = e.source();
     }
-    jetstream_code(error) == Some(10008)
+    matches!(jetstream_code(error), Some(10008 | 10058))
 }
 
 /// What [`ensure_streams`] did to one stream.
@@ -347,6 +363,16 @@ async fn ensure_stream(
                 // An older broker cannot change a stream's `max_consumers` (nats-server allows
                 // it since early 2026, and has no default limit before 2.15): the rest is
                 // updated, that kept.
+                // Only a refusal: a timeout (another router's update at the same moment) is
+                // tried again by `ensure_streams`, the configured value with it.
+                Err(first)
+                    if !matches!(
+                        first.kind(),
+                        async_nats::jetstream::context::CreateStreamErrorKind::JetStream(_)
+                    ) =>
+                {
+                    return Err(refused("update", first))
+                }
                 Err(first) => match retry {
                     Some(keep) => {
                         timed("update", &name, js.update_stream(keep))
@@ -377,22 +403,40 @@ async fn ensure_stream(
     }
 }
 
-/// Whether `existing` has every setting of `wanted` already (each field `wanted` serializes
-/// equal in `existing`, a limit left at 0 equal to the broker's -1; the broker's own
-/// additions, such as its metadata, are not compared).
-/// A setting the broker writes differently from how it was asked only costs an update.
+/// Whether `existing` is `wanted` already: each field `wanted` serializes is equal in
+/// `existing` (a limit left at 0 equal to the broker's -1), and each field only `existing`
+/// has is one the broker keeps of its own (its `metadata`, the rollup headers it allows with
+/// message schedules) or a default (false, 0, -1, `none`, empty). A setting changed by hand
+/// is put back; a setting the broker writes differently from how it was asked only costs an
+/// update.
 fn has_config(existing: &Config, wanted: &Config) -> bool {
-    let (Ok(serde_json::Value::Object(existing)), Ok(serde_json::Value::Object(wanted))) =
+    use serde_json::Value;
+    let (Ok(Value::Object(existing)), Ok(Value::Object(wanted))) =
         (serde_json::to_value(existing), serde_json::to_value(wanted))
     else {
         return false;
     };
-    wanted.iter().all(|(key, value)| match existing.get(key) {
+    let schedules = wanted.get("allow_msg_schedules") == Some(&Value::Bool(true));
+    let asked = wanted.iter().all(|(key, value)| match existing.get(key) {
         Some(found) if found == value => true,
         // An unset limit (0) the broker keeps as unlimited (-1).
         Some(found) => value.as_i64() == Some(0) && found.as_i64() == Some(-1),
         None => false,
-    })
+    });
+    let kept = existing
+        .iter()
+        .filter(|(key, _)| !wanted.contains_key(*key))
+        .all(|(key, value)| match (key.as_str(), value) {
+            ("metadata", _) => true,
+            ("allow_rollup_hdrs", Value::Bool(true)) => schedules,
+            (_, Value::Bool(false) | Value::Null) => true,
+            (_, Value::String(s)) => s.is_empty() || s == "none",
+            (_, Value::Number(n)) => matches!(n.as_i64(), Some(0 | -1)),
+            (_, Value::Array(a)) => a.is_empty(),
+            (_, Value::Object(o)) => o.is_empty(),
+            _ => false,
+        });
+    asked && kept
 }
 
 fn is_not_found(e: &async_nats::jetstream::context::GetStreamError) -> bool {

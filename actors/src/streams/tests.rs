@@ -359,4 +359,31 @@ async fn a_stream_that_has_its_configuration_is_not_updated_again() {
             .is_err(),
         "one update only"
     );
+    // A setting the hub leaves at its default, changed by hand, is put back.
+    let mut audit = js
+        .get_stream("HUB_AUDIT")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    audit.allow_direct = true;
+    js.update_stream(audit).await.unwrap();
+    client.flush().await.unwrap();
+    let _own = tokio::time::timeout(Duration::from_secs(5), updates.next()).await;
+    ensure_streams(&js, &cfg).await.unwrap();
+    client.flush().await.unwrap();
+    let put_back = tokio::time::timeout(Duration::from_secs(5), updates.next())
+        .await
+        .expect("the edited stream updated")
+        .unwrap();
+    assert_eq!(put_back.subject.as_str(), "$JS.API.STREAM.UPDATE.HUB_AUDIT");
+    let audit = js
+        .get_stream("HUB_AUDIT")
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    assert!(!audit.allow_direct);
 }

@@ -272,7 +272,15 @@ impl ActorSystem {
         }
         self.spawn_tree(format!("{}/router-sup", self.id), spec)
             .await?;
-        let deadline = tokio::time::Instant::now() + START_DEADLINE;
+        // The router provisions the streams again as it starts, through an election if one
+        // comes: it may take the whole retry window before it answers.
+        let deadline = tokio::time::Instant::now()
+            + START_DEADLINE
+            + if self.durable {
+                actors::streams::PROVISION_RETRY_WINDOW
+            } else {
+                Duration::ZERO
+            };
         loop {
             if self.router_snapshot().await.is_some() {
                 return Ok(());

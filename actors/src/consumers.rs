@@ -46,7 +46,8 @@ pub fn inbox_consumer(cfg: &DeliveryConfig, id: &AgentId) -> pull::Config {
         filter_subject: subjects::inbox(id),
         max_ack_pending: cfg.inbox_max_ack_pending,
         inactive_threshold: cfg.inbox_inactive().unwrap_or(Duration::ZERO),
-        num_replicas: cfg.inbox_consumer_replicas(),
+        // 0 (unset): the stream's, following it when it is scaled.
+        num_replicas: cfg.inbox.consumer_replicas.unwrap_or(0),
         ..Default::default()
     }
 }

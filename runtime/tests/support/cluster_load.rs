@@ -322,6 +322,31 @@ impl Load {
         {
             panic!("{e}: {}\n{}", self.summary(), self.logs());
         }
+        // A copy redelivered later would still be counted: judge once both inbox consumers
+        // hold nothing pending and nothing unacknowledged.
+        let js = async_nats::jetstream::new(self.cluster.client().await.unwrap());
+        let settled = harness::wait_until_async("the inboxes settled", DRAIN, || async {
+            for consumer in ["inbox-bob", "inbox-carol"] {
+                let info = tokio::time::timeout(Duration::from_secs(2), async {
+                    js.get_stream("HUB_INBOX")
+                        .await
+                        .ok()?
+                        .consumer_info(consumer)
+                        .await
+                        .ok()
+                })
+                .await;
+                match info {
+                    Ok(Some(i)) if i.num_pending == 0 && i.num_ack_pending == 0 => {}
+                    _ => return false,
+                }
+            }
+            true
+        })
+        .await;
+        if let Err(e) = settled {
+            panic!("{e}\n{}", self.logs());
+        }
         let ledger = std::mem::take(&mut *self.ledger.lock().unwrap());
         let twice: Vec<_> = ledger.handled.iter().filter(|(_, (c, _))| *c > 1).collect();
         assert!(twice.is_empty(), "DMs handed over twice: {twice:?}");
@@ -330,7 +355,8 @@ impl Load {
         for id in runs.lines() {
             *run_counts.entry(id).or_default() += 1;
         }
-        let js = async_nats::jetstream::new(self.cluster.client().await.unwrap());
+        let twice: Vec<_> = run_counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "tasks run twice: {twice:?}");
         for (id, task) in &ledger.tasks {
             if !task.acked {
                 continue;

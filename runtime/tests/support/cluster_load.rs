@@ -83,7 +83,7 @@ impl Load {
             .with_delivery(r#"{"replicas": 3}"#)
             .with_script(
                 "cat > /dev/null\n\
-                 printf '%s\\n' \"$TASK_ID\" >> '{markers}'/runs\n\
+                 printf '%s %s %s %s\\n' \"$TASK_ID\" \"$WORKER_ID\" \"$ATTEMPT_ID\" \"$TASK_RERUN\" >> '{markers}'/runs\n\
                  printf '{\"response\": \"%s\"}\\n' \"$WORKER_ID\"\n",
             );
         let urls = cluster.urls();
@@ -296,7 +296,8 @@ impl Load {
 
     /// Stops the load, waits until everything acknowledged came through, and checks it: every
     /// acknowledged DM handed to its handler exactly once, every acknowledged task with one
-    /// completed result (on its channel too) from one run of its handler, and every router
+    /// completed result (on its channel too), any run of its handler after the first flagged as
+    /// a re-run, and every router
     /// and worker process still running.
     pub async fn stop_and_check(mut self) {
         let (stop, driver) = self.driver.take().expect("the load runs");
@@ -352,18 +353,35 @@ impl Load {
         assert!(twice.is_empty(), "DMs handed over twice: {twice:?}");
         let runs = std::fs::read_to_string(self.scene.markers().join("runs")).unwrap_or_default();
         let mut run_counts: HashMap<&str, u32> = HashMap::new();
-        for id in runs.lines() {
+        for line in runs.lines() {
+            let id = line.split(' ').next().unwrap_or_default();
             *run_counts.entry(id).or_default() += 1;
         }
-        let twice: Vec<_> = run_counts.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "tasks run twice: {twice:?}");
+        // A task run more than once (the work consumer handed it to a second worker while a
+        // leader was lost): the semantics allow it only flagged as a re-run (TASK_RERUN=1),
+        // which each later run must be.
+        let mut reruns = 0;
+        for (id, n) in &run_counts {
+            if *n < 2 {
+                continue;
+            }
+            let lines: Vec<&str> = runs.lines().filter(|l| l.starts_with(id)).collect();
+            let unflagged = lines.iter().skip(1).any(|l| !l.ends_with(" 1"));
+            assert!(
+                !unflagged,
+                "a task run again without the re-run flag: {lines:?}\n{}",
+                self.logs()
+            );
+            reruns += n - 1;
+        }
+        eprintln!("task re-runs (flagged): {reruns}");
         for (id, task) in &ledger.tasks {
             if !task.acked {
                 continue;
             }
             let (result, _) = task.result.as_ref().unwrap();
             assert_eq!(result.state, TaskState::Completed, "{result:?}");
-            assert_eq!(run_counts.get(id.as_str()), Some(&1), "{id} ran once");
+            assert!(run_counts.contains_key(id.as_str()), "{id} ran");
             let stored = super::results_on(&js, id).await;
             let finals = stored.iter().filter(|r| r.state.is_final()).count();
             assert_eq!(finals, 1, "{id}: one final result stored: {stored:?}");

@@ -28,6 +28,21 @@ async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     TURN.lock().await
 }
 
+/// `kill -9` of `node`, its restart after [`DOWN`], and the time from `fault` until the hub
+/// routed again; returns once every stream's replicas are current again.
+async fn kill_and_restart(
+    load: &mut Load,
+    node: usize,
+    fault: Instant,
+) -> support::cluster_load::Recovery {
+    load.cluster.kill(node).await;
+    tokio::time::sleep(DOWN).await;
+    load.cluster.restart(node).await.unwrap();
+    let recovery = load.recovered(fault).await;
+    load.wait_current().await;
+    recovery
+}
+
 /// Every stream the hub makes.
 fn streams() -> Vec<String> {
     actors::streams::stream_configs(&protocol::config::DeliveryConfig::default())
@@ -56,13 +71,8 @@ async fn kills_of_the_ingress_inbox_and_work_leaders_under_load_lose_nothing_and
             Some(consumer) => load.cluster.consumer_leader(&js, stream, consumer).await,
         }
         .unwrap_or_else(|e| panic!("{e}\n{}", load.logs()));
-        let fault = Instant::now();
-        load.cluster.kill(leader).await;
-        tokio::time::sleep(DOWN).await;
-        load.cluster.restart(leader).await.unwrap();
-        let recovery = load.recovered(fault).await;
+        let recovery = kill_and_restart(&mut load, leader, Instant::now()).await;
         eprintln!("kill -9 of {what} (node {leader}): {recovery:?}");
-        load.wait_current().await;
     }
     load.stop_and_check().await;
 }
@@ -72,13 +82,8 @@ async fn a_rolling_restart_under_load_loses_nothing_and_settles_every_task_once(
     let _turn = one_at_a_time().await;
     let mut load = Load::start().await;
     for node in 0..load.cluster.size() {
-        let fault = Instant::now();
-        load.cluster.kill(node).await;
-        tokio::time::sleep(DOWN).await;
-        load.cluster.restart(node).await.unwrap();
-        let recovery = load.recovered(fault).await;
+        let recovery = kill_and_restart(&mut load, node, Instant::now()).await;
         eprintln!("restart of node {node} (kill -9): {recovery:?}");
-        load.wait_current().await;
     }
     load.stop_and_check().await;
 }
@@ -111,12 +116,8 @@ async fn a_rolling_restart_in_lame_duck_mode_under_load_loses_nothing_and_settle
         if let Err(e) = moved {
             panic!("{e}\n{}", load.logs());
         }
-        load.cluster.kill(node).await;
-        tokio::time::sleep(DOWN).await;
-        load.cluster.restart(node).await.unwrap();
-        let recovery = load.recovered(fault).await;
+        let recovery = kill_and_restart(&mut load, node, fault).await;
         eprintln!("restart of node {node} (lame duck): {recovery:?}");
-        load.wait_current().await;
     }
     load.stop_and_check().await;
 }

@@ -87,7 +87,12 @@ async fn all_created(
 }
 
 async fn inbox_config(js: &jetstream::Context) -> Config {
-    let mut stream = js.get_stream("HUB_INBOX").await.unwrap();
+    stream_config(js, "HUB_INBOX").await
+}
+
+/// The configuration `name` has now.
+async fn stream_config(js: &jetstream::Context, name: &str) -> Config {
+    let mut stream = js.get_stream(name).await.unwrap();
     stream.info().await.unwrap().config.clone()
 }
 
@@ -331,6 +336,13 @@ async fn routers_provisioning_a_cluster_at_once_both_succeed() {
     }
 }
 
+/// The subject of the next stream update request `updates` sees (within 5 s).
+async fn next_update(updates: &mut async_nats::Subscriber) -> String {
+    use futures::StreamExt;
+    let next = tokio::time::timeout(Duration::from_secs(5), updates.next()).await;
+    next.expect("an update").unwrap().subject.to_string()
+}
+
 /// A stream that has its configuration already is left alone: no update request, so that
 /// routers started together on a cluster do not propose the same update at once (one of two
 /// concurrent requests times out there); a stream whose configuration differs is updated.
@@ -348,11 +360,10 @@ async fn a_stream_that_has_its_configuration_is_not_updated_again() {
     cfg.inbox.max_msgs_per_subject = 7;
     ensure_streams(&js, &cfg).await.unwrap();
     client.flush().await.unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(5), updates.next())
-        .await
-        .expect("the changed stream updated")
-        .unwrap();
-    assert_eq!(first.subject.as_str(), "$JS.API.STREAM.UPDATE.HUB_INBOX");
+    assert_eq!(
+        next_update(&mut updates).await,
+        "$JS.API.STREAM.UPDATE.HUB_INBOX"
+    );
     assert!(
         tokio::time::timeout(Duration::from_millis(200), updates.next())
             .await
@@ -360,30 +371,17 @@ async fn a_stream_that_has_its_configuration_is_not_updated_again() {
         "one update only"
     );
     // A setting the hub leaves at its default, changed by hand, is put back.
-    let mut audit = js
-        .get_stream("HUB_AUDIT")
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
+    let mut audit = stream_config(&js, "HUB_AUDIT").await;
     audit.allow_direct = true;
     js.update_stream(audit).await.unwrap();
     client.flush().await.unwrap();
     let _own = tokio::time::timeout(Duration::from_secs(5), updates.next()).await;
     ensure_streams(&js, &cfg).await.unwrap();
     client.flush().await.unwrap();
-    let put_back = tokio::time::timeout(Duration::from_secs(5), updates.next())
-        .await
-        .expect("the edited stream updated")
-        .unwrap();
-    assert_eq!(put_back.subject.as_str(), "$JS.API.STREAM.UPDATE.HUB_AUDIT");
-    let audit = js
-        .get_stream("HUB_AUDIT")
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
+    assert_eq!(
+        next_update(&mut updates).await,
+        "$JS.API.STREAM.UPDATE.HUB_AUDIT"
+    );
+    let audit = stream_config(&js, "HUB_AUDIT").await;
     assert!(!audit.allow_direct);
 }

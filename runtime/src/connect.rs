@@ -89,11 +89,16 @@ pub const PING_INTERVAL: Duration = Duration::from_secs(2);
 /// among those any but the server just lost. A server taken for dead by its pings may only be
 /// frozen: its kernel still accepts the connection, and the handshake then waits the whole
 /// connect timeout for an INFO that does not come; async-nats's own choice (a shuffle) picked
-/// it again one time in three. `None` (no server) leaves the choice to async-nats.
+/// it again one time in three. `None` leaves the choice to async-nats, which tries every
+/// server in turn: so for the first connection (no server was connected yet, `last` names
+/// none), where one pick that fails would fail the whole connect.
 pub fn next_server(
     servers: &[async_nats::Server],
     last: &async_nats::ServerInfo,
 ) -> Option<async_nats::ReconnectToServer> {
+    if last.port == 0 {
+        return None;
+    }
     let is_last = |s: &async_nats::Server| s.addr.host() == last.host && s.addr.port() == last.port;
     servers
         .iter()
@@ -475,8 +480,12 @@ mod tests {
         let c_failed = server("nats://127.0.0.1:4003", 1);
         assert_eq!(pick(&[frozen.clone(), b_failed, c_failed]), Some(4001));
         // A single server is the one to go back to.
-        assert_eq!(pick(&[frozen]), Some(4001));
+        assert_eq!(pick(&[frozen.clone()]), Some(4001));
         assert_eq!(pick(&[]), None);
+        // The first connection, no server connected yet: async-nats tries them all (a pick of
+        // a dead first server failed the connect).
+        let first = next_server(&[frozen], &async_nats::ServerInfo::default());
+        assert!(first.is_none());
     }
 
     #[test]

@@ -480,7 +480,7 @@ mod tests {
         let c_failed = server("nats://127.0.0.1:4003", 1);
         assert_eq!(pick(&[frozen.clone(), b_failed, c_failed]), Some(4001));
         // A single server is the one to go back to.
-        assert_eq!(pick(&[frozen.clone()]), Some(4001));
+        assert_eq!(pick(std::slice::from_ref(&frozen)), Some(4001));
         assert_eq!(pick(&[]), None);
         // The first connection, no server connected yet: async-nats tries them all (a pick of
         // a dead first server failed the connect).

@@ -382,9 +382,21 @@ impl Load {
             let (result, _) = task.result.as_ref().unwrap();
             assert_eq!(result.state, TaskState::Completed, "{result:?}");
             assert!(run_counts.contains_key(id.as_str()), "{id} ran");
-            let stored = super::results_on(&js, id).await;
-            let finals = stored.iter().filter(|r| r.state.is_final()).count();
-            assert_eq!(finals, 1, "{id}: one final result stored: {stored:?}");
+            // A direct get may be answered by a replica still catching up (a node just
+            // resumed): read until the result the tracker got is there, then count.
+            let finals =
+                |stored: &[TaskResult]| stored.iter().filter(|r| r.state.is_final()).count();
+            let mut stored = super::results_on(&js, id).await;
+            let deadline = Instant::now() + super::DEADLINE;
+            while finals(&stored) == 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                stored = super::results_on(&js, id).await;
+            }
+            assert_eq!(
+                finals(&stored),
+                1,
+                "{id}: one final result stored: {stored:?}"
+            );
         }
         for (name, p) in self
             .routers

@@ -154,3 +154,35 @@ async fn bench_task_refuses_an_unknown_bench_only_before_starting() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn chaos_prints_its_usage_and_refuses_wrong_flags_with_one_line_and_64() {
+    for flag in ["-h", "--help"] {
+        let out = run("chaos", &[flag], &[]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("Usage: chaos [--cluster] [--seed N] [--short]"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    let cases: [(&[&str], &str); 5] = [
+        (&["--bogus"], "unexpected argument '--bogus'"),
+        (&["--dms", "0"], "invalid value '0' for '--dms <DMS>'"),
+        (&["--seed", "x"], "invalid value 'x' for '--seed <SEED>'"),
+        (&["--short", "--cluster"], "cannot be used with"),
+        (&["--load-secs", "5", "--short"], "cannot be used with"),
+    ];
+    for (args, wrong) in cases {
+        let what = format!("chaos {}", args.join(" "));
+        let out = run("chaos", args, &[]).await;
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{what}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{what}: one line: {stderr}");
+        assert!(stderr.starts_with("chaos: "), "{what}: {stderr}");
+        assert!(
+            stderr.contains(wrong),
+            "{what}: says what is wrong: {stderr}"
+        );
+    }
+}

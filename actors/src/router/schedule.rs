@@ -139,7 +139,7 @@ impl Planned {
                 Ok(Ok(_)) => counters.expiry_checks_scheduled.bump(),
                 // Lost on the way (no ack, a dropped connection, the stream not there yet):
                 // tried again with the ingress message.
-                Ok(Err(e)) if crate::streams::is_transient(e.kind()) => {
+                Ok(Err(e)) if crate::streams::is_transient(&e) => {
                     return Done::Failed(format!("check not stored: {e}"));
                 }
                 // Refused: retrying cannot help; the message is stored and delivered as usual.

@@ -222,14 +222,19 @@ pub async fn publish_acked(
 
 /// Whether a publish that failed so may be stored by the same publish sent again: no stream
 /// answered (`503`, as during an election, or the stream not made yet), no ack came, the
-/// connection broke, or the client had too many publishes in flight.
-pub fn is_transient(kind: async_nats::jetstream::context::PublishErrorKind) -> bool {
+/// connection broke, the client had too many publishes in flight, or the stream has the same
+/// id still on its way through raft (10158, "duplicate message id is in process": sent again,
+/// it is acked as a duplicate once the first copy is stored).
+pub fn is_transient(e: &async_nats::jetstream::context::PublishError) -> bool {
     use async_nats::jetstream::context::PublishErrorKind as Kind;
     matches!(
-        kind,
+        e.kind(),
         Kind::StreamNotFound | Kind::TimedOut | Kind::BrokenPipe | Kind::MaxAckPending
-    )
+    ) || jetstream_code(e) == Some(DUPLICATE_IN_PROCESS)
 }
+
+/// The broker's code for a publish whose `Nats-Msg-Id` another publish is still proposing.
+const DUPLICATE_IN_PROCESS: u64 = 10158;
 
 /// The limit a publish-ack error names, if any: the broker refused the store because the
 /// subject or stream is full or the message too large ([`protocol::backpressure::store_refusal`]).

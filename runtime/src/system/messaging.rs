@@ -253,7 +253,7 @@ impl ActorSystem {
             let sent = publish_acked(&js, subject.to_owned(), h.clone(), payload.clone(), wait);
             let failure = match sent.await {
                 Ok(ack) => return Ok(ack),
-                Err(AckedError::Publish(e)) if !is_transient(e.kind()) => {
+                Err(AckedError::Publish(e)) if !is_transient(&e) => {
                     return Err(SystemError::publish(subject, e))
                 }
                 Err(e) => SystemError::publish(subject, e),

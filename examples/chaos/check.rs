@@ -79,6 +79,9 @@ fn parse_runs(runs: &str) -> Vec<Run> {
         .collect()
 }
 
+/// A run's worker and when it began (wall clock ns).
+pub type RunAt = (String, u128);
+
 /// What the run log says of the tasks' executions.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Executions {
@@ -91,6 +94,9 @@ pub struct Executions {
     pub matched: usize,
     /// Runs after the first not flagged `TASK_RERUN=1`, as `task (worker)`.
     pub unflagged: Vec<String>,
+    /// The re-executions no worker kill explains: the run before and the run again, each as
+    /// (worker, wall clock ns), by task.
+    pub unexplained: Vec<(String, RunAt, RunAt)>,
     /// Lines that are no run (a torn write).
     pub unreadable: usize,
 }
@@ -118,6 +124,13 @@ pub fn executions(runs: &str, kills: &[(String, u128)]) -> Executions {
                 .iter()
                 .any(|(w, at)| *w == before.worker && (before.at..=run.at).contains(at));
             out.matched += usize::from(killed);
+            if !killed {
+                out.unexplained.push((
+                    task.to_string(),
+                    (before.worker.clone(), before.at),
+                    (run.worker.clone(), run.at),
+                ));
+            }
             if !run.rerun_flag {
                 out.unflagged.push(format!("{task} ({})", run.worker));
             }

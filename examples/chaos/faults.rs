@@ -16,6 +16,32 @@ const GAP_MS: (u64, u64) = (3_000, 6_000);
 /// is 4 to 9 s) to past it.
 const PAUSE_MS: (u64, u64) = (2_000, 10_000);
 
+/// A kind of fault (`--faults`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// kill -9 of a router.
+    KillRouter,
+    /// kill -9 of a worker with its handlers.
+    KillWorker,
+    /// kill -9 of a nats node.
+    KillNode,
+    /// SIGSTOP of a nats node.
+    PauseNode,
+    /// A stream leader stepped down (a cluster only).
+    StepDown,
+}
+
+impl Kind {
+    /// Every kind.
+    pub const ALL: [Kind; 5] = [
+        Kind::KillRouter,
+        Kind::KillWorker,
+        Kind::KillNode,
+        Kind::PauseNode,
+        Kind::StepDown,
+    ];
+}
+
 /// One fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
@@ -47,6 +73,8 @@ impl fmt::Display for Fault {
 /// The seeded schedule of faults.
 pub struct Schedule {
     rng: StdRng,
+    /// The kinds drawn from.
+    kinds: Vec<Kind>,
     /// NATS nodes: 1, or 3 for a cluster (step-downs only then).
     nodes: usize,
     routers: usize,
@@ -56,16 +84,23 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// A schedule for `nodes` NATS nodes, `routers` routers and `workers` workers.
+    /// A schedule of `kinds` for `nodes` NATS nodes, `routers` routers and `workers` workers
+    /// (a step-down only on a cluster with streams named).
     pub fn new(
         seed: u64,
+        kinds: &[Kind],
         nodes: usize,
         routers: usize,
         workers: usize,
         streams: Vec<String>,
     ) -> Schedule {
+        let mut kinds: Vec<Kind> = kinds.to_vec();
+        kinds.dedup();
+        kinds.retain(|k| *k != Kind::StepDown || (nodes > 1 && !streams.is_empty()));
+        assert!(!kinds.is_empty(), "a schedule has a kind of fault to draw");
         Schedule {
             rng: StdRng::seed_from_u64(seed),
+            kinds,
             nodes,
             routers,
             workers,
@@ -80,20 +115,16 @@ impl Schedule {
 
     /// The next fault: a kind drawn evenly from those this deployment has, then its target.
     pub fn fault(&mut self) -> Fault {
-        let kinds = if self.nodes > 1 && !self.streams.is_empty() {
-            5
-        } else {
-            4
-        };
-        match self.rng.random_range(0..kinds) {
-            0 => Fault::KillRouter(self.rng.random_range(0..self.routers)),
-            1 => Fault::KillWorker(self.rng.random_range(0..self.workers)),
-            2 => Fault::KillNode(self.rng.random_range(0..self.nodes)),
-            3 => Fault::PauseNode(
+        let kind = self.kinds[self.rng.random_range(0..self.kinds.len())];
+        match kind {
+            Kind::KillRouter => Fault::KillRouter(self.rng.random_range(0..self.routers)),
+            Kind::KillWorker => Fault::KillWorker(self.rng.random_range(0..self.workers)),
+            Kind::KillNode => Fault::KillNode(self.rng.random_range(0..self.nodes)),
+            Kind::PauseNode => Fault::PauseNode(
                 self.rng.random_range(0..self.nodes),
                 Duration::from_millis(self.rng.random_range(PAUSE_MS.0..=PAUSE_MS.1)),
             ),
-            _ => {
+            Kind::StepDown => {
                 Fault::StepDown(self.streams[self.rng.random_range(0..self.streams.len())].clone())
             }
         }
@@ -114,16 +145,16 @@ mod tests {
 
     #[test]
     fn a_seed_repeats_its_faults_and_gaps() {
-        let a = draw(&mut Schedule::new(7, 3, 2, 2, streams()), 50);
-        let b = draw(&mut Schedule::new(7, 3, 2, 2, streams()), 50);
-        let c = draw(&mut Schedule::new(8, 3, 2, 2, streams()), 50);
+        let a = draw(&mut Schedule::new(7, &Kind::ALL, 3, 2, 2, streams()), 50);
+        let b = draw(&mut Schedule::new(7, &Kind::ALL, 3, 2, 2, streams()), 50);
+        let c = draw(&mut Schedule::new(8, &Kind::ALL, 3, 2, 2, streams()), 50);
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
 
     #[test]
     fn a_cluster_gets_every_kind_and_a_single_node_no_step_down() {
-        let cluster = draw(&mut Schedule::new(1, 3, 2, 2, streams()), 200);
+        let cluster = draw(&mut Schedule::new(1, &Kind::ALL, 3, 2, 2, streams()), 200);
         let kinds = |faults: &[(Duration, Fault)]| {
             let mut kinds: Vec<_> = faults
                 .iter()
@@ -134,7 +165,7 @@ mod tests {
             kinds.len()
         };
         assert_eq!(kinds(&cluster), 5);
-        let single = draw(&mut Schedule::new(1, 1, 2, 2, streams()), 200);
+        let single = draw(&mut Schedule::new(1, &Kind::ALL, 1, 2, 2, streams()), 200);
         assert_eq!(kinds(&single), 4);
         for (gap, fault) in single.iter().chain(&cluster) {
             assert!(
@@ -156,5 +187,20 @@ mod tests {
             Fault::StepDown(_) => false,
             _ => true,
         }));
+    }
+
+    #[test]
+    fn only_the_kinds_asked_for_are_drawn() {
+        let kinds = [Kind::KillRouter, Kind::PauseNode];
+        let faults = draw(&mut Schedule::new(3, &kinds, 1, 2, 2, streams()), 100);
+        assert!(faults
+            .iter()
+            .all(|(_, f)| matches!(f, Fault::KillRouter(_) | Fault::PauseNode(..))));
+        assert!(faults
+            .iter()
+            .any(|(_, f)| matches!(f, Fault::KillRouter(_))));
+        assert!(faults
+            .iter()
+            .any(|(_, f)| matches!(f, Fault::PauseNode(..))));
     }
 }

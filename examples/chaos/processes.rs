@@ -20,7 +20,7 @@ const CONCURRENCY: &str = "4";
 
 /// A run's routers and workers, their config dir and the handler's run log.
 pub struct Processes {
-    dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
     urls: String,
     /// The routers, by index.
     pub routers: Vec<RuntimeProcess>,
@@ -48,7 +48,7 @@ impl Processes {
         );
         std::fs::write(dir.path().join("task.sh"), script).map_err(HarnessError::Io)?;
         let mut processes = Processes {
-            dir,
+            dir: Some(dir),
             urls: urls.to_string(),
             routers: Vec::new(),
             workers: Vec::new(),
@@ -112,7 +112,22 @@ impl Processes {
 
     /// The handler's run log: one line per run.
     pub fn runs(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("runs")).unwrap_or_default()
+        std::fs::read_to_string(self.dir().join("runs")).unwrap_or_default()
+    }
+
+    /// Keeps the run's directory after the program ends, for a look at what failed; its path.
+    pub fn keep(&mut self) -> PathBuf {
+        match self.dir.take() {
+            Some(dir) => dir.keep(),
+            None => PathBuf::new(),
+        }
+    }
+
+    fn dir(&self) -> &std::path::Path {
+        self.dir
+            .as_ref()
+            .expect("the run's directory is kept only at the end")
+            .path()
     }
 
     /// Every process's log, each under its name.
@@ -135,7 +150,7 @@ impl Processes {
     }
 
     fn path(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
+        self.dir().join(name).display().to_string()
     }
 
     fn spawn_router(&self) -> Result<RuntimeProcess, HarnessError> {
@@ -157,7 +172,7 @@ impl Processes {
 
     fn spawn_worker(&self, i: usize) -> Result<RuntimeProcess, HarnessError> {
         let id = WORKERS[i];
-        let journal: PathBuf = self.dir.path().join(format!("journal-{id}"));
+        let journal: PathBuf = self.dir().join(format!("journal-{id}"));
         let exec = format!("sh {}", self.path("task.sh"));
         let config = self.config();
         RuntimeProcess::spawn(

@@ -166,7 +166,8 @@ async fn chaos_prints_its_usage_and_refuses_wrong_flags_with_one_line_and_64() {
             text(&out.stdout)
         );
     }
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
+        (&["--faults", "kill-router,bogus"], "invalid value 'bogus' for '--faults"),
         (&["--bogus"], "unexpected argument '--bogus'"),
         (&["--dms", "0"], "invalid value '0' for '--dms <DMS>'"),
         (&["--seed", "x"], "invalid value 'x' for '--seed <SEED>'"),

@@ -14,7 +14,8 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// Each example with its usage line.
-const EXAMPLES: [(&str, &str); 5] = [
+const EXAMPLES: [(&str, &str); 6] = [
+    ("router_failover", "usage: router_failover [ROUNDS] [RATE]"),
     ("embedded_host", "usage: embedded_host"),
     ("embedded_worker", "usage: embedded_worker"),
     ("bench_dm", "usage: bench_dm [N] [PACED_SECS] [ROUNDS]"),
@@ -103,6 +104,21 @@ async fn wrong_arguments_print_the_usage_and_exit_64() {
         ));
         cases.push((name, vec!["10", "1", "1", "1"], "at most 3 arguments"));
     }
+    cases.push((
+        "router_failover",
+        vec!["0"],
+        "ROUNDS must be a positive integer",
+    ));
+    cases.push((
+        "router_failover",
+        vec!["1", "x"],
+        "RATE must be a positive integer",
+    ));
+    cases.push((
+        "router_failover",
+        vec!["1", "1", "1"],
+        "at most 2 arguments",
+    ));
     cases.push(("bench_inboxes", vec!["x"], "N must be a positive integer"));
     cases.push((
         "bench_inboxes",
@@ -167,7 +183,10 @@ async fn chaos_prints_its_usage_and_refuses_wrong_flags_with_one_line_and_64() {
         );
     }
     let cases: [(&[&str], &str); 6] = [
-        (&["--faults", "kill-router,bogus"], "invalid value 'bogus' for '--faults"),
+        (
+            &["--faults", "kill-router,bogus"],
+            "invalid value 'bogus' for '--faults",
+        ),
         (&["--bogus"], "unexpected argument '--bogus'"),
         (&["--dms", "0"], "invalid value '0' for '--dms <DMS>'"),
         (&["--seed", "x"], "invalid value 'x' for '--seed <SEED>'"),

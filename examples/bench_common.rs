@@ -115,20 +115,22 @@ pub fn pull_config(name: &str) -> pull::Config {
     }
 }
 
-/// Creates the stream `name` on `subject` with `retention` and a 2-minute duplicate window, and
-/// a durable pull consumer `consumer` on it.
+/// Creates the stream `name` on `subject` with `retention`, a 2-minute duplicate window and
+/// `replicas` replicas, and a durable pull consumer `consumer` on it (replicated as its stream).
 pub async fn stream_with_consumer(
     js: &jetstream::Context,
     name: &str,
     subject: String,
     retention: stream::RetentionPolicy,
     consumer: &str,
+    replicas: usize,
 ) -> jetstream::consumer::PullConsumer {
     js.create_stream(stream::Config {
         name: name.to_owned(),
         subjects: vec![subject],
         retention,
         duplicate_window: Duration::from_secs(120),
+        num_replicas: replicas,
         ..Default::default()
     })
     .await

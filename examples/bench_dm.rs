@@ -31,6 +31,10 @@
 //!     cargo run --release -p examples --example bench_dm -- 50000 5 5
 //! ```
 //!
+//! `BENCH_CLUSTER=1` runs both arms on a 3-node cluster on loopback (`harness::Cluster`, every
+//! node with `sync_interval: always`) with every stream R3, the raw arm's and the hub's alike:
+//! the R3 ratio of issue 29 §6.
+//!
 //! `BENCH_ARM=a|b|c` runs that arm alone, ROUNDS times, and prints its rate and CPU per DM: for
 //! a profiler (`perf record`), whose sample counts of two such runs compare where each arm
 //! spends its CPU.
@@ -138,8 +142,15 @@ fn body_sent_us(env: &Envelope) -> u64 {
         .unwrap_or(0)
 }
 
-/// (a) The raw two-hop relay. Returns when `n` messages reached the end of hop two.
-async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) -> Run {
+/// (a) The raw two-hop relay, its streams with `replicas` replicas. Returns when `n` messages
+/// reached the end of hop two.
+async fn raw(
+    client: async_nats::Client,
+    tag: &str,
+    n: u64,
+    paced: Option<u64>,
+    replicas: usize,
+) -> Run {
     let js = jetstream::new(client.clone());
     let (a, b) = (format!("RAWA_{tag}"), format!("RAWB_{tag}"));
     // The same stream shapes as the hub's: hop one is a work queue (like HUB_INGRESS, whose
@@ -150,6 +161,7 @@ async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) 
         format!("rawa{tag}.>"),
         stream::RetentionPolicy::WorkQueue,
         "relay",
+        replicas,
     )
     .await;
     let sink_consumer = stream_with_consumer(
@@ -158,6 +170,7 @@ async fn raw(client: async_nats::Client, tag: &str, n: u64, paced: Option<u64>) 
         format!("rawb{tag}.>"),
         stream::RetentionPolicy::Limits,
         "sink",
+        replicas,
     )
     .await;
     // Hop 1 -> 2: pull from A, republish to B with a message id, ack A after B's store ack.
@@ -190,17 +203,20 @@ async fn delete_streams(js: &jetstream::Context) {
 }
 
 /// (b) The same traffic through the router actor and bob's inbox, with the audit trail
-/// on (the default) or, for (c), off.
+/// on (the default) or, for (c), off; every stream with `replicas` replicas.
 async fn hub(
     url: &str,
     client: &async_nats::Client,
     n: u64,
     paced: Option<u64>,
     bob: &AgentId,
-    audit: bool,
+    (audit, replicas): (bool, usize),
 ) -> Run {
     // Keep every DM of the run: the default keeps the newest 10,000 per recipient.
-    let mut delivery = protocol::DeliveryConfig::default();
+    let mut delivery = protocol::DeliveryConfig {
+        replicas,
+        ..Default::default()
+    };
     delivery.inbox.max_msgs_per_subject = -1;
     delivery.audit_events = audit;
     let system = ActorSystem::builder()
@@ -282,11 +298,38 @@ async fn main() -> anyhow::Result<()> {
         Ok(v) if v == "1" => Some(runtime::telemetry::init(false, "warn")?),
         _ => None,
     };
-    let server = harness::run_server().await?;
-    let client = server.client().await?;
+    // BENCH_CLUSTER=1: a 3-node cluster on loopback (`sync_interval: always` on every node),
+    // every stream of both arms R3.
+    let on_cluster = std::env::var("BENCH_CLUSTER").is_ok_and(|v| v == "1");
+    let (single, cluster) = if on_cluster {
+        (None, Some(harness::Cluster::start(3).await?))
+    } else {
+        (Some(harness::run_server().await?), None)
+    };
+    let (url, client, server_pids, replicas) = match (&single, &cluster) {
+        (Some(server), _) => (
+            server.url(),
+            server.client().await?,
+            vec![server.pid().unwrap_or(0)],
+            1,
+        ),
+        (_, Some(cluster)) => (
+            cluster.urls(),
+            cluster.client().await?,
+            (0..cluster.size())
+                .map(|i| cluster.node(i).pid().unwrap_or(0))
+                .collect(),
+            3,
+        ),
+        _ => unreachable!("one of the two is started"),
+    };
+    let broker = if on_cluster {
+        "a 3-node cluster (R3 streams, sync_interval: always)"
+    } else {
+        "one nats-server (file storage, default sync)"
+    };
     println!(
-        "nats-server {} (file storage, default sync); {PAYLOAD}-byte payloads; {rounds} rounds, raw, hub and hub without audit alternating, medians",
-        server.url()
+        "{broker} at {url}; {PAYLOAD}-byte payloads; {rounds} rounds, raw, hub and hub without audit alternating, medians"
     );
     if let Some(t) = &telemetry {
         println!("BENCH_OTLP=1: spans exported over OTLP: {}", t.exporting());
@@ -294,9 +337,13 @@ async fn main() -> anyhow::Result<()> {
 
     // CPU used per DM by this process and by nats-server, for each arm: on a shared machine
     // it moves far less than throughput does.
-    let server_pid = server.pid().unwrap_or(0);
     let me = std::process::id();
-    let cpu = || (cpu_ms(me), cpu_ms(server_pid));
+    let cpu = || {
+        (
+            cpu_ms(me),
+            server_pids.iter().map(|p| cpu_ms(*p)).sum::<u64>(),
+        )
+    };
     let per_dm = |before: (u64, u64), after: (u64, u64)| {
         let us = |b: u64, a: u64| a.saturating_sub(b) as f64 * 1_000.0 / n as f64;
         (us(before.0, after.0), us(before.1, after.1))
@@ -306,9 +353,9 @@ async fn main() -> anyhow::Result<()> {
             let t0 = cpu();
             let id = AgentId::new(format!("solo{round}"))?;
             let run = match arm.as_str() {
-                "a" => raw(client.clone(), &format!("S{round}"), n, None).await,
-                "b" => hub(&server.url(), &client, n, None, &id, true).await,
-                "c" => hub(&server.url(), &client, n, None, &id, false).await,
+                "a" => raw(client.clone(), &format!("S{round}"), n, None, replicas).await,
+                "b" => hub(&url, &client, n, None, &id, (true, replicas)).await,
+                "c" => hub(&url, &client, n, None, &id, (false, replicas)).await,
                 other => anyhow::bail!("BENCH_ARM must be a, b or c, not {other:?}"),
             };
             let (process, broker) = per_dm(t0, cpu());
@@ -323,14 +370,14 @@ async fn main() -> anyhow::Result<()> {
     let mut cpus: [Vec<(f64, f64)>; 3] = Default::default();
     for round in 0..rounds {
         let t0 = cpu();
-        let a = raw(client.clone(), &format!("T{round}"), n, None).await;
+        let a = raw(client.clone(), &format!("T{round}"), n, None, replicas).await;
         let t1 = cpu();
         // Each hub run gets its own recipient, so it starts with an empty inbox.
         let bob = AgentId::new(format!("bob{round}"))?;
-        let b = hub(&server.url(), &client, n, None, &bob, true).await;
+        let b = hub(&url, &client, n, None, &bob, (true, replicas)).await;
         let t2 = cpu();
         let dave = AgentId::new(format!("dave{round}"))?;
-        let c = hub(&server.url(), &client, n, None, &dave, false).await;
+        let c = hub(&url, &client, n, None, &dave, (false, replicas)).await;
         let t3 = cpu();
         println!(
             "  round {round}: raw {:>8.0} msgs/s, hub {:>8.0} msgs/s, hub without audit {:>8.0} msgs/s",
@@ -378,14 +425,14 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let paced = 1_000 * paced_secs;
-    let a = raw(client.clone(), "P", paced, Some(1_000)).await;
+    let a = raw(client.clone(), "P", paced, Some(1_000), replicas).await;
     let b = hub(
-        &server.url(),
+        &url,
         &client,
         paced,
         Some(1_000),
         &AgentId::new("carol")?,
-        true,
+        (true, replicas),
     )
     .await;
     println!("latency at 1,000 msgs/s for {paced_secs} s:");

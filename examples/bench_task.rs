@@ -96,10 +96,11 @@ async fn raw(
     );
     use stream::RetentionPolicy::{Limits, WorkQueue};
     let relay_consumer =
-        stream_with_consumer(&js, &a, format!("rawa{tag}.>"), WorkQueue, "relay").await;
+        stream_with_consumer(&js, &a, format!("rawa{tag}.>"), WorkQueue, "relay", 1).await;
     let work_consumer =
-        stream_with_consumer(&js, &w, format!("raww{tag}.>"), WorkQueue, "queue").await;
-    let sink_consumer = stream_with_consumer(&js, &r, format!("rawr{tag}.>"), Limits, "sink").await;
+        stream_with_consumer(&js, &w, format!("raww{tag}.>"), WorkQueue, "queue", 1).await;
+    let sink_consumer =
+        stream_with_consumer(&js, &r, format!("rawr{tag}.>"), Limits, "sink", 1).await;
 
     // The relay (router): A -> W for tasks, A -> R for results, ack A after the store ack.
     let task_subject = format!("rawa{tag}.task");

@@ -3,14 +3,15 @@
 //! until the survivor routes them.
 //!
 //! ```sh
-//! cargo build --release -p runtime -p examples --example router_failover
+//! cargo build --release -p runtime --bin runtime && cargo build --release -p examples --example router_failover
 //! NATS_SERVER_BIN=$PWD/.tools/bin/nats-server ./target/release/examples/router_failover [ROUNDS] [RATE]
 //! ```
 //!
 //! One local nats-server (file storage, default sync); two `runtime start --role router
 //! --durable` processes (the `runtime` binary next to this one); an in-process system that
-//! sends DMs from alice to bob at RATE per second (default 500), each send spawned on a steady
-//! clock, and holds bob's inbox. Each of ROUNDS rounds (default 5) lets DMs flow for 3 s, kills
+//! sends DMs from alice at RATE per second (default 500), each send spawned on a steady clock,
+//! to a recipient of the round's own (`bob<round>`), whose inbox it holds; inboxes keep every
+//! DM (`max_msgs_per_subject: -1`; the default keeps 10,000 unread). Each of ROUNDS rounds (default 5) lets DMs flow for 3 s, kills
 //! router `round % 2` with SIGKILL, sends for 5 s more, waits until every acknowledged DM came
 //! through, and starts the killed router again. Per round it prints:
 //!
@@ -72,9 +73,23 @@ async fn main() -> anyhow::Result<()> {
     let rate = args[1].unwrap_or(500);
     let server = harness::run_server().await?;
     let url = server.url();
+    // Every DM of a round is kept: the default keeps the newest 10,000 unread per recipient.
+    let config = tempfile::NamedTempFile::new()?;
+    let delivery_json = r#"{"inbox": {"max_msgs_per_subject": -1}}"#;
+    std::fs::write(config.path(), delivery_json)?;
+    let config_path = config.path().display().to_string();
     let spawn_router = || {
         RuntimeProcess::spawn(
-            ["start", "--role", "router", "--durable", "--nats-url", &url],
+            [
+                "start",
+                "--role",
+                "router",
+                "--durable",
+                "--nats-url",
+                &url,
+                "--delivery-config",
+                &config_path,
+            ],
             &[("RUST_LOG", "warn")],
         )
     };
@@ -94,26 +109,11 @@ async fn main() -> anyhow::Result<()> {
         ActorSystem::builder()
             .nats(NatsSettings::new(url.clone()))
             .durable(true)
+            .delivery_config(protocol::DeliveryConfig::from_json_str(delivery_json)?)
             .build()
             .await?,
     );
     let round = Arc::new(Mutex::new(Round::default()));
-    let bob = AgentId::new("bob")?;
-    {
-        let round = round.clone();
-        hub.attach_inbox(&bob, move |d: runtime::Delivery| {
-            if let Some(n) = d.envelope.body.as_u64() {
-                round
-                    .lock()
-                    .unwrap()
-                    .delivered
-                    .entry(n)
-                    .or_insert_with(Instant::now);
-            }
-            async {}
-        })
-        .await?;
-    }
     println!(
         "nats-server {url}; 2 routers; DMs at {rate}/s; {rounds} rounds: 3 s of DMs, kill -9 of \
          one router, 5 s more"
@@ -122,6 +122,22 @@ async fn main() -> anyhow::Result<()> {
     let mut next = 0u64;
     for r in 0..rounds {
         *round.lock().unwrap() = Round::default();
+        let bob = AgentId::new(format!("bob{r}"))?;
+        {
+            let round = round.clone();
+            hub.attach_inbox(&bob, move |d: runtime::Delivery| {
+                if let Some(n) = d.envelope.body.as_u64() {
+                    round
+                        .lock()
+                        .unwrap()
+                        .delivered
+                        .entry(n)
+                        .or_insert_with(Instant::now);
+                }
+                async {}
+            })
+            .await?;
+        }
         let victim = usize::try_from(r % 2)?;
         let began = Instant::now();
         let mut clock = tokio::time::interval(Duration::from_secs(1) / u32::try_from(rate)?);
@@ -161,7 +177,27 @@ async fn main() -> anyhow::Result<()> {
         if let Err(e) =
             harness::wait_until("every acknowledged DM delivered", deadline, all_in).await
         {
-            anyhow::bail!("round {r}: {e}: an acknowledged DM did not come");
+            let missing: Vec<String> = {
+                let round = round.lock().unwrap();
+                round
+                    .sent
+                    .iter()
+                    .filter(|(n, (_, ok))| *ok && !round.delivered.contains_key(n))
+                    .map(|(n, (at, _))| {
+                        let since = if *at >= kill {
+                            format!("+{:.3}", (*at - kill).as_secs_f64())
+                        } else {
+                            format!("-{:.3}", (kill - *at).as_secs_f64())
+                        };
+                        format!("{n} (sent {since} s from the kill)")
+                    })
+                    .collect()
+            };
+            anyhow::bail!(
+                "round {r}: {e}: {} acknowledged DMs did not come: {:?}",
+                missing.len(),
+                &missing[..missing.len().min(10)]
+            );
         }
         let m = measure(&round.lock().unwrap(), kill);
         println!(

@@ -78,21 +78,7 @@ async fn main() -> anyhow::Result<()> {
     let delivery_json = r#"{"inbox": {"max_msgs_per_subject": -1}}"#;
     std::fs::write(config.path(), delivery_json)?;
     let config_path = config.path().display().to_string();
-    let spawn_router = || {
-        RuntimeProcess::spawn(
-            [
-                "start",
-                "--role",
-                "router",
-                "--durable",
-                "--nats-url",
-                &url,
-                "--delivery-config",
-                &config_path,
-            ],
-            &[("RUST_LOG", "warn")],
-        )
-    };
+    let spawn_router = || RuntimeProcess::router(&url, Some(&config_path));
     let mut routers = [spawn_router()?, spawn_router()?];
     let client = server.client().await?;
     harness::wait_until_async(

@@ -193,26 +193,6 @@ async fn read_finals(js: &jetstream::Context, task: &TaskId) -> Result<Vec<TaskR
     }
 }
 
-/// Whether every recipient's inbox consumer holds nothing pending and nothing unacknowledged.
-pub async fn inboxes_settled(js: &jetstream::Context, consumers: &[String]) -> bool {
-    for consumer in consumers {
-        let info = tokio::time::timeout(Duration::from_secs(2), async {
-            js.get_stream(protocol::subjects::INBOX_STREAM)
-                .await
-                .ok()?
-                .consumer_info(consumer)
-                .await
-                .ok()
-        })
-        .await;
-        match info {
-            Ok(Some(i)) if i.num_pending == 0 && i.num_ack_pending == 0 => {}
-            _ => return false,
-        }
-    }
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

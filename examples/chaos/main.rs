@@ -267,7 +267,7 @@ async fn run(args: Args) -> anyhow::Result<usize> {
         .map(|r| protocol::subjects::inbox_consumer(&AgentId::new(*r).unwrap()))
         .collect();
     let settled = harness::wait_until_async("the inboxes settled", SETTLE, || {
-        check::inboxes_settled(&js, &consumers)
+        harness::consumers_settled(&js, protocol::subjects::INBOX_STREAM, &consumers)
     })
     .await
     .is_ok();

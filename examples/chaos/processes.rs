@@ -154,20 +154,7 @@ impl Processes {
     }
 
     fn spawn_router(&self) -> Result<RuntimeProcess, HarnessError> {
-        let config = self.config();
-        RuntimeProcess::spawn(
-            [
-                "start",
-                "--role",
-                "router",
-                "--durable",
-                "--nats-url",
-                &self.urls,
-                "--delivery-config",
-                &config,
-            ],
-            &[("RUST_LOG", "warn")],
-        )
+        RuntimeProcess::router(&self.urls, Some(&self.config()))
     }
 
     fn spawn_worker(&self, i: usize) -> Result<RuntimeProcess, HarnessError> {

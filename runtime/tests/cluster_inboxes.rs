@@ -40,26 +40,6 @@ async fn hub(cluster: &Cluster, delivery: DeliveryConfig) -> ActorSystem {
     hub
 }
 
-/// The consumer's info, read through a fresh request (none cached), bounded in time.
-async fn consumer_info(
-    js: &jetstream::Context,
-    stream: &str,
-    consumer: &str,
-) -> Option<jetstream::consumer::Info> {
-    let read = async {
-        js.get_stream(stream)
-            .await
-            .ok()?
-            .consumer_info(consumer)
-            .await
-            .ok()
-    };
-    tokio::time::timeout(Duration::from_secs(2), read)
-        .await
-        .ok()
-        .flatten()
-}
-
 /// Waits until `n` peers hold the consumer (its leader and its replicas: a consumer scaled up
 /// gains its replicas one election at a time); the count last read on failure.
 async fn wait_peers(
@@ -74,7 +54,7 @@ async fn wait_peers(
         &format!("{n} peers holding {consumer}"),
         DEADLINE,
         || async {
-            let Some(info) = consumer_info(js, stream, consumer).await else {
+            let Some(info) = harness::consumer_info(js, stream, consumer).await else {
                 return false;
             };
             let cluster_info = info.cluster.clone().unwrap_or_default();
@@ -208,7 +188,7 @@ async fn an_r1_inbox_whose_node_is_killed_hands_over_every_dm_once_when_the_node
     assert_eq!(inbox.config.num_replicas, 1);
     // DM 0's ack has reached the consumer.
     harness::wait_until_async("DM 0 acknowledged", DEADLINE, || async {
-        consumer_info(&js, "HUB_INBOX", "inbox-bob")
+        harness::consumer_info(&js, "HUB_INBOX", "inbox-bob")
             .await
             .is_some_and(|i| i.num_ack_pending == 0 && i.ack_floor.stream_sequence >= 1)
     })

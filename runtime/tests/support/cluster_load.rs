@@ -326,23 +326,9 @@ impl Load {
         // A copy redelivered later would still be counted: judge once both inbox consumers
         // hold nothing pending and nothing unacknowledged.
         let js = async_nats::jetstream::new(self.cluster.client().await.unwrap());
-        let settled = harness::wait_until_async("the inboxes settled", DRAIN, || async {
-            for consumer in ["inbox-bob", "inbox-carol"] {
-                let info = tokio::time::timeout(Duration::from_secs(2), async {
-                    js.get_stream("HUB_INBOX")
-                        .await
-                        .ok()?
-                        .consumer_info(consumer)
-                        .await
-                        .ok()
-                })
-                .await;
-                match info {
-                    Ok(Some(i)) if i.num_pending == 0 && i.num_ack_pending == 0 => {}
-                    _ => return false,
-                }
-            }
-            true
+        let consumers = ["inbox-bob".to_string(), "inbox-carol".to_string()];
+        let settled = harness::wait_until_async("the inboxes settled", DRAIN, || {
+            harness::consumers_settled(&js, "HUB_INBOX", &consumers)
         })
         .await;
         if let Err(e) = settled {

@@ -87,20 +87,7 @@ impl Scene {
     }
 
     pub fn router(&self, url: &str) -> RuntimeProcess {
-        RuntimeProcess::spawn(
-            [
-                "start",
-                "--role",
-                "router",
-                "--durable",
-                "--nats-url",
-                url,
-                "--delivery-config",
-                &self.config(),
-            ],
-            &[("RUST_LOG", "warn")],
-        )
-        .unwrap()
+        RuntimeProcess::router(url, Some(&self.config())).unwrap()
     }
 
     pub fn worker(&self, url: &str, id: &str, queue: &str) -> RuntimeProcess {

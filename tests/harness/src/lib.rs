@@ -9,6 +9,7 @@
 //!   [`kill -9`](RuntimeProcess::kill9).
 //! - [`Proxy`]: a TCP proxy that loses chosen client publishes, as a broker that forgot them.
 //! - [`wait_until`]: wait for a condition with a deadline, never a bare sleep.
+//! - [`consumer_info`], [`consumers_settled`]: a consumer's state, read fresh and bounded.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), harness::HarnessError> {
@@ -20,6 +21,7 @@
 //! ```
 
 mod cluster;
+mod consumers;
 mod nats_server;
 mod proxy;
 pub mod rss;
@@ -28,6 +30,7 @@ pub mod secrets;
 mod wait;
 
 pub use cluster::Cluster;
+pub use consumers::{consumer_info, consumers_settled};
 pub use nats_server::{
     find_nats_server, free_port, run_server, workspace_root, ClusterMember, NatsServer,
     ServerOptions,

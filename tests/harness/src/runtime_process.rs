@@ -69,6 +69,22 @@ impl RuntimeProcess {
         Ok(RuntimeProcess { child, log })
     }
 
+    /// `runtime start --role router --durable --nats-url <url>`, with `--delivery-config
+    /// <path>` when given, logging warnings only.
+    ///
+    /// # Errors
+    /// As [`spawn`](Self::spawn).
+    pub fn router(
+        url: &str,
+        delivery_config: Option<&str>,
+    ) -> Result<RuntimeProcess, HarnessError> {
+        let mut args = vec!["start", "--role", "router", "--durable", "--nats-url", url];
+        if let Some(path) = delivery_config {
+            args.extend(["--delivery-config", path]);
+        }
+        RuntimeProcess::spawn(args, &[("RUST_LOG", "warn")])
+    }
+
     /// The process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()

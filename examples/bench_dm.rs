@@ -35,6 +35,9 @@
 //! node with `sync_interval: always`) with every stream R3, the raw arm's and the hub's alike:
 //! the R3 ratio of issue 29 §6.
 //!
+//! `BENCH_ROUTERS=N` runs N routers in the hub arms (each an `ActorSystem` of its own, with its
+//! own connection, sharing the ingress's consumer): router scaling, issue 29 §6.
+//!
 //! `BENCH_ARM=a|b|c` runs that arm alone, ROUNDS times, and prints its rate and CPU per DM: for
 //! a profiler (`perf record`), whose sample counts of two such runs compare where each arm
 //! spends its CPU.
@@ -202,6 +205,15 @@ async fn delete_streams(js: &jetstream::Context) {
     }
 }
 
+/// How many routers the hub arms run (`BENCH_ROUTERS`, default 1).
+fn routers() -> usize {
+    std::env::var("BENCH_ROUTERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
 /// (b) The same traffic through the router actor and bob's inbox, with the audit trail
 /// on (the default) or, for (c), off; every stream with `replicas` replicas.
 async fn hub(
@@ -222,11 +234,25 @@ async fn hub(
     let system = ActorSystem::builder()
         .nats(NatsSettings::new(url))
         .durable(true)
-        .delivery_config(delivery)
+        .delivery_config(delivery.clone())
         .build()
         .await
         .unwrap();
     system.start_router().await.unwrap();
+    // BENCH_ROUTERS=N: N routers share the ingress, each a system of its own (its own
+    // connection, as a router process has).
+    let mut more_routers = Vec::new();
+    for _ in 1..routers() {
+        let extra = ActorSystem::builder()
+            .nats(NatsSettings::new(url))
+            .durable(true)
+            .delivery_config(delivery.clone())
+            .build()
+            .await
+            .unwrap();
+        extra.start_router().await.unwrap();
+        more_routers.push(extra);
+    }
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
     let got = Arc::new(AtomicU64::new(0));
     // When the last DM was handled, and the longest wait between two (a stall shows here).
@@ -272,6 +298,9 @@ async fn hub(
         .get(bob.as_str())
         .map_or(0, |i| i.counters.repulls);
     system.shutdown(Duration::from_secs(10)).await.unwrap();
+    for extra in more_routers {
+        extra.shutdown(Duration::from_secs(10)).await.unwrap();
+    }
     delete_streams(&jetstream::new(client.clone())).await;
     Run {
         longest_gap_ms: gap_us.load(Ordering::Relaxed) as f64 / 1000.0,
@@ -329,7 +358,8 @@ async fn main() -> anyhow::Result<()> {
         "one nats-server (file storage, default sync)"
     };
     println!(
-        "{broker} at {url}; {PAYLOAD}-byte payloads; {rounds} rounds, raw, hub and hub without audit alternating, medians"
+        "{broker} at {url}; {PAYLOAD}-byte payloads; {rounds} rounds, raw, hub and hub without audit alternating, medians; {} router(s)",
+        routers()
     );
     if let Some(t) = &telemetry {
         println!("BENCH_OTLP=1: spans exported over OTLP: {}", t.exporting());

@@ -230,14 +230,19 @@ async fn run(args: Args) -> anyhow::Result<usize> {
         let fault = schedule.fault();
         let at = start.elapsed();
         bar.set_message(fault.to_string());
-        if let Fault::KillWorker(i) = fault {
-            worker_kills.push((WORKERS[i].to_string(), wall_ns()));
-        }
         let began = Instant::now();
-        let error = apply(&fault, &mut nodes, &mut processes, &client)
-            .await
-            .err()
-            .map(|e| format!("{e:#}"));
+        let error = match apply(&fault, &mut nodes, &mut processes, &client).await {
+            Ok(Some(gone)) => {
+                // A worker's kill: a run it began before it was gone is explained.
+                let Fault::KillWorker(i) = fault else {
+                    unreachable!("only a worker's kill says when it was gone")
+                };
+                worker_kills.push((WORKERS[i].to_string(), gone));
+                None
+            }
+            Ok(None) => None,
+            Err(e) => Some(format!("{e:#}")),
+        };
         let entry = Applied {
             at,
             fault,
@@ -321,21 +326,26 @@ async fn run(args: Args) -> anyhow::Result<usize> {
 }
 
 /// Applies `fault`, healing it before it returns (a kill is followed by a restart after
-/// [`DOWN`], a pause by a resume).
+/// [`DOWN`], a pause by a resume). For a worker's kill, returns when the worker was gone (wall
+/// clock ns): the kill explains a re-run of any run it began before then.
 async fn apply(
     fault: &Fault,
     nodes: &mut Nodes,
     processes: &mut Processes,
     client: &async_nats::Client,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<u128>> {
     match fault {
         Fault::KillRouter(i) => processes.kill_router(*i, DOWN).await?,
-        Fault::KillWorker(i) => processes.kill_worker(*i, DOWN).await?,
+        Fault::KillWorker(i) => {
+            let gone = processes.kill_worker(*i, DOWN).await?;
+            let ns = gone.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            return Ok(Some(ns));
+        }
         Fault::KillNode(i) => nodes.kill_and_restart(*i, DOWN).await?,
         Fault::PauseNode(i, paused) => nodes.pause(*i, *paused).await,
         Fault::StepDown(stream) => nodes.step_down(client, stream).await?,
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The DM checks: none lost, none handed over twice.

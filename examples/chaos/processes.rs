@@ -88,11 +88,18 @@ impl Processes {
     ///
     /// # Errors
     /// When the new one cannot be spawned.
-    pub async fn kill_worker(&mut self, i: usize, down: Duration) -> Result<(), HarnessError> {
+    ///
+    /// Returns when it was gone: a run it began before then may run again.
+    pub async fn kill_worker(
+        &mut self,
+        i: usize,
+        down: Duration,
+    ) -> Result<std::time::SystemTime, HarnessError> {
         self.workers[i].kill9().await;
+        let gone = std::time::SystemTime::now();
         tokio::time::sleep(down).await;
         self.workers[i] = self.spawn_worker(i)?;
-        Ok(())
+        Ok(gone)
     }
 
     /// The processes that exited without being killed by a fault, by name.

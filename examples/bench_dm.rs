@@ -231,27 +231,23 @@ async fn hub(
     };
     delivery.inbox.max_msgs_per_subject = -1;
     delivery.audit_events = audit;
-    let system = ActorSystem::builder()
-        .nats(NatsSettings::new(url))
-        .durable(true)
-        .delivery_config(delivery.clone())
-        .build()
-        .await
-        .unwrap();
-    system.start_router().await.unwrap();
-    // BENCH_ROUTERS=N: N routers share the ingress, each a system of its own (its own
-    // connection, as a router process has).
-    let mut more_routers = Vec::new();
-    for _ in 1..routers() {
-        let extra = ActorSystem::builder()
+    // A system with its router started; BENCH_ROUTERS=N runs N of them sharing the ingress,
+    // each with its own connection, as router processes have.
+    let router_system = || async {
+        let system = ActorSystem::builder()
             .nats(NatsSettings::new(url))
             .durable(true)
             .delivery_config(delivery.clone())
             .build()
             .await
             .unwrap();
-        extra.start_router().await.unwrap();
-        more_routers.push(extra);
+        system.start_router().await.unwrap();
+        system
+    };
+    let system = router_system().await;
+    let mut more_routers = Vec::new();
+    for _ in 1..routers() {
+        more_routers.push(router_system().await);
     }
     let latencies = Arc::new(Mutex::new(Vec::with_capacity(n as usize)));
     let got = Arc::new(AtomicU64::new(0));

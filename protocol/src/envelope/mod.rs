@@ -201,8 +201,13 @@ pub fn decode(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeError> {
     }
 }
 
-/// [`decode`] through a [`Value`]: what the typed path leaves, and the errors.
-fn decode_value(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeError> {
+/// [`decode`] through a [`Value`]: what the typed path leaves, and the errors. Public for the
+/// fuzz checks (`tests/fuzz_checks`), which hold the typed path to it; hosts call [`decode`].
+///
+/// # Errors
+/// As [`decode`], but the size is not checked.
+#[doc(hidden)]
+pub fn decode_value(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeError> {
     let malformed = |reason: String| EnvelopeError::Malformed { codec, reason };
     let value: Value = match codec {
         Codec::Json => serde_json::from_slice(payload).map_err(|e| malformed(e.to_string()))?,

@@ -1,15 +1,14 @@
-//! The envelope codecs (`protocol::envelope`): the typed fast path against the [`Value`] path,
+//! The envelope codecs (`protocol::envelope`): the typed fast path against the [`serde_json::Value`] path,
 //! round trips through both codecs, and the router's spliced re-encoding of a DM or broadcast.
 
 use protocol::envelope::{decode, encode, Codec, Envelope, EnvelopeError, MAX_ENVELOPE_BYTES};
 use protocol::routing::{route, DropReason, IngressView, RouteDecision};
 use protocol::AgentId;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::Value;
 
 /// A JSON payload read as an envelope ([`decode`] with [`Codec::Json`]).
 ///
-/// Asserts that the typed fast path reads what the [`Value`] path reads (same envelope, same
+/// Asserts that the typed fast path reads what the [`serde_json::Value`] path reads (same envelope, same
 /// error), as does `Envelope`'s own `Deserialize`; that a decoded envelope names no field twice
 /// (no `extra` key shadows `meta`, `body`, `meta.id`, `meta.from` or `meta.to`); and that it
 /// encodes, in either codec, to bytes that decode to the same envelope and encode again to the
@@ -75,7 +74,7 @@ fn check_envelope(data: &[u8], codec: Codec) {
     }
 }
 
-/// [`decode`] as the module documents it: the payload read as a [`Value`], then
+/// [`decode`] as the module documents it: the payload read as a [`serde_json::Value`], then
 /// `Envelope::try_from`.
 fn decode_by_value(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeError> {
     if payload.len() > MAX_ENVELOPE_BYTES {
@@ -84,19 +83,7 @@ fn decode_by_value(payload: &[u8], codec: Codec) -> Result<Envelope, EnvelopeErr
             max: MAX_ENVELOPE_BYTES,
         });
     }
-    let malformed = |reason: String| EnvelopeError::Malformed { codec, reason };
-    let value: Value = match codec {
-        Codec::Json => serde_json::from_slice(payload).map_err(|e| malformed(e.to_string()))?,
-        Codec::MsgPack => {
-            let mut rest = payload;
-            let value = rmp_serde::from_read(&mut rest).map_err(|e| malformed(e.to_string()))?;
-            if !rest.is_empty() {
-                return Err(malformed(format!("{} trailing bytes", rest.len())));
-            }
-            value
-        }
-    };
-    Envelope::try_from(value)
+    protocol::envelope::decode_value(payload, codec)
 }
 
 /// A JSON payload routed as a broadcast and as a DM from `alice`, where the router splices it

@@ -6,11 +6,13 @@
 //! [`decode`](super::decode) and [`encode`](super::encode) would have made, except that the
 //! body's own text (its spacing, its number spellings) is untouched. Anything out of the
 //! ordinary (a field named twice, an escaped field name, a `meta` that does not decode) is
-//! left to the whole decode, which also says what is wrong with it.
+//! left to the whole decode, which also says what is wrong with it. So is anything the whole
+//! decode refuses that a [`RawValue`] takes (`serde_json` only skips over it): a number out
+//! of `f64`'s range, nesting deeper than 128 levels, a lone surrogate; see [`Checked`].
 
 use std::borrow::Cow;
 
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -59,7 +61,7 @@ impl<'a> Decoded<'a> {
     }
 
     /// The body (a spliced one decoded now; `null` if it does not decode, which cannot be:
-    /// it was read as JSON).
+    /// it was read as a [`Value`] reads it, [`Checked`]).
     pub(crate) fn body(&self) -> Cow<'_, Value> {
         match self {
             Decoded::Whole(env) => Cow::Borrowed(&env.body),
@@ -115,6 +117,8 @@ impl<'a> Spliced<'a> {
         let meta_as_written = Some(meta.get())
             .filter(|m| m.starts_with('{') && !m.contains('\\') && !m.contains("\"from\""));
         let meta = super::typed::meta_json(meta.get())?;
+        // Last: the one pass that reads every value.
+        serde_json::from_slice::<Checked>(payload).ok()?;
         Some(Spliced {
             meta,
             meta_as_written,
@@ -189,6 +193,81 @@ impl<'de> Deserialize<'de> for TopLevel<'de> {
             }
         }
         deserializer.deserialize_map(Fields)
+    }
+}
+
+/// A JSON text read as [`Value`]'s `Deserialize` reads it, without building it: every value
+/// through `deserialize_any`, so that `serde_json` parses each number (refusing one out of
+/// `f64`'s range) and each string and key (refusing a lone surrogate), and counts the depth.
+/// A [`RawValue`] is only skipped over, which takes all three.
+///
+/// The whole payload is read, not each field on its own: a field read alone would have 128
+/// levels to itself, one more than it has in the envelope. A key that `serde_json` reads as a
+/// private marker (`$serde_json::private::…`: a [`Value`] then reads the string that follows
+/// as JSON text) is refused, which leaves the envelope to the whole decode. No scalar is
+/// allocated: a string with escapes is read into the deserializer's own buffer.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Checked)
+    }
+}
+
+impl<'de> Visitor<'de> for Checked {
+    type Value = Checked;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_key::<CheckedKey>()?.is_some() {
+            map.next_value::<Checked>()?;
+        }
+        Ok(Checked)
+    }
+}
+
+/// A key of an object [`Checked`] reads: a string, and no `serde_json` marker.
+struct CheckedKey;
+
+impl<'de> Deserialize<'de> for CheckedKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(CheckedKey)
+    }
+}
+
+impl<'de> Visitor<'de> for CheckedKey {
+    type Value = CheckedKey;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<CheckedKey, E> {
+        if key.starts_with(super::typed::PRIVATE_KEY) {
+            return Err(E::custom("a serde_json marker key"));
+        }
+        Ok(CheckedKey)
     }
 }
 
@@ -278,8 +357,99 @@ mod tests {
             r#"{"meta":null,"body":1}"#,
             r#"[1,2]"#,
             r#"{"meta":{"id":"m1"},"body":1"#,
+            // A key `serde_json` reads as its marker: a `Value` reads the string as JSON text.
+            r#"{"meta":{"id":"m1"},"body":{"$serde_json::private::RawValue":"[1]"}}"#,
         ] {
             assert!(Spliced::decode(payload.as_bytes()).is_none(), "{payload}");
+        }
+    }
+
+    /// Asserts that the router's decode of `payload` (a DM's or a broadcast's, spliced) refuses
+    /// it exactly when the whole decode does, with the whole decode's error, and that what it
+    /// takes it splices and stores as the whole decode reads it. Whether it took it.
+    fn splices_as_the_whole_decode_reads(payload: &str) -> bool {
+        let routed = Decoded::decode(payload.as_bytes(), Codec::Json, true);
+        match decode(payload.as_bytes(), Codec::Json) {
+            Ok(_) => {
+                assert!(
+                    matches!(routed, Ok(Decoded::Spliced(_))),
+                    "not spliced: {payload}"
+                );
+                same_as_whole(payload);
+                true
+            }
+            Err(whole) => {
+                assert!(
+                    matches!(
+                        whole,
+                        EnvelopeError::Malformed {
+                            codec: Codec::Json,
+                            ..
+                        }
+                    ),
+                    "{whole:?}: {payload}"
+                );
+                match routed {
+                    Err(error @ EnvelopeError::Malformed { .. }) => assert_eq!(error, whole),
+                    other => panic!(
+                        "the whole decode refuses ({whole}) what the splice takes: {other:?}: {payload}"
+                    ),
+                }
+                false
+            }
+        }
+    }
+
+    #[test]
+    fn a_splice_refuses_what_the_whole_decode_refuses() {
+        let arrays = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let objects = |depth: usize| format!("{}1{}", r#"{"k":"#.repeat(depth), "}".repeat(depth));
+        let envelope = |body: &str| format!(r#"{{"meta":{{"id":"m"}},"body":{body}}}"#);
+        let refused = [
+            // A number out of f64's range, in the body, deep in it, or in another kept field.
+            envelope("157e308"),
+            envelope("1e400"),
+            envelope("-1.8e308"),
+            envelope(r#"[1,{"a":1e400}]"#),
+            r#"{"meta":{"id":"m"},"body":1,"x":1e400}"#.to_owned(),
+            r#"{"x":[1e400],"meta":{"id":"m"},"body":1}"#.to_owned(),
+            // Deeper than 128 levels, the envelope's own object counted.
+            envelope(&arrays(127)),
+            envelope(&arrays(200)),
+            envelope(&objects(127)),
+            format!(r#"{{"meta":{{"id":"m"}},"body":1,"x":{}}}"#, arrays(127)),
+            format!(r#"{{"meta":{{"id":"m","x":{}}},"body":1}}"#, arrays(126)),
+            // A lone surrogate, high or low, in a string or in a key.
+            envelope(r#""\ud800x""#),
+            envelope(r#""\udc00""#),
+            envelope(r#""\ud800\u0041""#),
+            envelope(r#"{"a\ud800":1}"#),
+            r#"{"meta":{"id":"m"},"body":1,"x":["\udfff"]}"#.to_owned(),
+            // What `Value` reads as a `RawValue`'s text, here no JSON number.
+            envelope(r#"{"$serde_json::private::RawValue":"1e400"}"#),
+        ];
+        for payload in &refused {
+            assert!(
+                !splices_as_the_whole_decode_reads(payload),
+                "taken: {payload}"
+            );
+        }
+        let taken = [
+            envelope(&arrays(100)),
+            envelope(&arrays(126)),
+            envelope(&objects(126)),
+            format!(r#"{{"meta":{{"id":"m","x":{}}},"body":1}}"#, arrays(125)),
+            envelope("1.7976931348623157e308"),
+            envelope("[-1.7976931348623157e308,5e-324,1e-400,18446744073709551616]"),
+            envelope(r#""\ud83d\ude00""#),
+            envelope(r#"{"\ud83d\ude00":["\u00e9\n"]}"#),
+            r#"{"meta":{"id":"m"},"body":1,"x":"\udbff\udfff"}"#.to_owned(),
+        ];
+        for payload in &taken {
+            assert!(
+                splices_as_the_whole_decode_reads(payload),
+                "refused: {payload}"
+            );
         }
     }
 

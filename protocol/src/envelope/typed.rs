@@ -57,7 +57,7 @@ pub(super) fn meta_json(text: &str) -> Option<Meta> {
 }
 
 /// The prefix of the keys `serde_json`'s [`Value`] reads as markers, not as fields.
-const PRIVATE_KEY: &str = "$serde_json::private::";
+pub(super) const PRIVATE_KEY: &str = "$serde_json::private::";
 
 /// A map key: a string, as a [`Value`] map's keys are.
 struct Key<'de>(Cow<'de, str>);

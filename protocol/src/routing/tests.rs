@@ -297,6 +297,23 @@ fn bad_envelopes_are_rejected_with_the_right_kind() {
     }
 }
 
+/// A DM's or a broadcast's body is not decoded (it is spliced), yet one that no reader could
+/// decode is refused to its sender as the whole decode refuses it.
+#[test]
+fn a_dm_or_broadcast_no_reader_could_decode_is_rejected() {
+    let deep = format!("{}{}", "[".repeat(127), "]".repeat(127));
+    for body in ["157e308", "-1e400", r#"["\ud800x"]"#, &deep] {
+        let payload = format!(r#"{{"meta":{{"id":"m1","to":"bob"}},"body":{body}}}"#);
+        for subject in ["hub.pub.alice.inbox", "hub.pub.alice.news"] {
+            assert_eq!(
+                rejected(run(subject, &[], payload.as_bytes())),
+                (agent("alice"), Some(mid("m1")), WireErrorKind::Malformed),
+                "{payload} on {subject}"
+            );
+        }
+    }
+}
+
 #[test]
 fn direct_message_without_recipient_is_rejected() {
     let payload = br#"{"meta":{"id":"m1"},"body":"hi"}"#;

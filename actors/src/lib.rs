@@ -45,6 +45,7 @@ pub mod router;
 pub mod streams;
 pub mod supervision;
 pub mod task_channel;
+pub mod task_claim;
 pub mod trace_context;
 pub mod tracker;
 pub mod worker;

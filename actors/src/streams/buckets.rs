@@ -68,6 +68,28 @@ pub async fn ensure_rate_bucket(js: &Context, replicas: usize) -> Result<(), Str
     .await
 }
 
+/// The entries of the claims bucket are kept at most this long whatever their TTL (a value
+/// written without one, by hand, lapses too).
+pub const CLAIM_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Creates the task claims bucket ([`protocol::subjects::CLAIMS_BUCKET`]) when it does not
+/// exist, with per-message TTLs: each claim lapses one ack wait after its last renewal.
+///
+/// # Errors
+/// [`StreamError::Api`] / [`StreamError::Timeout`].
+pub async fn ensure_claims_bucket(js: &Context, replicas: usize) -> Result<(), StreamError> {
+    ensure_bucket_with(
+        js,
+        protocol::subjects::CLAIMS_BUCKET,
+        "task claims, taken by attempts before their handler runs (per-message TTL)",
+        CLAIM_MAX_AGE,
+        Writers::Identities,
+        replicas,
+        true,
+    )
+    .await
+}
+
 /// Who writes a bucket's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Writers {
@@ -88,6 +110,20 @@ pub(super) async fn ensure_bucket(
     max_age: std::time::Duration,
     writers: Writers,
     replicas: usize,
+) -> Result<(), StreamError> {
+    ensure_bucket_with(js, name, description, max_age, writers, replicas, false).await
+}
+
+/// [`ensure_bucket`], with per-message TTLs (`Nats-TTL`) allowed when `message_ttls` (an
+/// existing bucket is updated to allow them: JetStream allows turning them on, not off).
+pub(super) async fn ensure_bucket_with(
+    js: &Context,
+    name: &str,
+    description: &str,
+    max_age: std::time::Duration,
+    writers: Writers,
+    replicas: usize,
+    message_ttls: bool,
 ) -> Result<(), StreamError> {
     let stream = protocol::subjects::kv_stream(name);
     // A bucket's handle carries its stream's info, read when it was looked up or created.
@@ -110,9 +146,11 @@ pub(super) async fn ensure_bucket(
     };
     let info = kv.stream.cached_info();
     let refuses_rollups = writers == Writers::Hub || !info.config.allow_rollup;
-    if info.config.num_replicas != replicas || !refuses_rollups {
+    let ttls_allowed = !message_ttls || info.config.allow_message_ttl;
+    if info.config.num_replicas != replicas || !refuses_rollups || !ttls_allowed {
         let mut config = info.config.clone();
         config.num_replicas = replicas;
+        config.allow_message_ttl |= message_ttls;
         if writers == Writers::Identities {
             config.allow_rollup = false;
         }

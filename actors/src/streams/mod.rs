@@ -18,8 +18,8 @@ mod buckets;
 mod configs;
 
 pub use buckets::{
-    ensure_brokers_bucket, ensure_idempotency_bucket, ensure_rate_bucket, BROKER_RECORD_AGE,
-    IDEMPOTENCY_BUCKET, RATE_ENTRY_AGE,
+    ensure_brokers_bucket, ensure_claims_bucket, ensure_idempotency_bucket, ensure_rate_bucket,
+    BROKER_RECORD_AGE, CLAIM_MAX_AGE, IDEMPOTENCY_BUCKET, RATE_ENTRY_AGE,
 };
 use buckets::{ensure_bucket, Writers};
 pub use configs::stream_configs;
@@ -300,6 +300,7 @@ async fn provision(js: &Context, cfg: &DeliveryConfig) -> Result<Vec<StreamRepor
     ensure_idempotency_bucket(js, replicas).await?;
     ensure_brokers_bucket(js, replicas).await?;
     ensure_rate_bucket(js, replicas).await?;
+    ensure_claims_bucket(js, replicas).await?;
     ensure_bucket(
         js,
         protocol::subjects::HOLDS_BUCKET,

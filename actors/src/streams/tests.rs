@@ -194,6 +194,7 @@ fn provisioned(cfg: &DeliveryConfig) -> Vec<String> {
         protocol::subjects::HOLDS_BUCKET,
         protocol::subjects::PRESENCE_BUCKET,
         protocol::subjects::REMOVED_BUCKET,
+        protocol::subjects::CLAIMS_BUCKET,
     ];
     stream_configs(cfg)
         .into_iter()

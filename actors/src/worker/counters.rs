@@ -65,6 +65,19 @@ crate::counters! {
         /// Queries, cancels and answers refused because their requester is neither the
         /// task's delegator nor an admin.
         unauthorized,
+        /// Task claims taken (or renewed after a restart) before a handler ran.
+        claims_taken,
+        /// Claim renewals (with the heartbeats).
+        claim_renewals,
+        /// Claims released when a graceful shutdown handed their input back.
+        claims_released,
+        /// Inputs whose task another attempt had claimed: nak'd until the claim lapses
+        /// (after one read of the task channel, when it had been skipped).
+        stood_down,
+        /// Claims found taken by another attempt at a renewal (this one had lapsed).
+        claims_lost,
+        /// Claims that could not be read or written (the input was nak'd).
+        claim_errors,
         /// Journalled attempts the start-up sweep forgot: their task was finished, or owned by
         /// another attempt, already.
         swept,

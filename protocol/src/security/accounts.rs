@@ -56,6 +56,8 @@ const HUB_SERVICES: &[(&str, bool)] = &[
     ("$KV.HUB_PRESENCE.>", false),
     // An agent's idempotency entries.
     ("$KV.HUB_IDEMPOTENCY.>", false),
+    // A worker's task claims.
+    ("$KV.HUB_CLAIMS.>", false),
     // Acks of the messages of their own consumers.
     ("$JS.ACK.>", false),
     // Pulls of their own consumers: a pull is answered by many messages.

@@ -193,6 +193,14 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                     subjects::WORK_STREAM,
                     &subjects::queue_consumer(queue),
                 ));
+                // Its queue's task claims: written (compare-and-set, with a TTL) and read
+                // back by key, never another queue's.
+                let claims = subjects::kv_subject(subjects::CLAIMS_BUCKET, &format!("{queue}.>"));
+                publish.push(api(&format!(
+                    "DIRECT.GET.{}.{claims}",
+                    subjects::kv_stream(subjects::CLAIMS_BUCKET)
+                )));
+                publish.push(claims);
             }
             publish.extend(own_consumer(
                 subjects::WORK_STREAM,
@@ -479,7 +487,17 @@ mod tests {
         assert!(g.allow_responses());
         assert!(may_publish(&g, "hub.admin.workers.t1.w1"));
         assert!(!may_publish(&g, "hub.admin.workers.t1.w2"));
+        assert!(may_publish(&g, "$KV.HUB_CLAIMS.q.alice.abc"));
+        assert!(may_publish(
+            &g,
+            "$JS.API.DIRECT.GET.KV_HUB_CLAIMS.$KV.HUB_CLAIMS.q.alice.abc"
+        ));
         for denied in [
+            // Another queue's claims, and the bucket as a whole.
+            "$KV.HUB_CLAIMS.other.alice.abc",
+            "$JS.API.DIRECT.GET.KV_HUB_CLAIMS.$KV.HUB_CLAIMS.other.alice.abc",
+            "$JS.API.DIRECT.GET.KV_HUB_CLAIMS",
+            "$JS.API.STREAM.PURGE.KV_HUB_CLAIMS",
             "hub.pub.alice.inbox",
             "hub.work.other.join.w1",
             "hub.work.q.join.w2",

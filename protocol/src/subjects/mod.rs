@@ -165,6 +165,18 @@ pub const RATE_BUCKET: &str = "HUB_RATE";
 /// The KV bucket of the holds the router tells senders of ([`crate::backpressure::Hold`]),
 /// keyed [`crate::backpressure::HoldScope::key`]; a one-shot client reads its own there.
 pub const HOLDS_BUCKET: &str = "HUB_HOLDS";
+/// The KV bucket of task claims ([`crate::task::Claim`]): one entry per task an attempt runs,
+/// keyed [`claim_key`], written with a compare-and-set before the handler runs and renewed
+/// with the input's heartbeats under a per-message TTL, so that a second delivery of a task
+/// running elsewhere stands down.
+pub const CLAIMS_BUCKET: &str = "HUB_CLAIMS";
+
+/// The claim key of the task on `channel` taken from `queue`'s work: `<queue>.<delegator>.<key>`
+/// (a worker's grants cover its own queues' claims only).
+pub fn claim_key(queue: &crate::ids::QueueName, channel: &TaskChannel) -> String {
+    format!("{queue}.{channel}")
+}
+
 /// The KV bucket of the agents' presence records ([`crate::presence::PresenceRecord`]), one
 /// entry per agent identity, written by its attached inbox.
 pub const PRESENCE_BUCKET: &str = "HUB_PRESENCE";

@@ -13,7 +13,8 @@
 //!
 //! The decisions a worker takes are pure functions here:
 //! [`judge_answer`], [`on_delivery`] (with the task channel's [`ChannelView`]),
-//! [`build_result`], [`cancel_status`] and [`result_too_large`]; [`idempotency`] holds the
+//! [`build_result`], [`cancel_status`], [`result_too_large`] and [`claim_step`] (the task
+//! claim, [`Claim`]); [`idempotency`] holds the
 //! records and decisions of idempotency keys.
 //!
 //! ```
@@ -30,6 +31,7 @@
 //! ```
 
 mod channel;
+mod claim;
 mod decide;
 mod decode;
 mod error;
@@ -40,6 +42,10 @@ mod types;
 mod wire;
 
 pub use channel::{ChannelView, Whereabouts};
+pub use claim::{
+    claim_step, claim_ttl, stand_down_delay, ttl_header, Claim, ClaimStep, Stored, LAPSE_MARGIN,
+    MIN_STAND_DOWN,
+};
 pub use decide::{
     build_result, bundle_msg_id, cancel_status, expired_result, failed_result, is_expired,
     is_rerun, judge_answer, may_control, on_delivery, refusal_msg_id, result_msg_id,

@@ -160,7 +160,8 @@ impl Attempt {
 
     /// A graceful shutdown's hand-back: the handler is cancelled and given `grace` to end
     /// (then dropped: an `--exec` process group is killed), and only then the input is nak'd
-    /// without delay, so no other worker runs the task while this handler still does. The
+    /// without delay, so no other worker runs the task while this handler still does; its
+    /// claim is released before the nak, so the worker that gets it runs it at once. The
     /// journal keeps the attempt: should the input come back here, the same attempt re-runs
     /// (flagged `rerun`); should another worker finish it, the next start-up's sweep forgets
     /// it. A resume's attempt stays parked (its answer comes back here).
@@ -176,6 +177,7 @@ impl Attempt {
             crate::background::join_within(run, grace).await;
         }
         state.heartbeat = None;
+        self.release_claim(state).await;
         if let Some(input) = state.input.take() {
             if let Err(e) = input.ack_with(AckKind::Nak(None)).await {
                 tracing::warn!(error = %ErrorChain(&*e), "cannot hand the input back; it is redelivered after the ack wait");

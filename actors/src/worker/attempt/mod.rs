@@ -3,6 +3,7 @@
 //! supervisor). See [`Attempt`]. `start`: how it starts; `publishing`: its publishes;
 //! `ending`: how it saves, publishes, acks and stops (or hands its input back).
 
+mod claiming;
 mod ending;
 mod journal_ops;
 mod publishing;
@@ -56,25 +57,30 @@ pub const RETRY_DELAY: Duration = Duration::from_secs(1);
 ///    cancels are answered meanwhile); [`on_delivery`](protocol::task::on_delivery) decides:
 ///    republish a saved result, ack without running (a final result is stored, or another
 ///    attempt waits for an answer), re-run the same attempt flagged `rerun`, or start a fresh
-///    one (flagged `rerun` when another attempt started it);
-/// 4. a `task_accepted` status event (seq 0), once the handler has run for
+///    one (flagged `rerun` when another attempt started it); the read is skipped for an
+///    input that is provably fresh ([`must_read_channel`](protocol::task::must_read_channel));
+/// 4. before it runs the handler (or publishes an expired result), the claim: the attempt
+///    takes the task in `HUB_CLAIMS` ([`crate::task_claim`]), off the mailbox, and renews it
+///    with the heartbeats; a claim held by another attempt makes it stand down (after one
+///    read of the task channel, if it was skipped): the input is nak'd until the claim lapses;
+/// 5. a `task_accepted` status event (seq 0), once the handler has run for
 ///    [`ACCEPTANCE_DELAY`], or together with the first state change when that comes sooner;
-/// 5. the handler runs (unless a result is saved, or `expires_at` passed: then the result is
+/// 6. the handler runs (unless a result is saved, or `expires_at` passed: then the result is
 ///    `failed`, kind `expired`; or a cancel came first: then it is `cancelled`);
-/// 6. the result is saved in the journal (fsync) *before* it is published (a too-large
+/// 7. the result is saved in the journal (fsync) *before* it is published (a too-large
 ///    result is replaced); a waiting result is parked with its task in the same fsync;
-/// 7. the result is published with stable ids and its stream acks awaited; a publish that is
+/// 8. the result is published with stable ids and its stream acks awaited; a publish that is
 ///    not confirmed is sent again with the same ids (four tries, each waiting up to 2.5 s per
 ///    stream ack); one that never
 ///    is fails the attempt *without* acking, after a nak with a short delay;
-/// 8. only then the input is acked (double ack, while still heartbeating); a final result
+/// 9. only then the input is acked (double ack, while still heartbeating); a final result
 ///    makes the journal forget the attempt, a waiting one leaves it parked; the slot is freed
 ///    and the actor stops.
 ///
 /// A **resume** has the answer as its input (heartbeated and acked the same way) and a
 /// [`Parked`] attempt: it journals the answer, waits for a slot (before any new task; off the
 /// mailbox), publishes a `running` status and runs [`TaskHandler::resume`], then goes on at
-/// step 6. A duplicate answer republishes the saved result; an answer journalled by a resume
+/// step 7. A duplicate answer republishes the saved result; an answer journalled by a resume
 /// that never finished re-runs the resume, flagged `rerun`. A **settle** of a parked attempt
 /// (no input) publishes its `cancelled` result, or republishes a final result saved earlier,
 /// and forgets it.
@@ -170,6 +176,8 @@ impl AttemptArgs {
 pub(crate) enum AttemptMsg {
     /// What the task channel (and the ingress) say about the task: `None` when unreadable.
     Planned(Option<ChannelState>),
+    /// Whether the task's claim was taken ([`crate::task_claim::take`]).
+    Claimed(Result<crate::task_claim::Taken, crate::task_claim::ClaimError>),
     /// The resume got its slot.
     SlotReady(OwnedSemaphorePermit),
     /// The handler (or a resume) returned.
@@ -255,6 +263,17 @@ pub(crate) struct AttemptState {
     answered: BTreeSet<MessageId>,
     /// Tries of a settle so far.
     settle_tries: u32,
+    /// The task channel was read for this delivery (not skipped as provably fresh).
+    record_read: bool,
+    /// The plan acted on once the claim is taken.
+    planned: Option<protocol::task::DeliveryPlan>,
+    /// The claim is this attempt's.
+    claimed: bool,
+    /// The claim's renewals (with the input's heartbeats).
+    lease: Option<Owned>,
+    /// The claim's revision as last written by this attempt; 0 when it holds none (not
+    /// taken, or lost to another attempt). Shared with the renewals.
+    claim_revision: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl AttemptState {
@@ -473,6 +492,11 @@ impl Actor for Attempt {
             answered: answers.iter().map(|a| a.message_id.clone()).collect(),
             answers,
             settle_tries: 0,
+            record_read: false,
+            planned: None,
+            claimed: false,
+            lease: None,
+            claim_revision: Arc::default(),
         })
     }
 
@@ -497,6 +521,7 @@ impl Actor for Attempt {
         state: &mut AttemptState,
     ) -> Result<(), ActorProcessingErr> {
         state.heartbeat = None;
+        state.lease = None;
         let _ = state.cancel.send(true);
         state.pending = None;
         state.run = None;
@@ -514,6 +539,12 @@ impl Actor for Attempt {
                 state.pending = None;
                 if state.phase == Phase::Starting {
                     self.on_planned(&myself, state, channel).await?;
+                }
+            }
+            AttemptMsg::Claimed(taken) => {
+                state.pending = None;
+                if state.phase == Phase::Starting {
+                    self.on_claimed(&myself, state, taken).await?;
                 }
             }
             AttemptMsg::SlotReady(slot) => {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream;
 use protocol::error_chain::ErrorChain;
 use protocol::task::{
     expired_result, is_expired, is_rerun, on_delivery, Answer, AttemptId, ChannelState,
@@ -69,6 +69,19 @@ impl Attempt {
         // A first delivery of a fresh admission has no earlier attempt whose result could be
         // waiting in the ingress, unless the channel shows one started.
         let redelivered = !facts.fresh_admission || facts.delivered > 1;
+        self.spawn_read(myself, state, redelivered);
+        Ok(())
+    }
+
+    /// Reads the task's record off the mailbox ([`read_record`]); [`AttemptMsg::Planned`]
+    /// brings it.
+    pub(super) fn spawn_read(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        redelivered: bool,
+    ) {
+        state.record_read = true;
         let js = jetstream::new(self.client.clone());
         let streams = self.streams.clone();
         let (task_id, mine) = (state.task.task_id.clone(), state.attempt_id.clone());
@@ -79,7 +92,6 @@ impl Attempt {
                 read_record(&js, &streams, &delegator, &task_id, &mine, redelivered).await;
             let _ = me.cast(AttemptMsg::Planned(channel));
         }));
-        Ok(())
     }
 
     /// The task's record has been read: run it, settle it, expire it, or leave it (unread).
@@ -92,15 +104,8 @@ impl Attempt {
         let Some(channel) = channel else {
             // Cannot tell whether the task ran elsewhere: neither run it nor drop it.
             self.counters.fetch_errors.bump();
-            state.phase = Phase::Settling;
-            state.heartbeat = None;
-            if state.fresh_admission {
-                self.forget_unless_parked(state);
-            }
-            if let Some(input) = state.input.take() {
-                let _ = input.ack_with(AckKind::Nak(Some(RETRY_DELAY * 2))).await;
-            }
-            myself.stop(Some("task channel unreadable".into()));
+            self.stand_down(myself, state, RETRY_DELAY * 2, "task channel unreadable")
+                .await;
             return Ok(());
         };
         if state.cancel_requested() {
@@ -124,7 +129,26 @@ impl Attempt {
             delivered,
             channel == ChannelState::StartedElsewhere,
         );
+        self.act_on(myself, state, plan).await
+    }
+
+    /// Acts on `plan`: a run or an expired result waits for the claim first
+    /// ([`Attempt::take_claim`]).
+    pub(super) async fn act_on(
+        &self,
+        myself: &ActorRef<AttemptMsg>,
+        state: &mut AttemptState,
+        plan: DeliveryPlan,
+    ) -> Result<(), AttemptError> {
         match plan {
+            DeliveryPlan::RerunSameAttempt { .. }
+            | DeliveryPlan::FreshAttempt
+            | DeliveryPlan::Expire
+                if !state.claimed =>
+            {
+                self.take_claim(myself, state, plan);
+                Ok(())
+            }
             DeliveryPlan::Settled(why) => {
                 tracing::info!(task_id = %state.task.task_id, ?why, "task settled by another attempt: acked without running");
                 self.counters.settled.bump();

@@ -330,56 +330,6 @@ async fn control_requests_are_answered_under_the_workers_own_reply_prefix_only()
     stop(worker).await;
 }
 
-/// Holds every run until the test opens it (then lets every run through); counts runs.
-struct Gate {
-    calls: std::sync::atomic::AtomicUsize,
-    open: tokio::sync::Semaphore,
-}
-
-impl Gate {
-    fn new() -> Arc<Gate> {
-        Arc::new(Gate {
-            calls: Default::default(),
-            open: tokio::sync::Semaphore::new(0),
-        })
-    }
-
-    fn open(&self) {
-        self.open.add_permits(1 << 20);
-    }
-
-    fn calls(&self) -> usize {
-        self.calls.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    async fn wait_started(&self, what: &str) {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        while self.calls() == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{what} never started"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl TaskHandler for Gate {
-    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
-        if task.text.contains("[hold]") {
-            // Keeps a slot busy, uncounted, until cancelled.
-            ctx.cancelled().await;
-            return Outcome::Cancelled;
-        }
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        tokio::select! {
-            _ = self.open.acquire() => Outcome::Completed(serde_json::json!({ "echo": task.text })),
-            () = ctx.cancelled() => Outcome::Cancelled,
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_result_whose_stream_ack_is_late_is_sent_again_and_stored_once() {
     let env = env("late-ack").await;
@@ -404,19 +354,7 @@ async fn a_result_whose_stream_ack_is_late_is_sent_again_and_stored_once() {
     env.wait_work_empty().await;
     let snap = snapshot(&worker).await;
     assert!(snap.counters.publish_retries >= 1, "{snap:?}");
-    let stored = crate::task_channel::read(
-        &env.js,
-        &crate::task_channel::Reader::Direct(subjects::TASKS_STREAM.into()),
-        &protocol::AgentId::new("delegator").unwrap(),
-        &result.task_id,
-        1,
-    )
-    .await
-    .unwrap();
-    let results_stored = stored
-        .iter()
-        .filter(|s| matches!(s.body, Some(TaskChannelBody::Result(_))))
-        .count();
+    let results_stored = env.stored_results(&result.task_id).await.len();
     assert_eq!(results_stored, 1, "the result stored once");
     assert_eq!(gate.calls(), 1, "ran once");
     assert_eq!(snap.counters.attempt_failures, 0, "{snap:?}");
@@ -464,13 +402,7 @@ async fn a_first_delivery_from_a_consumer_made_again_is_checked_and_not_run_twic
     env.submit("t-remade-t").await;
     second_gate.wait_started("t").await;
     submit_targeted(&env, &other, "t-remade-hold", "[hold]").await;
-    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
-    work.delete_consumer(&subjects::queue_consumer(&env.queue))
-        .await
-        .unwrap();
-    work.create_consumer(crate::consumers::queue_consumer(&env.delivery, &env.queue))
-        .await
-        .unwrap();
+    env.remake_queue_consumer().await;
     second_gate.open();
     let t = result_of(&mut results, "t-remade-t").await;
     assert_eq!(t.state, TaskState::Completed);

@@ -7,6 +7,7 @@
 
 mod answers;
 mod basics;
+mod claims;
 mod control;
 mod faults;
 mod parked;
@@ -382,6 +383,40 @@ impl Env {
     pub async fn wait_work_empty(&self) {
         self.wait_empty(subjects::WORK_STREAM).await;
     }
+
+    /// Deletes the queue consumer and makes it again, as a broker that forgot its deliveries
+    /// would have it: what the old one delivered comes again, counted once.
+    pub async fn remake_queue_consumer(&self) {
+        let work = self.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+        work.delete_consumer(&subjects::queue_consumer(&self.queue))
+            .await
+            .unwrap();
+        work.create_consumer(crate::consumers::queue_consumer(
+            &self.delivery,
+            &self.queue,
+        ))
+        .await
+        .unwrap();
+    }
+
+    /// The results stored on the channel of `task_id` (delegated by `delegator`), in order.
+    pub async fn stored_results(&self, task_id: &protocol::TaskId) -> Vec<TaskResult> {
+        crate::task_channel::read(
+            &self.js,
+            &crate::task_channel::Reader::Direct(subjects::TASKS_STREAM.into()),
+            &protocol::AgentId::new("delegator").unwrap(),
+            task_id,
+            1,
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|s| match s.body {
+            Some(TaskChannelBody::Result(r)) => Some(r),
+            _ => None,
+        })
+        .collect()
+    }
 }
 
 pub(super) async fn spawn(worker: Worker) -> ActorRef<WorkerMsg> {
@@ -516,4 +551,54 @@ pub(super) async fn stop(worker: ActorRef<WorkerMsg>) {
         .stop_and_wait(None, Some(Duration::from_secs(10)))
         .await
         .unwrap();
+}
+
+/// Holds every run until the test opens it (then lets every run through); counts runs.
+pub(super) struct Gate {
+    calls: std::sync::atomic::AtomicUsize,
+    open: tokio::sync::Semaphore,
+}
+
+impl Gate {
+    pub fn new() -> Arc<Gate> {
+        Arc::new(Gate {
+            calls: Default::default(),
+            open: tokio::sync::Semaphore::new(0),
+        })
+    }
+
+    pub fn open(&self) {
+        self.open.add_permits(1 << 20);
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub async fn wait_started(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        while self.calls() == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what} never started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl TaskHandler for Gate {
+    async fn run(&self, task: TaskSpec, ctx: AttemptContext) -> Outcome {
+        if task.text.contains("[hold]") {
+            // Keeps a slot busy, uncounted, until cancelled.
+            ctx.cancelled().await;
+            return Outcome::Cancelled;
+        }
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::select! {
+            _ = self.open.acquire() => Outcome::Completed(serde_json::json!({ "echo": task.text })),
+            () = ctx.cancelled() => Outcome::Cancelled,
+        }
+    }
 }

@@ -439,6 +439,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_claim_lapses_after_the_broker_is_killed_and_restarted_on_its_store() {
+        let (mut server, entry) = entry_on_a_fresh_hub("t3").await;
+        let (a, b) = (claim("a1", "w1"), claim("b1", "w2"));
+        let ack_wait = Duration::from_secs(2);
+        assert!(matches!(
+            take(&entry, &a, ack_wait, now_ms).await.unwrap(),
+            Taken::Mine(_)
+        ));
+        // Its holder dies with the broker; the broker comes back on its store.
+        server.restart().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let mut held = 0;
+        loop {
+            match take(&entry, &b, ack_wait, now_ms).await {
+                Ok(Taken::Mine(_)) => break,
+                Ok(Taken::Held { delay }) => {
+                    held += 1;
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "a's 2 s claim never lapsed after the restart ({held} stand-downs, last read {:?})",
+                        entry.read().await
+                    );
+                    tokio::time::sleep(delay.min(Duration::from_millis(200))).await;
+                }
+                Err(e) => {
+                    assert!(tokio::time::Instant::now() < deadline, "{e:?}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
     async fn a_released_claim_is_taken_by_another_attempt_at_once() {
         let (_server, entry) = entry_on_a_fresh_hub("t2").await;
         let (a, b) = (claim("a1", "w1"), claim("b1", "w2"));

@@ -161,36 +161,131 @@ pub async fn finals_stored(
 }
 
 async fn read_finals(js: &jetstream::Context, task: &TaskId) -> Result<Vec<TaskResult>, String> {
-    let stream = js
-        .get_stream(protocol::subjects::TASKS_STREAM)
-        .await
-        .map_err(|e| e.to_string())?;
     let subject = format!("channel.task.*.{task}");
-    let mut finals = Vec::new();
+    let finals = read_all(js, protocol::subjects::TASKS_STREAM, &subject)
+        .await?
+        .into_iter()
+        .filter_map(|(_, _, payload)| match channel_body(&payload) {
+            Some(TaskChannelBody::Result(r)) if r.state.is_final() => Some(r),
+            _ => None,
+        })
+        .collect();
+    Ok(finals)
+}
+
+fn channel_body(payload: &[u8]) -> Option<TaskChannelBody> {
+    let env = protocol::decode(payload, protocol::Codec::Json).ok()?;
+    serde_json::from_value(env.body).ok()
+}
+
+/// Every message of `stream` on `subject` (wildcards allowed), in order, as (sequence,
+/// subject, payload).
+async fn read_all(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Result<Vec<(u64, String, Vec<u8>)>, String> {
+    let stream = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
     let mut seq = 1;
     loop {
         let read = stream
             .raw_message_builder()
             .sequence(seq)
-            .next_by_subject(subject.clone())
+            .next_by_subject(subject.to_string())
             .send()
             .await;
         match read {
             Ok(msg) => {
                 seq = msg.sequence + 1;
-                let body = protocol::decode(&msg.payload, protocol::Codec::Json)
-                    .ok()
-                    .and_then(|env| serde_json::from_value(env.body).ok());
-                if let Some(TaskChannelBody::Result(r)) = body {
-                    if r.state.is_final() {
-                        finals.push(r);
-                    }
-                }
+                out.push((msg.sequence, msg.subject.to_string(), msg.payload.to_vec()));
             }
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(finals),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => return Ok(out),
             Err(e) => return Err(format!("reading {subject}: {e}")),
         }
     }
+}
+
+/// Where the tasks in `missing` (acknowledged, no final result) are, once the load drained:
+/// each one's channel events, its input if the work stream still holds it, its dead letter,
+/// and the work consumer's state; one line each, for the report.
+pub async fn whereabouts(js: &jetstream::Context, queue: &str, missing: &[String]) -> Vec<String> {
+    let held = |stream: &'static str, subject: String| async move {
+        read_all(js, stream, &subject).await.unwrap_or_default()
+    };
+    let task_of = |payload: &[u8]| {
+        let env = protocol::decode(payload, protocol::Codec::Json).ok()?;
+        protocol::task::decode_task(&env.body)
+            .ok()
+            .map(|t| t.task_id.to_string())
+    };
+    let inputs = held(protocol::subjects::WORK_STREAM, ">".into()).await;
+    let dead = held(protocol::subjects::DLQ_STREAM, "dlq.work.>".into()).await;
+    let mut lines = Vec::new();
+    for task in missing {
+        let Ok(id) = TaskId::new(task.as_str()) else {
+            continue;
+        };
+        let events: Vec<String> = read_all(
+            js,
+            protocol::subjects::TASKS_STREAM,
+            &format!("channel.task.*.{id}"),
+        )
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|(seq, _, payload)| match channel_body(payload) {
+            Some(TaskChannelBody::Status(s)) => {
+                format!("#{seq} {:?} by {} ({})", s.kind, s.attempt_id, s.worker_id)
+            }
+            Some(TaskChannelBody::Result(r)) => {
+                format!("#{seq} {:?} by {} ({})", r.state, r.attempt_id, r.worker_id)
+            }
+            Some(TaskChannelBody::AnswerRefused(a)) => {
+                format!("#{seq} answer refused ({})", a.worker_id)
+            }
+            None => format!("#{seq} unreadable"),
+        })
+        .collect();
+        let input: Vec<String> = inputs
+            .iter()
+            .filter(|(_, _, p)| task_of(p).as_deref() == Some(task.as_str()))
+            .map(|(seq, subject, _)| format!("{subject} #{seq}"))
+            .collect();
+        let dlq = dead
+            .iter()
+            .filter(|(_, _, p)| task_of(p).as_deref() == Some(task.as_str()))
+            .count();
+        lines.push(format!(
+            "where {task} is: channel [{}]; input in {} [{}]; dead letters {dlq}",
+            events.join(", "),
+            protocol::subjects::WORK_STREAM,
+            input.join(", ")
+        ));
+    }
+    let consumer = protocol::QueueName::new(queue)
+        .map(|q| protocol::subjects::queue_consumer(&q))
+        .unwrap_or_default();
+    let state = match harness::consumer_info(js, protocol::subjects::WORK_STREAM, &consumer).await {
+        Some(i) => format!(
+            "delivered stream seq {}, ack floor stream seq {}, pending {}, ack pending {}, \
+             redelivered {}, waiting pulls {}",
+            i.delivered.stream_sequence,
+            i.ack_floor.stream_sequence,
+            i.num_pending,
+            i.num_ack_pending,
+            i.num_redelivered,
+            i.num_waiting
+        ),
+        None => "unreadable".into(),
+    };
+    lines.push(format!(
+        "{} holds {} inputs after the drain, the dead letters of tasks {}; consumer {consumer}: {state}",
+        protocol::subjects::WORK_STREAM,
+        inputs.len(),
+        dead.len()
+    ));
+    lines
 }
 
 #[cfg(test)]

@@ -313,6 +313,18 @@ async fn run(args: Args) -> anyhow::Result<usize> {
     print!("{}", report.render());
     let failed = report.failed();
     if failed > 0 {
+        // What each worker incarnation alive now counted (the killed ones' counts died
+        // with them).
+        for worker in runtime::request_worker_status(&client, Duration::from_secs(1))
+            .await
+            .unwrap_or_default()
+        {
+            eprintln!(
+                "--- worker {} counters (this incarnation): {}",
+                worker.worker_id,
+                serde_json::to_string(&worker.counters).unwrap_or_default()
+            );
+        }
         eprintln!(
             "--- logs\n{}\n{}",
             processes.logs(),
@@ -474,6 +486,12 @@ async fn check_tasks(
         executions.matched,
         worker_kills.len()
     ));
+    if !no_result.is_empty() {
+        let first: Vec<String> = no_result.iter().take(10).cloned().collect();
+        for line in check::whereabouts(js, processes::QUEUE, &first).await {
+            report.fact(line);
+        }
+    }
     report.check(
         no_result.is_empty(),
         format!(

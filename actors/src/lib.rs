@@ -48,6 +48,7 @@ pub mod task_channel;
 pub mod task_claim;
 pub mod trace_context;
 pub mod tracker;
+pub mod watchdog;
 pub mod worker;
 
 /// How long any JetStream publish of the runtime waits for its stream ack before its outcome

@@ -123,6 +123,7 @@ async fn a_crashed_router_leaves_no_pump_behind() {
         delivery: delivery(),
         reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
         history: Default::default(),
+        watchdog: None,
     };
     let spec =
         SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(name, router, || ()));
@@ -178,6 +179,7 @@ async fn a_crashed_inbox_leaves_no_pump_behind() {
                 delivery: delivery.clone(),
                 reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
                 history: Default::default(),
+                watchdog: None,
             },
             || (),
         ))

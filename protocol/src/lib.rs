@@ -75,6 +75,7 @@ pub mod store_ack;
 pub mod subjects;
 pub mod task;
 pub mod trace;
+pub mod watchdog;
 pub mod wire_error;
 
 pub use attach::{

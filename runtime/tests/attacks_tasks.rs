@@ -11,6 +11,7 @@
 mod support;
 
 use std::process::Output;
+use std::time::Duration;
 
 use actors::task_channel::{self, Reader};
 use async_nats::jetstream;
@@ -572,4 +573,46 @@ async fn attack_21_bob_cannot_replay_a_forged_result_into_alices_tracker() {
 /// A client of `who` on its rendered credentials.
 async fn h_client(hub: &TaskHub, who: &str) -> async_nats::Client {
     hub.hub.rendered.connect(who).await.client
+}
+
+/// The consumer watchdog on the router's rendered credentials: a queue consumer whose state
+/// went ahead of its stream (it takes a held task for acked, as open nats-server issues show
+/// after a power loss) is found at two checks, reset to the task, and the task runs. Without
+/// the watchdog the task stays in `HUB_WORK` for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routers_watchdog_resets_a_stalled_queue_consumer_on_its_rendered_credentials() {
+    let mut hub = TaskHub::start().await;
+    let admin = hub.hub.admin.clone();
+    harness::wait_until_async("w1 joined queue q", support::DEADLINE, || async {
+        harness::consumer_info(&admin, "HUB_WORK", "queue-q")
+            .await
+            .is_some()
+    })
+    .await
+    .unwrap();
+    hub.worker.kill9().await;
+    let task_id = hub.alice_delegates("lost by its consumer").await;
+    let held = || async {
+        let mut work = admin.get_stream("HUB_WORK").await.unwrap();
+        let info = work.info().await.unwrap();
+        (info.state.messages, info.state.last_sequence)
+    };
+    harness::wait_until_async("the task in HUB_WORK", support::DEADLINE, || async {
+        held().await.0 == 1
+    })
+    .await
+    .unwrap();
+    let last = held().await.1;
+    actors::watchdog::reset(&admin.client(), "HUB_WORK", "queue-q", last + 1)
+        .await
+        .unwrap();
+    hub.worker = hub.hub.rendered.worker("w1", SCRIPT);
+    hub.alice_sees(&task_id, "completed").await;
+    let status = runtime::request_status(&admin.client(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    let watchdog = status.watchdog.expect("the router runs a watchdog");
+    assert!(watchdog.resets >= 1, "{watchdog:?}");
+    assert_eq!(watchdog.reset_errors, 0, "{watchdog:?}");
+    hub.no_violations();
 }

@@ -58,6 +58,8 @@ pub struct Router {
     /// Asks the system's history actor for a round when a DM is refused for an inbox's read
     /// history ([`crate::history`]).
     pub history: crate::history::Nudge,
+    /// The counters of the process's consumer watchdog, when it runs one (durable mode).
+    pub watchdog: Option<Arc<crate::watchdog::WatchdogCounters>>,
 }
 
 /// Router messages.
@@ -109,6 +111,9 @@ pub struct RouterSnapshot {
     /// refused `recipient_deleted`).
     #[serde(default)]
     pub removed_agents: usize,
+    /// The consumer watchdog's counters, when the process runs one ([`crate::watchdog`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<crate::watchdog::WatchdogSnapshot>,
 }
 
 /// Router failures.
@@ -326,6 +331,7 @@ impl Router {
             uptime_ms: state.started.elapsed().as_millis() as u64,
             counters: state.counters.snapshot(),
             removed_agents: state.removed.as_ref().map_or(0, |(r, _)| r.len()),
+            watchdog: self.watchdog.as_ref().map(|w| w.snapshot()),
         }
     }
 }

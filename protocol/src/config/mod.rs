@@ -84,6 +84,10 @@ pub struct DeliveryConfig {
     /// How long an answer may wait for its worker's consumer to take it before it is
     /// dead-lettered (its answerer told): a worker gone for good never takes it.
     pub answer_max_wait_secs: u64,
+    /// How often each router's consumer watchdog checks the consumers of the work-queue
+    /// streams for one that stopped delivering what its stream holds ([`crate::watchdog`]);
+    /// `0` never.
+    pub consumer_watchdog_secs: u64,
     /// Whether routers, inboxes and workers emit audit events to `HUB_AUDIT` (`runtime trace`).
     pub audit_events: bool,
     /// Replicas of every stream and KV bucket the runtime creates, 1 to 5 (more than 1 needs
@@ -196,6 +200,7 @@ impl Default for DeliveryConfig {
             presence_beat_secs: 20,
             task_max_deliver: 20,
             answer_max_wait_secs: 3600,
+            consumer_watchdog_secs: 10,
             audit_events: true,
             replicas: 1,
         }

@@ -60,6 +60,7 @@ fn default_matches_the_design() {
         presence_beat_secs: 20,
         task_max_deliver: 20,
         answer_max_wait_secs: 3600,
+        consumer_watchdog_secs: 10,
         audit_events: true,
         replicas: 1,
     };
@@ -109,6 +110,7 @@ fn full_fixture_sets_every_key() {
         presence_beat_secs: 10,
         task_max_deliver: 5,
         answer_max_wait_secs: 600,
+        consumer_watchdog_secs: 0,
         audit_events: false,
         replicas: 2,
     };
@@ -271,6 +273,10 @@ fn invalid_values_name_the_key() {
         (r#"{"task_max_deliver": 0}"#, "task_max_deliver"),
         (r#"{"task_max_deliver": 1}"#, "task_max_deliver"),
         (r#"{"answer_max_wait_secs": 0}"#, "answer_max_wait_secs"),
+        (
+            r#"{"consumer_watchdog_secs": 99999999999}"#,
+            "consumer_watchdog_secs",
+        ),
         (
             r#"{"sender_rate_per_min": 4294967296}"#,
             "sender_rate_per_min",

@@ -66,6 +66,9 @@ impl DeliveryConfig {
         ] {
             check_finite_duration(key, value)?;
         }
+        if self.consumer_watchdog_secs != 0 {
+            check_finite_duration("consumer_watchdog_secs", self.consumer_watchdog_secs)?;
+        }
         for (key, max_age) in max_ages {
             if limit(max_age).is_some_and(|max_age| self.duplicate_window_secs > max_age) {
                 return Err(invalid(

@@ -297,6 +297,17 @@ pub fn grants(identity: &Identity, delivery: &DeliveryConfig) -> Grants {
                 publish.push(api(&format!("DIRECT.GET.{stream}")));
                 publish.push(api(&format!("STREAM.MSG.DELETE.{stream}")));
             }
+            // The consumer watchdog (`crate::watchdog`): the work-queue streams' consumers
+            // listed, the oldest message each holds read, a stalled consumer reset.
+            for stream in [
+                delivery.ingress.name.as_str(),
+                subjects::WORK_STREAM,
+                subjects::ANSWERS_STREAM,
+            ] {
+                publish.push(api(&format!("CONSUMER.LIST.{stream}")));
+                publish.push(api(&format!("CONSUMER.RESET.{stream}.*")));
+            }
+            publish.push(api(&format!("DIRECT.GET.{}", delivery.ingress.name)));
             Grants {
                 publish,
                 subscribe: vec![reply],

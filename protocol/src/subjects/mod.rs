@@ -193,6 +193,12 @@ pub fn consumer_next_request(stream: &str, consumer: &str) -> String {
     format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}")
 }
 
+/// The JetStream API request that resets `consumer` on `stream` to deliver again from a
+/// stream sequence (nats-server 2.14+; the consumer watchdog, [`crate::watchdog`]).
+pub fn consumer_reset_request(stream: &str, consumer: &str) -> String {
+    format!("$JS.API.CONSUMER.RESET.{stream}.{consumer}")
+}
+
 /// The reply subject of pull number `pull` of registration `incarnation` of `consumer` under
 /// the shared root `prefix` (a connection's inbox): `<prefix>.<consumer>.<incarnation>.<pull>`.
 /// Consumer names have no dots. Pull numbers start again at every registration, so the

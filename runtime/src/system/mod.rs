@@ -211,6 +211,11 @@ impl ActorSystem {
         format!("{}/history", self.id)
     }
 
+    /// The actor name of the consumer watchdog (durable mode).
+    pub fn watchdog_name(&self) -> String {
+        format!("{}/watchdog", self.id)
+    }
+
     /// The actor name of `id`'s inbox consumer.
     pub fn inbox_name(&self, id: &AgentId) -> String {
         format!("{}/inbox-{id}", self.id)
@@ -235,6 +240,7 @@ impl ActorSystem {
         }
         // The router asks the history actor for a round when it refuses a DM for read history.
         let nudge = actors::history::Nudge::default();
+        let watchdog_counters = Arc::new(actors::watchdog::WatchdogCounters::default());
         let router = Router {
             name: self.router_name(),
             client: self.client.clone(),
@@ -242,6 +248,8 @@ impl ActorSystem {
             delivery: self.delivery.clone(),
             reply_prefix: self.reply_prefix.clone(),
             history: nudge.clone(),
+            watchdog: (self.durable && self.delivery.consumer_watchdog_secs > 0)
+                .then(|| watchdog_counters.clone()),
         };
         let mut spec = SupervisorSpec::new(Strategy::OneForOne).child(ChildSpec::actor(
             self.router_name(),
@@ -269,6 +277,16 @@ impl ActorSystem {
                 nudge,
             };
             spec = spec.child(ChildSpec::actor(self.history_name(), history, || ()));
+            if self.delivery.consumer_watchdog_secs > 0 {
+                let watchdog = actors::watchdog::Watchdog {
+                    name: self.watchdog_name(),
+                    client: self.client.clone(),
+                    delivery: self.delivery.clone(),
+                    interval: Duration::from_secs(self.delivery.consumer_watchdog_secs),
+                    counters: watchdog_counters,
+                };
+                spec = spec.child(ChildSpec::actor(self.watchdog_name(), watchdog, || ()));
+            }
         }
         self.spawn_tree(format!("{}/router-sup", self.id), spec)
             .await?;

@@ -185,6 +185,7 @@ pub(super) async fn env_with(name: &str, hub: Hub) -> Env {
             delivery: delivery.clone(),
             reply_prefix: protocol::subjects::DEFAULT_REPLY_PREFIX.into(),
             history: Default::default(),
+            watchdog: None,
         };
         let (router, _) = Actor::spawn(Some(router.name.clone()), router, ())
             .await

@@ -3,7 +3,7 @@
 //! runtime's CPU per task; docs/PERFORMANCE.md). Every fact that could mean an earlier run
 //! forces the read; the read itself decides (`on_delivery`).
 //!
-//! Why these facts are enough (docs/SEMANTICS.md, "The task channel decides"): within one
+//! Why these facts are enough (docs/TASKS.md, "The task channel decides"): within one
 //! broker run, a consumer counts deliveries, so `delivered == 1` means a first delivery —
 //! unless the consumer's count started again, which happens when the broker restarts (its
 //! consumer state is flushed lazily) or the consumer is deleted and created again. A worker

@@ -379,7 +379,7 @@ impl Load {
                 stored = super::results_on(&js, id).await;
             }
             // One final result: the task claim keeps a task handed to a second worker while it
-            // runs from running there too (docs/SEMANTICS.md, "One attempt runs a task at a
+            // runs from running there too (docs/TASKS.md, "One attempt runs a task at a
             // time"), which a leader change did before it.
             assert_eq!(
                 finals(&stored),

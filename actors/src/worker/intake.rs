@@ -28,27 +28,24 @@ impl Worker {
             tracing::warn!(subject = %msg.subject, "task message without JetStream info; dropped");
             return;
         };
-        // A redelivery is a second delivery or later. A first delivery at a sequence a running
-        // attempt holds is another message: the work stream was deleted and made again, its
-        // sequences starting over, while that attempt still acks its old input.
-        if state.running.holds(Input::Task(seq)) {
-            if delivered > 1 {
-                // The running attempt heartbeats and acks this input itself.
-                state.counters.redelivered_while_running.bump();
-                tracing::warn!(
-                    input_seq = seq,
-                    "redelivery of a running attempt's input (a heartbeat came too late)"
-                );
-                return;
-            }
+        // A redelivery is a second delivery or later: the running attempt heartbeats and acks
+        // this input itself. A first delivery at a sequence a running attempt holds is judged
+        // once decoded (below).
+        if delivered > 1 && state.running.holds(Input::Task(seq)) {
+            state.counters.redelivered_while_running.bump();
             tracing::warn!(
                 input_seq = seq,
-                "a first delivery at a sequence a running attempt holds: the work stream was made again"
+                "redelivery of a running attempt's input (a heartbeat came too late)"
             );
+            return;
         }
         if state.draining {
-            // Fetched before the drain: handed back at once, for another worker.
+            // Fetched before the drain: handed back at once, for another worker; unless a
+            // running attempt holds it (it hands its input back itself).
             drop(permit);
+            if state.running.holds(Input::Task(seq)) {
+                return;
+            }
             state.requests.spawn(async move {
                 let _ = msg.ack_with(AckKind::Nak(None)).await;
             });
@@ -77,6 +74,29 @@ impl Worker {
                         work_seq: Some(seq),
                         ..protocol::audit::Details::default()
                     }),
+            );
+        }
+        // A first delivery at a sequence a running attempt holds: of that attempt's own task,
+        // it is its input again, handed out by a broker that forgot the delivery (a kill -9,
+        // the consumer made again); acked as an alias, it would leave the work stream while
+        // the attempt may still fail. Of another task, the work stream was deleted and made
+        // again, its sequences starting over, while that attempt still acks its old input.
+        if state.running.holds(Input::Task(seq)) {
+            let own = state
+                .running
+                .by_task(&delegator, &task.task_id)
+                .is_some_and(|r| r.input == Some(Input::Task(seq)));
+            if own {
+                state.counters.redelivered_while_running.bump();
+                tracing::warn!(
+                    input_seq = seq,
+                    "a running attempt's input delivered again as a first delivery (the broker forgot the delivery)"
+                );
+                return;
+            }
+            tracing::warn!(
+                input_seq = seq,
+                "a first delivery at a sequence a running attempt holds: the work stream was made again"
             );
         }
         if state.running.by_task(&delegator, &task.task_id).is_some() {

@@ -50,3 +50,42 @@ async fn a_task_delivered_again_while_it_runs_on_another_worker_is_not_run_twice
     stop(second).await;
     stop(first).await;
 }
+
+#[tokio::test]
+async fn a_running_input_delivered_again_as_a_first_delivery_is_not_acked_as_its_own_alias() {
+    // A broker that forgot a delivery (a kill -9, a consumer made again) hands a running
+    // attempt's input to its own worker again, at the same sequence, as a first delivery. It
+    // is that attempt's input, not another message: acking it as an alias of the running task
+    // removed it from the work stream, and the task was lost when the attempt then failed
+    // (seen in a fresh-clone CI run of the chaos program: a task never ran, no result).
+    let env = env("own-alias").await;
+    let mut results = env.results().await;
+    let gate = Gate::new();
+    let worker = env.start("worker-own-alias", gate.clone(), 2).await;
+    env.submit("t-own-alias").await;
+    gate.wait_started("t").await;
+    env.remake_queue_consumer().await;
+    let snap = wait_snapshot(&worker, "t delivered again", |s| {
+        s.counters.aliased + s.counters.redelivered_while_running >= 1
+    })
+    .await;
+    assert_eq!(snap.counters.aliased, 0, "{snap:?}");
+    assert_eq!(
+        env.work_left().await,
+        1,
+        "the input is still in the work stream"
+    );
+    // The attempt fails before it publishes (the next message it handles): its input is the
+    // only copy of the task, and it comes back.
+    crate::fault::arm(
+        "worker-own-alias.attempt.delegator.t-own-alias",
+        crate::fault::FaultPoint::Handle,
+        crate::fault::Fault::Error,
+        1,
+    );
+    gate.open();
+    let t = result_of(&mut results, "t-own-alias").await;
+    assert_eq!(t.state, TaskState::Completed);
+    env.wait_work_empty().await;
+    stop(worker).await;
+}

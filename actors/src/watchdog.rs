@@ -199,8 +199,8 @@ impl Rounds {
         })
         .await?;
         for info in infos {
-            let info = match info {
-                Ok(info) => info,
+            let (name, config) = match info {
+                Ok(info) => (info.name, info.config),
                 Err(e) => {
                     self.counters.read_errors.bump();
                     tracing::debug!(%stream, error = %ErrorChain(&e), "a consumer could not be listed");
@@ -208,36 +208,34 @@ impl Rounds {
                 }
             };
             self.counters.checks.bump();
-            let key = (stream.to_owned(), info.name.clone());
-            let oldest = match oldest_held(&handle, stream, &info.config).await {
-                Ok(oldest) => oldest,
-                Err(e) => {
-                    self.counters.read_errors.bump();
-                    tracing::debug!(%stream, consumer = %info.name, error = %ErrorChain(&e), "the oldest held message could not be read");
+            let key = (stream.to_owned(), name.clone());
+            let sight = match sight_of(&handle, stream, &name, &config).await {
+                Ok(Some(sight)) => sight,
+                // The stream moved on between the reads: no judgement this round.
+                Ok(None) => {
+                    seen.insert(key, Verdict::Healthy);
                     continue;
                 }
-            };
-            let sight = Sight {
-                oldest_held: oldest,
-                pending: info.num_pending,
-                ack_pending: u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
-                delivered_stream_seq: info.delivered.stream_sequence,
-                ack_floor_stream_seq: info.ack_floor.stream_sequence,
+                Err(e) => {
+                    self.counters.read_errors.bump();
+                    tracing::debug!(%stream, consumer = %name, error = %ErrorChain(&e), "the consumer or its oldest held message could not be read");
+                    continue;
+                }
             };
             let verdict = judge(self.verdicts.get(&key).copied(), &sight);
             match verdict {
                 Verdict::Healthy => {}
                 Verdict::Suspect { seq, why } => {
                     self.counters.suspects.bump();
-                    tracing::info!(%stream, consumer = %info.name, seq, ?why, ?sight, "a held message the consumer does not account for; checked again");
+                    tracing::info!(%stream, consumer = %name, seq, ?why, ?sight, "a held message the consumer does not account for; checked again");
                 }
                 Verdict::Stalled { seq, why } => {
-                    tracing::warn!(%stream, consumer = %info.name, seq, ?why, ?sight, "consumer stalled: reset to deliver again from the message it lost");
-                    match reset(&self.client, stream, &info.name, seq).await {
+                    tracing::warn!(%stream, consumer = %name, seq, ?why, ?sight, "consumer stalled: reset to deliver again from the message it lost");
+                    match reset(&self.client, stream, &name, seq).await {
                         Ok(()) => self.counters.resets.bump(),
                         Err(e) => {
                             self.counters.reset_errors.bump();
-                            tracing::warn!(%stream, consumer = %info.name, error = %ErrorChain(&e), "consumer reset failed; tried at the next round");
+                            tracing::warn!(%stream, consumer = %name, error = %ErrorChain(&e), "consumer reset failed; tried at the next round");
                         }
                     }
                 }
@@ -246,6 +244,37 @@ impl Rounds {
         }
         Ok(())
     }
+}
+
+/// What `stream` and its consumer `name` say, read in the order that keeps a message stored
+/// or acked meanwhile from looking lost: the oldest held message, the consumer's state, the
+/// oldest held message again. `None` when the two reads of the oldest differ (the stream moved
+/// on: nothing to judge).
+async fn sight_of(
+    handle: &jetstream::stream::Stream<()>,
+    stream: &str,
+    name: &str,
+    config: &jetstream::consumer::Config,
+) -> Result<Option<Sight>, WatchError> {
+    let before = oldest_held(handle, stream, config).await?;
+    let info = timed("read a consumer", stream, async {
+        handle
+            .consumer_info(name)
+            .await
+            .map_err(async_nats::Error::from)
+    })
+    .await?;
+    let after = oldest_held(handle, stream, config).await?;
+    if before != after {
+        return Ok(None);
+    }
+    Ok(Some(Sight {
+        oldest_held: after,
+        pending: info.num_pending,
+        ack_pending: u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
+        delivered_stream_seq: info.delivered.stream_sequence,
+        ack_floor_stream_seq: info.ack_floor.stream_sequence,
+    }))
 }
 
 /// The stream sequence of the oldest message `stream` holds on `config`'s filters (every
@@ -361,20 +390,13 @@ mod tests {
     use super::*;
     use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 
-    /// A hub's streams on a fresh nats-server, a queue consumer `queue-q` on the work stream
-    /// and the watchdog watching every 300 ms.
-    async fn watched_hub() -> (
-        harness::NatsServer,
-        jetstream::Context,
-        PullConsumer,
-        ActorRef<WatchdogMsg>,
-        ractor::concurrency::JoinHandle<()>,
-    ) {
+    /// A hub's streams on a fresh nats-server and a queue consumer `queue-q` on the work
+    /// stream.
+    async fn hub() -> (harness::NatsServer, jetstream::Context, PullConsumer) {
         let server = harness::run_server().await.expect("nats-server");
         let client = server.client().await.unwrap();
-        let js = jetstream::new(client.clone());
-        let delivery = Arc::new(DeliveryConfig::default());
-        crate::streams::ensure_streams(&js, &delivery)
+        let js = jetstream::new(client);
+        crate::streams::ensure_streams(&js, &DeliveryConfig::default())
             .await
             .unwrap();
         let consumer: PullConsumer = js
@@ -389,12 +411,17 @@ mod tests {
             )
             .await
             .unwrap();
-        let (actor, join) = Actor::spawn(
+        (server, js, consumer)
+    }
+
+    /// The watchdog of the hub of `js`, watching every 300 ms.
+    async fn watch(js: &jetstream::Context) -> ActorRef<WatchdogMsg> {
+        let (actor, _join) = Actor::spawn(
             None,
             Watchdog {
                 name: "watchdog-test".into(),
-                client,
-                delivery,
+                client: js.client(),
+                delivery: Arc::new(DeliveryConfig::default()),
                 interval: Duration::from_millis(300),
                 counters: Arc::default(),
             },
@@ -402,7 +429,7 @@ mod tests {
         )
         .await
         .unwrap();
-        (server, js, consumer, actor, join)
+        actor
     }
 
     async fn snapshot(actor: &ActorRef<WatchdogMsg>) -> WatchdogSnapshot {
@@ -422,7 +449,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_consumer_that_lost_a_held_message_is_reset_to_it_and_delivers_it() {
-        let (_server, js, consumer, actor, _join) = watched_hub().await;
+        let (_server, js, consumer) = hub().await;
         for n in 1..=3 {
             js.publish("work.q", format!("t{n}").into())
                 .await
@@ -439,6 +466,7 @@ mod tests {
             fetch_one(&consumer).await.is_none(),
             "the consumer lost them"
         );
+        let actor = watch(&js).await;
         // The watchdog sees it twice, resets it to the oldest, and all three come again.
         harness::wait_until_async(
             "the watchdog resets the consumer",
@@ -459,7 +487,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_busy_consumer_that_accounts_for_what_is_held_is_never_reset() {
-        let (_server, js, consumer, actor, _join) = watched_hub().await;
+        let (_server, js, consumer) = hub().await;
+        let actor = watch(&js).await;
         // Messages stored and acked all along, one held unacked for a while (a long task),
         // and one nak'd with a delay: each is pending or awaiting its ack.
         js.publish("work.q", "long".into())

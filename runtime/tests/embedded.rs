@@ -41,8 +41,9 @@ async fn embedded_system_starts_a_durable_router_and_snapshots_it() {
         .values()
         .next()
         .expect("router supervisor");
-    // The router, the attach, expiry and history actors, all running, none restarted.
-    assert_eq!(sup.children.len(), 4);
+    // The router, the attach, expiry, history and watchdog actors, all running, none
+    // restarted.
+    assert_eq!(sup.children.len(), 5);
     assert!(sup.children.iter().all(|c| c.running && c.restarts == 0));
 
     // The same snapshot is served over NATS to `runtime status`.

@@ -327,6 +327,28 @@ pub async fn take(
     }
 }
 
+/// [`take`] for an input that is provably fresh (its first delivery, stored after the worker's
+/// baseline: nothing of it ran before), whose key is free but for a copy that ran elsewhere:
+/// one write expecting no entry, without the read; anything but a stored write (a conflict,
+/// a failure) goes the whole way of [`take`].
+///
+/// # Errors
+/// As [`take`].
+///
+/// # Cancel safety
+/// As [`take`].
+pub async fn take_fresh(
+    entry: &ClaimEntry,
+    mine: &Claim,
+    ack_wait: Duration,
+    now_ms: impl Fn() -> u64,
+) -> Result<Taken, ClaimError> {
+    if let Ok(Written::Stored(revision)) = entry.write(mine, 0, claim_ttl(ack_wait)).await {
+        return Ok(Taken::Mine(revision));
+    }
+    take(entry, mine, ack_wait, now_ms).await
+}
+
 /// A `Nats-TTL` value: `30s`, `500ms`, `1m`, or whole seconds; `never` and unknown forms are
 /// no TTL.
 fn parse_ttl(value: &str) -> Option<Duration> {
@@ -469,6 +491,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_fresh_take_writes_at_once_and_still_stands_down_from_another_claim() {
+        let (_server, entry) = entry_on_a_fresh_hub("t4").await;
+        let (a, b) = (claim("a1", "w1"), claim("b1", "w2"));
+        let ack_wait = Duration::from_secs(30);
+        let Taken::Mine(first) = take_fresh(&entry, &a, ack_wait, now_ms).await.unwrap() else {
+            panic!("a free key is taken by one write");
+        };
+        assert!(
+            matches!(entry.read().await.unwrap().stored, Stored::Value { revision, claim: Some(ref c) } if revision == first && *c == a)
+        );
+        // Its own again (a write whose ack was lost, sent again): the write conflicts and the
+        // read finds its own claim.
+        assert!(matches!(
+            take_fresh(&entry, &a, ack_wait, now_ms).await.unwrap(),
+            Taken::Mine(r) if r > first
+        ));
+        // Another attempt's copy, believed fresh, still stands down.
+        assert!(matches!(
+            take_fresh(&entry, &b, ack_wait, now_ms).await.unwrap(),
+            Taken::Held { .. }
+        ));
     }
 
     #[tokio::test]

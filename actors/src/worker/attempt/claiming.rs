@@ -34,9 +34,15 @@ impl Attempt {
         };
         let mine = self.claim_of(state);
         let me = myself.clone();
+        // Run unread, the input is provably fresh: its key is free, so one write takes it.
+        let fresh = !state.record_read;
         state.pending = Some(crate::background::spawn(async move {
             let ack_wait = *ack_wait.borrow();
-            let taken = crate::task_claim::take(&entry, &mine, ack_wait, now_ms).await;
+            let taken = if fresh {
+                crate::task_claim::take_fresh(&entry, &mine, ack_wait, now_ms).await
+            } else {
+                crate::task_claim::take(&entry, &mine, ack_wait, now_ms).await
+            };
             let _ = me.cast(AttemptMsg::Claimed(taken));
         }));
     }

@@ -9,9 +9,11 @@
 //! requester itself ([`protocol::attach::TaskRead`]). These are served by the listener, off the
 //! actor's mailbox (a consumer creation does not hold up a read).
 //!
-//! Attaches are served beside the mailbox, [`ATTACHES_IN_FLIGHT`] at a time, so a host that
-//! attaches thousands of agents at once waits on their consumer creations in parallel; joins
-//! and hub info requests are served in the mailbox's order.
+//! Attaches and joins are served beside the mailbox, [`ATTACHES_IN_FLIGHT`] at a time, so a
+//! host that attaches thousands of agents at once waits on their consumer creations in
+//! parallel, and one join a busy cluster is slow to serve (up to
+//! [`crate::streams::STREAM_API_TIMEOUT`]) holds up no other worker's; hub info requests are
+//! served in the mailbox's order.
 //!
 //! An attach of a removed agent (its tombstone in `HUB_REMOVED`, `runtime agent remove`) is
 //! refused with the kind `recipient_deleted`.
@@ -69,11 +71,11 @@ pub struct AttachState {
     /// subscriptions end with it and take no request they would never answer.
     listeners: Vec<Owned>,
     counters: Arc<AttachCounters>,
-    /// The attaches being served (aborted with the state).
-    attaching: tokio::task::JoinSet<()>,
+    /// The attaches and joins being served (aborted with the state).
+    serving: tokio::task::JoinSet<()>,
 }
 
-/// How many attaches one attach actor serves at once.
+/// How many attaches and joins one attach actor serves at once.
 pub const ATTACHES_IN_FLIGHT: usize = 64;
 
 crate::counters! {
@@ -149,7 +151,7 @@ impl Actor for Attach {
         Ok(AttachState {
             listeners,
             counters,
-            attaching: tokio::task::JoinSet::new(),
+            serving: tokio::task::JoinSet::new(),
         })
     }
 
@@ -179,14 +181,8 @@ impl Actor for Attach {
                 let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
                     return Ok(());
                 };
-                // Served beside the mailbox, [`ATTACHES_IN_FLIGHT`] at a time: a host that
-                // attaches thousands of agents waits on consumer creations in parallel.
-                while state.attaching.try_join_next().is_some() {}
-                while state.attaching.len() >= ATTACHES_IN_FLIGHT {
-                    state.attaching.join_next().await;
-                }
                 let (me, counters) = (self.clone(), state.counters.clone());
-                state.attaching.spawn(async move {
+                state.serve(async move {
                     let response = me.attach(msg.subject.as_str()).await;
                     match &response {
                         AttachResponse::Attached(_) => &counters.attached,
@@ -197,22 +193,28 @@ impl Actor for Attach {
                     if let Err(e) = me.client.publish(reply, body.into()).await {
                         tracing::warn!(error = %ErrorChain(&e), "cannot answer an attach request");
                     }
-                });
+                })
+                .await;
             }
             AttachMsg::Join(msg) => {
                 let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
                     return Ok(());
                 };
-                let response = self.join(msg.subject.as_str(), &msg.payload).await;
-                match &response {
-                    JoinResponse::Joined(_) => &state.counters.joined,
-                    JoinResponse::Refused { .. } => &state.counters.refused,
-                }
-                .bump();
-                let body = serde_json::to_vec(&response)?;
-                if let Err(e) = self.client.publish(reply, body.into()).await {
-                    tracing::warn!(error = %ErrorChain(&e), "cannot answer a join request");
-                }
+                let (me, counters) = (self.clone(), state.counters.clone());
+                state
+                    .serve(async move {
+                        let response = me.join(msg.subject.as_str(), &msg.payload).await;
+                        match &response {
+                            JoinResponse::Joined(_) => &counters.joined,
+                            JoinResponse::Refused { .. } => &counters.refused,
+                        }
+                        .bump();
+                        let body = serde_json::to_vec(&response).unwrap_or_default();
+                        if let Err(e) = me.client.publish(reply, body.into()).await {
+                            tracing::warn!(error = %ErrorChain(&e), "cannot answer a join request");
+                        }
+                    })
+                    .await;
             }
             AttachMsg::Info(msg) => {
                 let Some(reply) = reply_of(&msg, &self.reply_prefix, state) else {
@@ -234,6 +236,18 @@ impl Actor for Attach {
             }
         }
         Ok(())
+    }
+}
+
+impl AttachState {
+    /// Serves one attach or join beside the mailbox, once fewer than [`ATTACHES_IN_FLIGHT`]
+    /// are being served.
+    async fn serve(&mut self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        while self.serving.try_join_next().is_some() {}
+        while self.serving.len() >= ATTACHES_IN_FLIGHT {
+            self.serving.join_next().await;
+        }
+        self.serving.spawn(work);
     }
 }
 

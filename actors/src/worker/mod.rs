@@ -91,8 +91,12 @@ use crate::journal::Journal;
 pub const DEFAULT_CONCURRENCY: usize = 4;
 /// Largest accepted concurrency.
 pub const MAX_CONCURRENCY: usize = 1024;
-/// Default join request timeout.
-pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default join request timeout: the router's own budget for the JetStream calls a join makes
+/// ([`crate::streams::STREAM_API_TIMEOUT`]) and 5 s more, so a join a busy cluster is slow to
+/// serve is answered (joined, or refused with why) rather than abandoned and sent again while
+/// the router still works on the first.
+pub const DEFAULT_JOIN_TIMEOUT: Duration =
+    Duration::from_secs(crate::streams::STREAM_API_TIMEOUT.as_secs() + 5);
 /// Default grace of a graceful stop (the CLI's `--shutdown-grace-secs`).
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How long a journal locked by this same process is retried at start-up.
@@ -294,7 +298,10 @@ impl Actor for Worker {
             .into());
         }
         let journal = Arc::new(Mutex::new(self.open_journal().await?));
-        let bound = self.join_and_bind().await?;
+        let bound = self.join_and_bind().await.inspect_err(|e| {
+            // The supervisor logs only the error's first line; the cause is in its chain.
+            tracing::warn!(worker = %self.worker_id, error = %ErrorChain(e), "cannot join the queue");
+        })?;
         let mut subscriptions = Vec::new();
         // Both forms of each kind: the admin form, and the one naming its requester.
         for kind in ControlKind::ALL {

@@ -10,6 +10,11 @@ use protocol::{QueueName, WorkerId};
 
 use super::{ActorSystem, SystemError};
 
+/// How long [`ActorSystem::start_worker`] waits for the worker to join its queue: four joins of
+/// [`actors::worker::DEFAULT_JOIN_TIMEOUT`], with the supervisor's pauses between them, so a
+/// router a busy cluster makes slow still takes the worker in.
+const WORKER_START_DEADLINE: Duration = Duration::from_secs(60);
+
 /// How to run a worker.
 pub struct WorkerSettings {
     /// The worker's identity.
@@ -94,7 +99,7 @@ impl ActorSystem {
             Some(settings.worker_id.clone()),
         )
         .await?;
-        let deadline = tokio::time::Instant::now() + super::START_DEADLINE;
+        let deadline = tokio::time::Instant::now() + WORKER_START_DEADLINE;
         while self.worker_snapshot(&settings.worker_id).await.is_none() {
             if tokio::time::Instant::now() > deadline {
                 return Err(SystemError::Timeout {

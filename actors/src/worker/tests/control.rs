@@ -199,16 +199,7 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     let (client, queue, worker_id) = (env.client.clone(), env.queue.clone(), env.worker_id.clone());
     let responder = tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
-            let reply = JoinResponse::Joined(JoinReply {
-                work_stream: subjects::WORK_STREAM.into(),
-                queue_consumer: subjects::queue_consumer(&queue),
-                targeted_consumer: subjects::targeted_consumer(&worker_id),
-                answers_stream: subjects::ANSWERS_STREAM.into(),
-                answer_consumer: subjects::answer_consumer(&worker_id),
-                tasks_stream: subjects::TASKS_STREAM.into(),
-                ingress_stream: subjects::INGRESS_STREAM.into(),
-            });
-            let body = serde_json::to_vec(&reply).unwrap();
+            let body = serde_json::to_vec(&joined(&queue, &worker_id)).unwrap();
             client
                 .publish(msg.reply.unwrap(), body.into())
                 .await
@@ -246,4 +237,77 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
     let text = ErrorChain(&err).to_string();
     assert!(text.contains("max_deliver"), "{text}");
     responder.abort();
+}
+
+/// The reply a router gives a join of `worker` to `queue` with the production names.
+fn joined(queue: &QueueName, worker: &WorkerId) -> JoinResponse {
+    JoinResponse::Joined(JoinReply {
+        work_stream: subjects::WORK_STREAM.into(),
+        queue_consumer: subjects::queue_consumer(queue),
+        targeted_consumer: subjects::targeted_consumer(worker),
+        answers_stream: subjects::ANSWERS_STREAM.into(),
+        answer_consumer: subjects::answer_consumer(worker),
+        tasks_stream: subjects::TASKS_STREAM.into(),
+        ingress_stream: subjects::INGRESS_STREAM.into(),
+    })
+}
+
+/// A router on a busy cluster may take up to its JetStream budget
+/// ([`crate::streams::STREAM_API_TIMEOUT`]) to create a worker's consumers: the worker waits
+/// for that answer instead of abandoning the request and sending another, which the router
+/// would then serve too (the pile-up that kept a worker of the rolling-restart test from ever
+/// joining).
+#[tokio::test]
+async fn a_join_the_router_answers_within_its_jetstream_budget_is_awaited_not_sent_again() {
+    let env = env_with("slowjoin", Hub::None).await;
+    let answers = env.js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
+    answers
+        .create_consumer(crate::consumers::answer_consumer(
+            &env.delivery,
+            &env.worker_id,
+        ))
+        .await
+        .unwrap();
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    for config in [
+        crate::consumers::targeted_consumer(&env.delivery, &env.worker_id),
+        crate::consumers::queue_consumer(&env.delivery, &env.queue),
+    ] {
+        work.create_consumer(config).await.unwrap();
+    }
+    let slow = crate::streams::STREAM_API_TIMEOUT - Duration::from_secs(2);
+    let mut sub = env
+        .client
+        .subscribe(subjects::join_request(&env.queue, &env.worker_id))
+        .await
+        .unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let (client, queue, worker_id, seen) = (
+        env.client.clone(),
+        env.queue.clone(),
+        env.worker_id.clone(),
+        requests.clone(),
+    );
+    let responder = tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let (client, reply) = (client.clone(), msg.reply.unwrap());
+            let body = serde_json::to_vec(&joined(&queue, &worker_id)).unwrap();
+            tokio::spawn(async move {
+                tokio::time::sleep(slow).await;
+                client.publish(reply, body.into()).await.unwrap();
+            });
+        }
+    });
+    let (worker, _) = Actor::spawn(
+        Some("worker-slowjoin".into()),
+        env.worker("worker-slowjoin", TestHandler::new(Duration::ZERO), 1),
+        (),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("a join answered after {slow:?}: {}", ErrorChain(&e)));
+    assert_eq!(requests.load(Ordering::SeqCst), 1, "join requests sent");
+    assert_eq!(snapshot(&worker).await.worker_id, env.worker_id.to_string());
+    responder.abort();
+    stop(worker).await;
 }

@@ -103,6 +103,24 @@ impl Load {
             scene.worker(&urls, "lw1", QUEUE),
             scene.worker(&urls, "lw2", QUEUE),
         ];
+        // Both workers take part from the start: a worker that never joined would leave the
+        // load to the other, and its exit would show only at the end.
+        let joined = harness::wait_until_async("both workers joined", DRAIN, || async {
+            let answered = runtime::request_worker_status(&client, Duration::from_millis(500))
+                .await
+                .unwrap_or_default();
+            ["lw1", "lw2"]
+                .iter()
+                .all(|id| answered.iter().any(|w| w.worker_id == *id))
+        })
+        .await;
+        if let Err(e) = joined {
+            let named: Vec<_> = ["worker lw1", "worker lw2"]
+                .into_iter()
+                .zip(&workers)
+                .collect();
+            panic!("{e}\n{}\n{}", logs(&named), cluster.logs());
+        }
         let hub = ActorSystem::builder()
             .nats(NatsSettings::new(urls))
             .durable(true)

@@ -206,27 +206,14 @@ async fn incompatible_consumer_refuses_to_start_naming_the_field() {
                 .unwrap();
         }
     });
-    let answers = env.js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
-    answers
-        .create_consumer(crate::consumers::answer_consumer(
-            &env.delivery,
-            &env.worker_id,
-        ))
-        .await
-        .unwrap();
-    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
-    work.create_consumer(crate::consumers::targeted_consumer(
-        &env.delivery,
-        &env.worker_id,
-    ))
-    .await
-    .unwrap();
-    work.create_consumer(pull::Config {
-        max_deliver: 1,
-        ..crate::consumers::queue_consumer(&env.delivery, &env.queue)
-    })
-    .await
-    .unwrap();
+    create_consumers(
+        &env,
+        pull::Config {
+            max_deliver: 1,
+            ..crate::consumers::queue_consumer(&env.delivery, &env.queue)
+        },
+    )
+    .await;
     let err = Actor::spawn(
         Some("worker-compat".into()),
         env.worker("worker-compat", TestHandler::new(Duration::ZERO), 1),
@@ -260,21 +247,11 @@ fn joined(queue: &QueueName, worker: &WorkerId) -> JoinResponse {
 #[tokio::test]
 async fn a_join_the_router_answers_within_its_jetstream_budget_is_awaited_not_sent_again() {
     let env = env_with("slowjoin", Hub::None).await;
-    let answers = env.js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
-    answers
-        .create_consumer(crate::consumers::answer_consumer(
-            &env.delivery,
-            &env.worker_id,
-        ))
-        .await
-        .unwrap();
-    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
-    for config in [
-        crate::consumers::targeted_consumer(&env.delivery, &env.worker_id),
+    create_consumers(
+        &env,
         crate::consumers::queue_consumer(&env.delivery, &env.queue),
-    ] {
-        work.create_consumer(config).await.unwrap();
-    }
+    )
+    .await;
     let slow = crate::streams::STREAM_API_TIMEOUT - Duration::from_secs(2);
     let mut sub = env
         .client
@@ -310,4 +287,24 @@ async fn a_join_the_router_answers_within_its_jetstream_budget_is_awaited_not_se
     assert_eq!(snapshot(&worker).await.worker_id, env.worker_id.to_string());
     responder.abort();
     stop(worker).await;
+}
+
+/// Creates the worker's answer and targeted consumers as a router would, and `queue` as the
+/// queue's consumer.
+async fn create_consumers(env: &Env, queue: pull::Config) {
+    let answers = env.js.get_stream(subjects::ANSWERS_STREAM).await.unwrap();
+    answers
+        .create_consumer(crate::consumers::answer_consumer(
+            &env.delivery,
+            &env.worker_id,
+        ))
+        .await
+        .unwrap();
+    let work = env.js.get_stream(subjects::WORK_STREAM).await.unwrap();
+    for config in [
+        crate::consumers::targeted_consumer(&env.delivery, &env.worker_id),
+        queue,
+    ] {
+        work.create_consumer(config).await.unwrap();
+    }
 }

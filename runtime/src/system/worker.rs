@@ -10,10 +10,11 @@ use protocol::{QueueName, WorkerId};
 
 use super::{ActorSystem, SystemError};
 
-/// How long [`ActorSystem::start_worker`] waits for the worker to join its queue: four joins of
-/// [`actors::worker::DEFAULT_JOIN_TIMEOUT`], with the supervisor's pauses between them, so a
-/// router a busy cluster makes slow still takes the worker in.
-const WORKER_START_DEADLINE: Duration = Duration::from_secs(60);
+/// How long [`ActorSystem::start_worker`] waits for the worker to join its queue: four
+/// [`actors::worker::DEFAULT_JOIN_TIMEOUT`]s (60 s), room for three joins and the supervisor's
+/// pauses between them, so a router a busy cluster makes slow still takes the worker in.
+const WORKER_START_DEADLINE: Duration =
+    Duration::from_secs(actors::worker::DEFAULT_JOIN_TIMEOUT.as_secs() * 4);
 
 /// How to run a worker.
 pub struct WorkerSettings {
